@@ -1,0 +1,45 @@
+# crossprobe: every target sets itself up from nothing (a virtualenv in .venv).
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+
+.PHONY: venv demo test train eval export bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make demo [IMAGES=dir]: rank a small gallery for a few queries with the committed checkpoint
+demo: $(STAMP)
+	$(BIN)/crossprobe demo $(if $(IMAGES),--images $(IMAGES),)
+
+## make test: the fast test suite (no shared data needed)
+test: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+## make train: the default training run on ../shared/datasets/flickr8k (resumable)
+train: $(STAMP)
+	$(BIN)/crossprobe train
+
+## make eval: the Flickr8k test protocol -> docs/flickr8k.md, docs/results/flickr8k.json
+eval: $(STAMP)
+	$(BIN)/crossprobe eval
+
+export: $(STAMP)
+	$(BIN)/crossprobe export
+
+## make bench: latency/accuracy frontier of Cross-probe settings -> docs/frontier.md
+bench: $(STAMP)
+	$(BIN)/python benchmarks/cp_frontier.py
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache

@@ -1,0 +1,77 @@
+"""Checkpoints: `model.safetensors` (only trained weights, float16 to stay small)
++ `config.json` (ModelConfig + fingerprint + training facts) + `MODEL_CARD.md`.
+
+The fingerprint is a hash of the stored weights and the model config; every
+index built with a checkpoint records it, and the service refuses an index whose
+fingerprint differs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from crossprobe.models.model import ModelConfig, SearchModel
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
+
+
+def fingerprint(tensors: dict[str, torch.Tensor], cfg: dict) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(cfg, sort_keys=True).encode())
+    for k in sorted(tensors):
+        h.update(k.encode())
+        h.update(tensors[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
+    """Write the checkpoint directory atomically (a temp dir renamed into place)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.trained_state_dict().items()}
+    cfg = model.cfg.to_dict()
+    fp = fingerprint(tensors, cfg)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".ckpt-"))
+    save_file(tensors, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps({"model": cfg, "fingerprint": fp, **(meta or {})}, indent=2))
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        if old.exists():
+            _rmtree(old)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        _rmtree(old)
+    else:
+        os.replace(tmp, out)
+    return fp
+
+
+def _rmtree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)
+
+
+def read_config(path: Path) -> dict:
+    return json.loads((Path(path) / "config.json").read_text())
+
+
+def load(path: Path | None = None, bert=None) -> tuple[SearchModel, dict]:
+    """-> (SearchModel in eval mode, float32), config.json contents."""
+    path = Path(path or DEFAULT_CHECKPOINT)
+    meta = read_config(path)
+    model = SearchModel(ModelConfig.from_dict(meta["model"]), bert)
+    tensors = load_file(str(path / "model.safetensors"))
+    if fingerprint(tensors, meta["model"]) != meta["fingerprint"]:
+        raise ValueError(f"checkpoint {path}: weights do not match the fingerprint in config.json")
+    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=False)
+    missing = [k for k in missing if not k.startswith("text.bottom.")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path}: missing {missing[:5]} unexpected {unexpected[:5]}")
+    return model.eval(), meta

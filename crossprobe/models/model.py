@@ -1,0 +1,65 @@
+"""The whole trained stack in one module: the two towers (TT) and the rerankers
+(CP, T-EMDE, and the SM / TV references). One config object describes all of it
+and is what a checkpoint's JSON holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
+from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
+from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
+from crossprobe.models.temde import Temde, TemdeConfig
+from crossprobe.models.text_tower import TextTower, TextTowerConfig
+from crossprobe.models.vision_tower import VisionTower, VisionTowerConfig
+
+RERANKERS = ("cp", "temde", "sm", "tv")
+
+
+@dataclass
+class ModelConfig:
+    text: TextTowerConfig = field(default_factory=TextTowerConfig)
+    vision: VisionTowerConfig = field(default_factory=VisionTowerConfig)
+    cp: CrossProbeConfig = field(default_factory=CrossProbeConfig)
+    temde: TemdeConfig = field(default_factory=TemdeConfig)
+    sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
+    tv: SingleStreamConfig = field(default_factory=SingleStreamConfig)
+    init_temperature: float = 0.05
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        sub = {
+            "text": TextTowerConfig, "vision": VisionTowerConfig, "cp": CrossProbeConfig,
+            "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig,
+        }
+        kw = {k: (sub[k](**v) if k in sub else v) for k, v in d.items() if k in kinds}
+        return cls(**kw)
+
+
+class SearchModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, bert: nn.Module | None = None):
+        super().__init__()
+        for c in (cfg.cp, cfg.temde, cfg.sm):
+            c.d_in = cfg.vision.d
+        assert cfg.text.d == cfg.vision.d, "both towers must share the two-tower width"
+        self.cfg = cfg
+        self.text = TextTower(cfg.text, bert)
+        self.vision = VisionTower(cfg.vision)
+        # logit scale for the in-batch contrastive loss (CLIP-style learned temperature)
+        self.logit_scale = nn.Parameter(torch.tensor(1.0 / cfg.init_temperature).log())
+        self.cp = CrossProbe(cfg.cp)
+        self.temde = Temde(cfg.temde)
+        self.sm = SplitMerge(cfg.sm)
+        self.tv = SingleStream(cfg.tv)
+
+    def trained_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything except the frozen MiniLM bottom (which comes from its wheel)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("text.bottom.")}

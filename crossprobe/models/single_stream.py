@@ -1,0 +1,66 @@
+"""Single-stream cross-encoder reference (TV): the query's tokens and the image's
+49 regions pass jointly through EVERY trainable layer above the frozen
+backbones (the same depth budget as tower + cross layers), and a [CLS] token
+gives a matching score, as in text-vision BERT / ALBEF's ITM head. Nothing is
+cacheable per image beyond the frozen grid: the cost the probes avoid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from crossprobe.models import backbones as bb
+from crossprobe.models.layers import Block, Fusion, grid_positions
+
+
+@dataclass
+class SingleStreamConfig:
+    d: int = 128
+    layers: int = 4  # = vision tower layers (2) + cross layers (2)
+    heads: int = 4
+    dropout: float = 0.1
+
+
+class SingleStream(nn.Module):
+    def __init__(self, cfg: SingleStreamConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d
+        self.text_in = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, d))
+        self.vision_in = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, d))
+        self.register_buffer("pos", grid_positions(bb.GRID, d), persistent=False)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.type_emb = nn.Parameter(torch.zeros(2, d))
+        self.blocks = nn.ModuleList(Block(d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
+        self.head = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 1))
+        self.fusion = Fusion(beta=1.0)
+
+    def embed_text(self, t_states: torch.Tensor) -> torch.Tensor:
+        """(P, T, 384) frozen MiniLM states -> (P, T, d) input tokens (per query)."""
+        return self.text_in(t_states) + self.type_emb[0]
+
+    def embed_image(self, grid: torch.Tensor) -> torch.Tensor:
+        """(P, 49, 1280) grid -> (P, 49, d) input tokens (per image: a linear map, cacheable)."""
+        return self.vision_in(grid) + self.pos + self.type_emb[1]
+
+    def score(self, t, t_mask, v) -> torch.Tensor:
+        """Pairs of embedded inputs: (P, T, d), (P, T), (P, 49, d) -> (P,) logit."""
+        P = t.shape[0]
+        x = torch.cat([self.cls.expand(P, -1, -1), t, v], 1)
+        ones = torch.ones(P, 1, dtype=torch.bool, device=x.device)
+        mask = torch.cat([ones, t_mask.bool(), ones.expand(P, v.shape[1])], 1)
+        for blk in self.blocks:
+            x = blk(x, mask)
+        return self.head(x[:, 0]).squeeze(-1)
+
+    def rerank(self, t, t_mask, v, s_tt):
+        """(Q, T, d) embedded query, (Q, T), (Q, K, 49, d) embedded images, (Q, K) -> fused logits (Q, K)."""
+        Q, K = s_tt.shape
+        s = self.score(
+            t.unsqueeze(1).expand(-1, K, -1, -1).flatten(0, 1),
+            t_mask.unsqueeze(1).expand(-1, K, -1).flatten(0, 1),
+            v.flatten(0, 1),
+        ).view(Q, K)
+        return self.fusion(s_tt, s)

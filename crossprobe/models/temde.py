@@ -1,0 +1,84 @@
+"""T-EMDE: sketches over trainable centroids as a cheap cross-modal scorer.
+
+coder(x) = BatchNorm(Linear(x)) split into N partitions of `inner` dims; each
+partition's soft assignment over its K centroids is softmax(-||x - c||^2 / tau)
+with a learned temperature. A sequence's sketch sums the assignments over its
+tokens (or regions) and L2-normalises each partition, giving N*K numbers that
+are comparable across modalities because the centroids are shared.
+s_temde = <s_q, s_I> / N (in [-1, 1]); the ranking logit fuses it with the
+two-tower score, like the other rerankers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from crossprobe.models.layers import Fusion
+
+
+@dataclass
+class TemdeConfig:
+    d_in: int = 256
+    N: int = 20  # partitions
+    K: int = 8  # centroids per partition
+    inner: int = 8  # coder dims per partition
+
+
+class TemdeCoder(nn.Module):
+    """(B, T, d_in) -> (B, T, N, K) soft assignments (rows sum to 1 over K)."""
+
+    def __init__(self, cfg: TemdeConfig, centroids: nn.Parameter, log_tau: nn.Parameter):
+        super().__init__()
+        self.cfg = cfg
+        self.lin = nn.Linear(cfg.d_in, cfg.N * cfg.inner)
+        self.bn = nn.BatchNorm1d(cfg.N * cfg.inner)
+        self.centroids = centroids  # shared (N, K, inner)
+        self.log_tau = log_tau
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        z = self.bn(self.lin(x).reshape(B * T, -1)).view(B, T, self.cfg.N, 1, self.cfg.inner)
+        dist = ((z - self.centroids) ** 2).sum(-1)  # (B, T, N, K)
+        return (-dist / self.log_tau.exp()).softmax(-1)
+
+
+class Temde(nn.Module):
+    def __init__(self, cfg: TemdeConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.centroids = nn.Parameter(torch.randn(cfg.N, cfg.K, cfg.inner))
+        self.log_tau = nn.Parameter(torch.tensor(1.0).log())
+        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau)
+        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau)
+        self.fusion = Fusion()
+
+    @staticmethod
+    def raw_sketch(assign: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, N, K) assignments -> (B, N, K) summed over real tokens (additive over parts)."""
+        if mask is not None:
+            assign = assign * mask[:, :, None, None].to(assign.dtype)
+        return assign.sum(1)
+
+    @staticmethod
+    def normalize(raw: torch.Tensor) -> torch.Tensor:
+        """(B, N, K) -> (B, N*K), unit L2 norm within each partition."""
+        return F.normalize(raw, dim=-1).flatten(1)
+
+    def sketch_text(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_in), (B, T) -> s_q (B, N*K)."""
+        return self.normalize(self.raw_sketch(self.text_coder(tokens), mask.bool()))
+
+    def sketch_image(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, 49, d_in) -> s_I (B, N*K)."""
+        return self.normalize(self.raw_sketch(self.image_coder(tokens)))
+
+    def score(self, s_q: torch.Tensor, s_i: torch.Tensor) -> torch.Tensor:
+        """(..., N*K) x (..., N*K) -> (...) similarity in [-1, 1]."""
+        return (s_q * s_i).sum(-1) / self.cfg.N
+
+    def rerank(self, s_q: torch.Tensor, s_i: torch.Tensor, s_tt: torch.Tensor) -> torch.Tensor:
+        """(Q, NK), (Q, K, NK), (Q, K) -> fused logits (Q, K)."""
+        return self.fusion(s_tt, self.score(s_q.unsqueeze(1), s_i))

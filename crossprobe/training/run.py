@@ -1,0 +1,111 @@
+"""`crossprobe train`: the whole default training run, resumable stage by stage.
+
+  cache   frozen backbone features for all 8,091 images and 40,455 captions
+  towers  two-tower training (stage 1), best epoch on dev
+  banks   frozen tower outputs for train/dev (inputs of the rerankers)
+  cp, temde, sm, tv   reranker training on mined hard negatives (stage 2)
+  save    checkpoint (safetensors + config.json with fingerprint)
+
+Every stage records its wall time in <run_dir>/timings.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from crossprobe import checkpoint
+from crossprobe.evaluation.retrieval import split_banks
+from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
+from crossprobe.models.model import ModelConfig, SearchModel
+from crossprobe.training.frontier import run_frontier
+from crossprobe.training.data import CachedData
+from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
+from crossprobe.training.state import Timings, atomic_save, seed_everything
+from crossprobe.training.towers import TowerTrainConfig, train_towers
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    threads: int = 2
+    cache_dir: Path = Path("cache/flickr8k")
+    run_dir: Path = Path("runs/default")
+    out: Path = checkpoint.DEFAULT_CHECKPOINT
+    model: ModelConfig = field(default_factory=ModelConfig)
+    towers: TowerTrainConfig = field(default_factory=TowerTrainConfig)
+    rerank: RerankTrainConfig = field(default_factory=RerankTrainConfig)
+    methods: tuple[str, ...] = ("cp", "temde", "sm", "tv")
+    # the references are costlier per step; their budgets are fixed here and reported
+    epochs_by_method: dict = field(default_factory=lambda: {"cp": 4, "temde": 4, "sm": 2, "tv": 2})
+    frontier: bool = True  # train several CP settings and keep the one chosen on dev (frontier.py)
+
+
+def _jsonable(o):
+    if dataclasses.is_dataclass(o):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(o).items()}
+    if isinstance(o, dict):
+        return {k: _jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_jsonable(v) for v in o]
+    return str(o) if isinstance(o, Path) else o
+
+
+def train(cfg: TrainConfig, log=print) -> str:
+    torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    run = Path(cfg.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    timings = Timings(run)
+    t0 = time.time()
+    with timings.timer("cache"):
+        data = CachedData.build(cfg.cache_dir, cfg.model.text.frozen_layers)
+    model = SearchModel(cfg.model)
+    report: dict = {"train_config": _jsonable(cfg)}
+
+    done = run / "towers.done.pt"
+    if done.exists():
+        st = torch.load(done, weights_only=False)
+        model.load_state_dict(st["weights"], strict=False)
+        report["towers"] = st["report"]
+    else:
+        with timings.timer("towers"):
+            report["towers"] = train_towers(model, data, cfg.towers, run / "towers.pt", cfg.seed, log)
+        atomic_save({"weights": model.trained_state_dict(), "report": report["towers"]}, done)
+
+    with timings.timer("banks"):
+        train_banks = split_banks(model, data, "train")
+        dev_banks = split_banks(model, data, "dev")
+    if "cp" in cfg.methods and cfg.frontier and not (run / "cp.done.pt").exists():
+        done = run / "cp.done.pt"
+        with timings.timer("cp_frontier"):
+            rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method["cp"])
+            report["cp"] = {"frontier": run_frontier(model, train_banks, dev_banks, rcfg, run, cfg.seed, log)}
+        atomic_save({"weights": model.cp.state_dict(), "config": dataclasses.asdict(model.cfg.cp), "report": report["cp"]}, done)
+    for method in cfg.methods:
+        done = run / f"{method}.done.pt"
+        if done.exists():
+            st = torch.load(done, weights_only=False)
+            if "config" in st:  # the frontier may have changed CP's shape
+                model.cfg.cp = CrossProbeConfig(**st["config"])
+                model.cp = CrossProbe(model.cfg.cp)
+            getattr(model, method).load_state_dict(st["weights"])
+            report[method] = st["report"]
+            continue
+        rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs))
+        if method == "tv":  # 4 joint layers over ~65 tokens per pair: fewer negatives per query
+            rcfg = dataclasses.replace(rcfg, negatives=7)
+        seed_everything(cfg.seed)
+        with timings.timer(method):
+            report[method] = train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log)
+        atomic_save({"weights": getattr(model, method).state_dict(), "report": report[method]}, done)
+    report["timings_s"] = timings.data
+    report["wall_s_this_invocation"] = round(time.time() - t0, 1)
+    fp = checkpoint.save(model, cfg.out, {"training": report})
+    (run / "report.json").write_text(json.dumps(_jsonable(report), indent=2, default=str))
+    log(f"saved checkpoint {cfg.out} fingerprint {fp}")
+    return fp

@@ -1,0 +1,46 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def bert():
+    from crossprobe.models.backbones import load_minilm
+
+    return load_minilm()
+
+
+@pytest.fixture(scope="session")
+def small_cfg():
+    """A small but complete model config (real MiniLM text backbone, small heads)."""
+    from crossprobe.models.cross_probe import CrossProbeConfig
+    from crossprobe.models.model import ModelConfig
+    from crossprobe.models.single_stream import SingleStreamConfig
+    from crossprobe.models.split_merge import SplitMergeConfig
+    from crossprobe.models.temde import TemdeConfig
+    from crossprobe.models.text_tower import TextTowerConfig
+    from crossprobe.models.vision_tower import VisionTowerConfig
+
+    return ModelConfig(
+        text=TextTowerConfig(d=64, finetune_layers=1),
+        vision=VisionTowerConfig(d=64, layers=1, heads=4),
+        cp=CrossProbeConfig(d=32, m=3, n=4, layers=1, heads=4),
+        temde=TemdeConfig(N=4, K=4, inner=4),
+        sm=SplitMergeConfig(d=32, layers=1, heads=4),
+        tv=SingleStreamConfig(d=32, layers=2, heads=4),
+    )
+
+
+@pytest.fixture()
+def small_model(small_cfg, bert):
+    import copy
+
+    from crossprobe.models.model import SearchModel
+
+    torch.manual_seed(0)
+    return SearchModel(copy.deepcopy(small_cfg), bert).eval()
