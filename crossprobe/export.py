@@ -92,8 +92,8 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
 
 
 def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tuple]:
-    c = model.cfg
-    dc, nk = c.cp.d, c.temde.N * c.temde.K
+    cp, te = model.cp.cfg, model.temde.cfg  # modules' own configs (a frontier variant may be swapped in)
+    dc, nk = cp.d, te.N * te.K
     ids = torch.randint(1000, 2000, (2, T))
     ids[:, 0] = 101
     mask = torch.ones(2, T, dtype=torch.long)
@@ -101,10 +101,10 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
     return {
         "query_tower": (ids, mask),
         "image_tower": (torch.randn(2, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM).abs(),),
-        "cp_scorer": (torch.randn(1, c.cp.m, dc), torch.randn(1, dc), torch.randn(K, c.cp.n, dc), torch.randn(K, dc), torch.rand(K)),
+        "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K)),
         "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)),
-        "sm_scorer": (torch.randn(1, T, c.sm.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, c.sm.d), torch.rand(K)),
-        "tv_scorer": (torch.randn(1, T, c.tv.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, c.tv.d), torch.rand(K)),
+        "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
+        "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
     }
 
 

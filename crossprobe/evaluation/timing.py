@@ -33,13 +33,13 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
 
 def scorer_inputs(model: SearchModel, method: str, K: int, T: int = 14) -> tuple:
     """Realistically shaped inputs for one query and K candidates (T = a typical caption length)."""
-    c = model.cfg
+    c = getattr(model, method).cfg  # the module's own config (frontier variants swap modules)
     if method == "cp":
-        return (torch.randn(1, c.cp.m, c.cp.d), torch.randn(1, c.cp.d), torch.randn(K, c.cp.n, c.cp.d), torch.randn(K, c.cp.d), torch.rand(K))
+        return (torch.randn(1, c.m, c.d), torch.randn(1, c.d), torch.randn(K, c.n, c.d), torch.randn(K, c.d), torch.rand(K))
     if method == "temde":
-        nk = c.temde.N * c.temde.K
+        nk = c.N * c.K
         return (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K))
-    d = getattr(c, method).d
+    d = c.d
     return (torch.randn(1, T, d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, d), torch.rand(K))
 
 

@@ -4,6 +4,7 @@ and is what a checkpoint's JSON holds.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ class ModelConfig:
 class SearchModel(nn.Module):
     def __init__(self, cfg: ModelConfig, bert: nn.Module | None = None):
         super().__init__()
+        cfg = copy.deepcopy(cfg)  # the model owns its config (the CP frontier may change cfg.cp)
         for c in (cfg.cp, cfg.temde, cfg.sm):
             c.d_in = cfg.vision.d
         assert cfg.text.d == cfg.vision.d, "both towers must share the two-tower width"
@@ -59,6 +61,10 @@ class SearchModel(nn.Module):
         self.temde = Temde(cfg.temde)
         self.sm = SplitMerge(cfg.sm)
         self.tv = SingleStream(cfg.tv)
+
+    def tower_state_dict(self) -> dict[str, torch.Tensor]:
+        """The two towers' trained weights (stage 1), without the rerankers."""
+        return {k: v for k, v in self.trained_state_dict().items() if k.startswith(("text.", "vision.", "logit_scale"))}
 
     def trained_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything except the frozen MiniLM bottom (which comes from its wheel)."""

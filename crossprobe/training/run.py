@@ -22,6 +22,7 @@ from crossprobe import checkpoint
 from crossprobe.evaluation.retrieval import split_banks
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.model import ModelConfig, SearchModel
+from crossprobe.training.frontier import SETTINGS as FRONTIER_SETTINGS
 from crossprobe.training.frontier import run_frontier
 from crossprobe.training.data import CachedData
 from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
@@ -43,6 +44,7 @@ class TrainConfig:
     # the references are costlier per step; their budgets are fixed here and reported
     epochs_by_method: dict = field(default_factory=lambda: {"cp": 4, "temde": 4, "sm": 2, "tv": 2})
     frontier: bool = True  # train several CP settings and keep the one chosen on dev (frontier.py)
+    frontier_settings: list = field(default_factory=lambda: list(FRONTIER_SETTINGS))
 
 
 def _jsonable(o):
@@ -75,7 +77,7 @@ def train(cfg: TrainConfig, log=print) -> str:
     else:
         with timings.timer("towers"):
             report["towers"] = train_towers(model, data, cfg.towers, run / "towers.pt", cfg.seed, log)
-        atomic_save({"weights": model.trained_state_dict(), "report": report["towers"]}, done)
+        atomic_save({"weights": model.tower_state_dict(), "report": report["towers"]}, done)
 
     with timings.timer("banks"):
         train_banks = split_banks(model, data, "train")
@@ -84,7 +86,7 @@ def train(cfg: TrainConfig, log=print) -> str:
         done = run / "cp.done.pt"
         with timings.timer("cp_frontier"):
             rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method["cp"])
-            report["cp"] = {"frontier": run_frontier(model, train_banks, dev_banks, rcfg, run, cfg.seed, log)}
+            report["cp"] = {"frontier": run_frontier(model, train_banks, dev_banks, rcfg, run, cfg.seed, log, settings=cfg.frontier_settings)}
         atomic_save({"weights": model.cp.state_dict(), "config": dataclasses.asdict(model.cfg.cp), "report": report["cp"]}, done)
     for method in cfg.methods:
         done = run / f"{method}.done.pt"
@@ -98,7 +100,7 @@ def train(cfg: TrainConfig, log=print) -> str:
             continue
         rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs))
         if method == "tv":  # 4 joint layers over ~65 tokens per pair: fewer negatives per query
-            rcfg = dataclasses.replace(rcfg, negatives=7)
+            rcfg = dataclasses.replace(rcfg, negatives=min(7, rcfg.negatives))
         seed_everything(cfg.seed)
         with timings.timer(method):
             report[method] = train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log)

@@ -124,9 +124,9 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
         history.append(rec)
         log(f"towers {rec}")
         if dev["rsum"] > best["rsum"]:
-            best = {"rsum": dev["rsum"], "epoch": epoch + 1, "weights": {k: v.clone() for k, v in model.trained_state_dict().items()}}
+            best = {"rsum": dev["rsum"], "epoch": epoch + 1, "weights": {k: v.clone() for k, v in model.tower_state_dict().items()}}
         atomic_save(
-            {"model": model.trained_state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+            {"model": model.tower_state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
              "epoch": epoch + 1, "best": best, "history": history, "rng": rng_state()},
             state_path,
         )
