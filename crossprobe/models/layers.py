@@ -138,3 +138,15 @@ class ProbePool(nn.Module):
         p = self.probes.unsqueeze(0).expand(tokens.shape[0], -1, -1)
         p = p + self.attn(self.ln_q(p), self.ln_kv(tokens), mask)
         return p + self.mlp(self.ln2(p))
+
+
+def joint_pairs(score, t: torch.Tensor, t_mask: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Score each query against each of its K candidates with a joint pair scorer:
+    (Q, T, d) queries, (Q, T) masks, (Q, K, N, d) candidates -> (Q, K) scores."""
+    Q, K = v.shape[:2]
+    s = score(
+        t.unsqueeze(1).expand(-1, K, -1, -1).flatten(0, 1),
+        t_mask.unsqueeze(1).expand(-1, K, -1).flatten(0, 1),
+        v.flatten(0, 1),
+    )
+    return s.view(Q, K)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models import backbones as bb
-from crossprobe.models.layers import Block, Fusion, grid_positions
+from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
 
 
 @dataclass
@@ -57,10 +57,4 @@ class SingleStream(nn.Module):
 
     def rerank(self, t, t_mask, v, s_tt):
         """(Q, T, d) embedded query, (Q, T), (Q, K, 49, d) embedded images, (Q, K) -> fused logits (Q, K)."""
-        Q, K = s_tt.shape
-        s = self.score(
-            t.unsqueeze(1).expand(-1, K, -1, -1).flatten(0, 1),
-            t_mask.unsqueeze(1).expand(-1, K, -1).flatten(0, 1),
-            v.flatten(0, 1),
-        ).view(Q, K)
-        return self.fusion(s_tt, s)
+        return self.fusion(s_tt, joint_pairs(self.score, t, t_mask, v))
