@@ -8,10 +8,14 @@ from pathlib import Path
 
 import typer
 
+from crossprobe.indexer.cli import index_app
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
+
+app.add_typer(index_app, name="index")
 
 CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
 

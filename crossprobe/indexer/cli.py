@@ -1,0 +1,140 @@
+"""`crossprobe index ...`: build | add | delete | list | activate | gc.
+
+Options left unset fall back to Settings (env REDIS_URL, CROSSPROBE_INDEX_*).
+Heavy imports stay inside the commands so `crossprobe --help` stays instant.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+index_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata)")
+
+_ROOT = typer.Option(None, help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")
+_CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
+
+
+def _settings(**overrides):
+    from crossprobe.indexer.redis_conn import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _fail(e: Exception) -> None:
+    typer.echo(f"error: {e}", err=True)
+    raise typer.Exit(1)
+
+
+def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt: Path | None, **opts) -> None:
+    from crossprobe.indexer import jobs as b
+
+    s = _settings(**opts)
+    try:
+        res = getattr(b, kind)(name, images=images, manifest=manifest, settings=s, ckpt=ckpt, log=typer.echo)
+    except (ValueError, LookupError, RuntimeError, FileNotFoundError) as e:
+        _fail(e)
+    typer.echo(res.summary())
+
+
+@index_app.command("build")
+def build_cmd(
+    name: str = typer.Option(..., help="index name (letters, digits, _ . -)"),
+    images: Path = typer.Option(None, help="folder of images, walked recursively"),
+    manifest: Path = typer.Option(None, help='JSONL: {"id", "uri", "caption"?, "tags"?} per line'),
+    ckpt: Path = _CKPT,
+    root: Path = _ROOT,
+    workers: int = typer.Option(None, help="decode threads overlapping the encoder (1 or 2 on 2 cores)"),
+    batch_size: int = typer.Option(None, help="images per batch (and per committed journal entry)"),
+    quantization: str = typer.Option(None, help="float16 | int8 (Redis feature values)"),
+    factory: str = typer.Option(None, help="force a faiss.index_factory string (default: by size)"),
+    max_pixels: int = typer.Option(None, help="skip images larger than this many pixels (default 40e6)"),
+    threads: int = typer.Option(None, help="ONNX Runtime threads"),
+    head: str = typer.Option(None, help="onnx | torch runtime for the image-tower head"),
+    throttle: float = typer.Option(None, help="seconds to sleep after each batch (share a busy machine)"),
+):
+    """Encode a folder or manifest into a new version and activate it (run again to resume after a kill)."""
+    _job("build", name, images, manifest, ckpt, root=root, workers=workers, batch_size=batch_size,
+         quantization=quantization, factory=factory, max_pixels=max_pixels, threads=threads, head=head,
+         throttle_s=throttle)
+
+
+@index_app.command("add")
+def add_cmd(
+    name: str = typer.Option(...),
+    images: Path = typer.Option(None),
+    manifest: Path = typer.Option(None),
+    ckpt: Path = _CKPT,
+    root: Path = _ROOT,
+    workers: int = typer.Option(None),
+    batch_size: int = typer.Option(None),
+    factory: str = typer.Option(None),
+    max_pixels: int = typer.Option(None),
+    threads: int = typer.Option(None),
+    throttle: float = typer.Option(None),
+):
+    """Add (or replace) items: a new version = active items + these, then one switch."""
+    _job("add", name, images, manifest, ckpt, root=root, workers=workers, batch_size=batch_size, factory=factory,
+         max_pixels=max_pixels, threads=threads, throttle_s=throttle)
+
+
+@index_app.command("delete")
+def delete_cmd(
+    name: str = typer.Option(...),
+    ids: list[str] = typer.Option(..., "--ids", help="item ids, comma separated and/or repeated"),
+    root: Path = _ROOT,
+    factory: str = typer.Option(None),
+):
+    """Remove items: a new version = active items minus these, then one switch."""
+    from crossprobe.indexer import jobs as b
+
+    wanted = [i for chunk in ids for i in chunk.split(",") if i]
+    try:
+        res = b.delete(name, wanted, settings=_settings(root=root, factory=factory), log=typer.echo)
+    except (ValueError, LookupError, RuntimeError) as e:
+        _fail(e)
+    typer.echo(res.summary())
+    if res.extra.get("not_found"):
+        typer.echo(f"not in the index: {', '.join(res.extra['not_found'][:20])}")
+
+
+@index_app.command("list")
+def list_cmd(name: str = typer.Argument(None), root: Path = _ROOT):
+    """Versions of every index (or one): state, items, model fingerprint, factory."""
+    from crossprobe.indexer.redis_conn import connect
+    from crossprobe.indexer.store import Store
+
+    s = _settings(root=root)
+    store = Store(s, connect(s))
+    for n in [name] if name else store.names():
+        for v in store.versions(n):
+            typer.echo(f"{n:<20} {v.version:<24} {v.state:<9} {v.count if v.count is not None else '-':>9} "
+                       f"{v.fingerprint or '-':<17} {v.factory or '-':<14} {v.created or ''}")
+
+
+@index_app.command("activate")
+def activate_cmd(name: str, version: str, root: Path = _ROOT):
+    """Make VERSION the live one (one Redis SET); e.g. roll back to an earlier version."""
+    from crossprobe.indexer.redis_conn import connect
+    from crossprobe.indexer.store import Store
+
+    s = _settings(root=root)
+    try:
+        Store(s, connect(s)).activate(name, version)
+    except (ValueError, RuntimeError) as e:
+        _fail(e)
+    typer.echo(f"{name}: active version is now {version}")
+
+
+@index_app.command("gc")
+def gc_cmd(name: str, root: Path = _ROOT):
+    """Delete every inactive version of NAME (disk and Redis), except builds still running."""
+    from crossprobe.indexer.redis_conn import connect
+    from crossprobe.indexer.store import Store
+
+    s = _settings(root=root)
+    removed = Store(s, connect(s)).gc(name)
+    for v, n in removed:
+        typer.echo(f"removed {name}/{v} ({n} Redis keys)")
+    typer.echo(f"{len(removed)} version(s) removed")

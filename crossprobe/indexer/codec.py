@@ -1,0 +1,105 @@
+"""Fixed binary layout of one item's cached image features in Redis.
+
+One value per item holds P_v (n, dc), b_bar (dc,) and s_I (N*K,), so a shortlist
+of K candidates is one MGET and `decode` turns the K values into three arrays
+with one np.frombuffer (a numpy structured dtype *is* the layout).
+
+  float16: p_v f2[n,dc] | b_bar f2[dc] | s_i f2[nk]                 (2*(n*dc+dc+nk) bytes)
+  int8:    p_v_scale f4[n] | b_bar_scale f4 | s_i_scale f4 |
+           p_v i1[n,dc] | b_bar i1[dc] | s_i i1[nk]                 (symmetric, one scale per vector:
+                                                                     each probe row, b_bar, the sketch)
+Little-endian throughout. The header (manifest.json "layout") lets any reader,
+in any language, decode without this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT = 1
+FIELDS = ("p_v", "b_bar", "s_i")
+
+
+@dataclass(frozen=True)
+class Layout:
+    quantization: str  # "float16" | "int8"
+    n: int  # vision probes
+    dc: int  # probe width
+    nk: int  # T-EMDE sketch size N*K
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"p_v": (self.n, self.dc), "b_bar": (self.dc,), "s_i": (self.nk,)}
+
+    def dtype(self) -> np.dtype:
+        sh = self.shapes()
+        if self.quantization == "float16":
+            return np.dtype([(f, "<f2", sh[f]) for f in FIELDS])
+        if self.quantization == "int8":
+            scales = [("p_v_scale", "<f4", (self.n,)), ("b_bar_scale", "<f4"), ("s_i_scale", "<f4")]
+            return np.dtype(scales + [(f, "i1", sh[f]) for f in FIELDS])
+        raise ValueError(f"unknown quantization {self.quantization!r} (float16 or int8)")
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype().itemsize
+
+    def header(self) -> dict:
+        dt = self.dtype()
+        fields = []
+        for name in dt.names:
+            sub, offset = dt.fields[name][:2]
+            base, shape = (sub.subdtype if sub.subdtype else (sub, ()))
+            fields.append({"name": name, "dtype": base.str, "shape": list(shape), "offset": offset})
+        return {"format": FORMAT, "quantization": self.quantization, "n": self.n, "dc": self.dc, "nk": self.nk,
+                "itemsize": dt.itemsize, "fields": fields}
+
+    @classmethod
+    def from_header(cls, h: dict) -> "Layout":
+        if h.get("format") != FORMAT:
+            raise ValueError(f"feature layout format {h.get('format')} is not supported (expected {FORMAT})")
+        lay = cls(h["quantization"], h["n"], h["dc"], h["nk"])
+        if lay.itemsize != h["itemsize"]:
+            raise ValueError("feature layout header disagrees with its own field sizes")
+        return lay
+
+
+def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 over the last axis: (..., D) -> int8 (..., D), scale (...) with x ~ q * scale."""
+    scale = np.abs(x).max(-1) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(x / scale[..., None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray) -> list[bytes]:
+    """p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) float32 -> B values of layout.itemsize bytes."""
+    B = len(p_v)
+    arr = np.zeros(B, layout.dtype())
+    vals = {"p_v": p_v, "b_bar": b_bar, "s_i": s_i}
+    for f, shape in layout.shapes().items():
+        v = np.asarray(vals[f], np.float32)
+        if v.shape != (B, *shape):
+            raise ValueError(f"{f}: shape {v.shape}, layout expects {(B, *shape)}")
+        if layout.quantization == "int8":
+            arr[f], arr[f + "_scale"] = _quantize(v)
+        else:
+            arr[f] = v
+    return [arr[i].tobytes() for i in range(B)]
+
+
+def decode(layout: Layout, values: list[bytes]) -> dict[str, np.ndarray]:
+    """K values (e.g. one MGET) -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32."""
+    size = layout.itemsize
+    for i, v in enumerate(values):
+        if v is None or len(v) != size:
+            raise ValueError(f"value {i}: {None if v is None else len(v)} bytes, layout expects {size}")
+    arr = np.frombuffer(b"".join(values), layout.dtype(), count=len(values))
+    out = {}
+    for f in FIELDS:
+        x = arr[f].astype(np.float32)
+        if layout.quantization == "int8":
+            s = arr[f + "_scale"].astype(np.float32)
+            x = x * s.reshape(s.shape + (1,))
+        out[f] = x
+    return out

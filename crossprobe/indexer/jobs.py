@@ -1,0 +1,291 @@
+"""Build, add and delete: each produces a new version, then flips `active` once.
+
+build   encode every item of a folder/manifest.
+add     the active version's items (vectors from its vectors.npy, Redis values
+        copied server-side with COPY) plus newly encoded items; an item whose id
+        is already there is replaced when the new file decodes.
+delete  the active version minus some ids (no encoding at all).
+Never editing the live version in place is what keeps FAISS and Redis in
+agreement for every reader: a reader sees the old version or the new one, whole.
+
+All three are resumable: the spec of a job (kind, source, base version,
+fingerprint, layout...) names its journal, so running the same command after a
+kill finds the unfinished version and continues it (journal.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from crossprobe.indexer import codec, faiss_io
+from crossprobe.indexer.decode import Decoded, decode_batch
+from crossprobe.indexer.encoder import Dims, Encoder, identify
+from crossprobe.indexer.journal import Journal
+from crossprobe.indexer.pipeline import StageTimes, progress, run_overlapped
+from crossprobe.indexer.reader import FingerprintMismatch
+from crossprobe.indexer.redis_conn import Settings, connect
+from crossprobe.indexer.sources import Item, Skip, read_source
+from crossprobe.indexer.store import Store, atomic_write, check_name, new_version
+
+
+@dataclass
+class Result:
+    name: str
+    version: str
+    kind: str
+    count: int  # items in the new version
+    encoded: int  # items encoded by this run (not counting batches reused from the journal)
+    reused_batches: int
+    skipped: dict[str, int]
+    stages_s: dict[str, float]
+    seconds: float
+    factory: str
+    report: Path
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        sk = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        st = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages_s.items())
+        rate = self.encoded / self.seconds if self.seconds else 0.0
+        return (f"{self.kind} {self.name}/{self.version}: {self.count} items active ({self.factory}); "
+                f"encoded {self.encoded} in {self.seconds:.1f}s ({rate:.1f} img/s), "
+                f"{self.reused_batches} batches reused from an interrupted run\n"
+                f"skipped: {sk}   (details: {self.report})\nstages: {st}")
+
+
+def build(name: str, images: Path | None = None, manifest: Path | None = None, settings: Settings | None = None,
+          ckpt: Path | None = None, model=None, bert=None, log: Callable[[str], None] = print) -> Result:
+    return _run("build", name, settings or Settings(), images=images, manifest=manifest, ckpt=ckpt, model=model,
+                bert=bert, log=log)
+
+
+def add(name: str, images: Path | None = None, manifest: Path | None = None, settings: Settings | None = None,
+        ckpt: Path | None = None, model=None, bert=None, log: Callable[[str], None] = print) -> Result:
+    return _run("add", name, settings or Settings(), images=images, manifest=manifest, ckpt=ckpt, model=model,
+                bert=bert, log=log)
+
+
+def delete(name: str, ids: list[str], settings: Settings | None = None, log: Callable[[str], None] = print) -> Result:
+    return _run("delete", name, settings or Settings(), ids=ids, log=log)
+
+
+_CHANGE_KEYS = ("added", "replaced", "deleted", "not_found")
+
+
+def dims_of(manifest: dict) -> Dims:
+    m = manifest["dims"]
+    return Dims(d=m["g"], n=m["p_v"][0], dc=m["p_v"][1], nk=m["s_i"])
+
+
+def _source_desc(images: Path | None, manifest: Path | None) -> dict:
+    if (images is None) == (manifest is None):
+        raise ValueError("give exactly one of --images DIR or --manifest FILE.jsonl")
+    return {"images": str(Path(images).resolve())} if images else {"manifest": str(Path(manifest).resolve())}
+
+
+def _find_resumable(store: Store, name: str, spec: dict) -> str | None:
+    d = store.root / name
+    for p in sorted(d.glob("v*/build/spec.json"), reverse=True) if d.is_dir() else []:
+        try:
+            if json.loads(p.read_text()) == spec:
+                return p.parent.parent.name
+        except (OSError, ValueError):
+            continue  # a journal being created: not ours
+    return None
+
+
+def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None, ckpt=None, model=None, bert=None,
+         log=print) -> Result:
+    check_name(name)
+    t0 = time.perf_counter()
+    times = StageTimes()
+    r = connect(s)
+    store = Store(s, r)
+    base = base_manifest = None
+    if kind in ("add", "delete"):
+        base = store.active(name)
+        if base is None or (base_manifest := store.read_manifest(name, base)) is None:
+            raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
+    if kind == "delete":
+        if not set(ids or ()) & set(store.read_ids(name, base)):
+            raise ValueError(f"none of the {len(ids or ())} ids is in {name}/{base}; nothing to delete")
+        fingerprint, dims = base_manifest["fingerprint"], dims_of(base_manifest)
+        quant = base_manifest["layout"]["quantization"]
+        spec = {"kind": kind, "name": name, "base": base, "factory": s.factory,
+                "ids_sha": hashlib.sha256(json.dumps(sorted(set(ids))).encode()).hexdigest()[:16]}
+    else:
+        fingerprint, dims = identify(ckpt, model)
+        if base_manifest and base_manifest["fingerprint"] != fingerprint:
+            raise FingerprintMismatch(f"index {name!r} (version {base}) was built with model {base_manifest['fingerprint']}; "
+                                      f"this checkpoint is {fingerprint}. Rebuild with `crossprobe index build` instead.")
+        quant = base_manifest["layout"]["quantization"] if base_manifest else s.quantization  # add keeps the layout
+        spec = {"kind": kind, "name": name, "base": base, "source": _source_desc(images, manifest),
+                "fingerprint": fingerprint, "quantization": quant, "batch_size": s.batch_size,
+                "max_pixels": s.max_pixels, "factory": s.factory}
+    layout = codec.Layout(quant, dims.n, dims.dc, dims.nk)
+    version = _find_resumable(store, name, spec)
+    resumed = version is not None
+    version = version or new_version()
+    vdir = store.version_dir(name, version)
+    log(f"{'resuming' if resumed else 'starting'} {kind} of {name!r} as version {version} ({vdir})")
+    with store.lock(name, version):
+        journal = Journal(vdir)
+        if journal.exists:
+            items, reader_skips = journal.items(), journal.reader_skips()
+        else:
+            r.sadd(store.versions_key(name), version)  # before any key is written: gc can always find them
+            if kind == "delete":
+                items, reader_skips = [], []
+            else:
+                with times.stage("reader"):
+                    items, reader_skips, _ = read_source(images, manifest)
+            journal.create(spec, items, reader_skips)
+        reused = len(journal.committed())
+        encoded = 0
+        if store.read_manifest(name, version) is None:  # else: killed after finishing, before activation
+            encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert)
+            finished = _finalize(kind, name, version, base, items, reader_skips, ids, journal, store, layout,
+                                 dims, fingerprint, spec, s, times, t0, encoded, reused)
+        else:
+            finished = json.loads((vdir / "report.json").read_text())
+        with times.stage("activate"):
+            store.activate(name, version, expect=base, check_expect=kind != "build")
+        journal.remove()
+    return Result(name, version, kind, finished["counts"]["total"], encoded, reused,
+                  finished["counts"]["skipped"], times.as_dict(), time.perf_counter() - t0,
+                  finished["factory"], vdir / "report.json",
+                  {"base": base, **{k: v for k, v in finished["counts"].items() if k in _CHANGE_KEYS}})
+
+
+def _encode(name: str, version: str, items: list[Item], journal: Journal, store: Store, layout: codec.Layout,
+            s: Settings, times: StageTimes, ckpt, model, bert) -> int:
+    """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed."""
+    bs = s.batch_size
+    committed = journal.committed()
+    todo = [b for b in range(math.ceil(len(items) / bs)) if b not in committed]
+    if not todo:
+        return 0
+    with times.stage("load_model"):
+        enc = Encoder(s, ckpt, model, bert)
+    done = sum(len(items[b * bs:(b + 1) * bs]) for b in committed)
+    bar = progress(len(items), done, f"index {name}", s.progress)
+    encoded = 0
+    n_skipped = 0
+
+    def produce(b: int) -> Decoded:
+        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, s.max_pixels)
+
+    def consume(b: int, dec: Decoded) -> None:
+        nonlocal encoded, n_skipped
+        g = np.zeros((0, enc.dims.d), np.float32)
+        with store.r.pipeline(transaction=False) as pipe:
+            if dec.rows:
+                with times.stage("backbone"):
+                    grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
+                with times.stage("head"):
+                    e = enc.head(grid)
+                g = e.g
+                with times.stage("write_redis"):
+                    for row, val, meta in zip(dec.rows, codec.encode(layout, e.p_v, e.b_bar, e.s_i), dec.meta):
+                        it = items[row]
+                        pipe.set(store.feat_key(name, version, it.id), val)
+                        pipe.set(store.meta_key(name, version, it.id), json.dumps(
+                            {"id": it.id, "uri": it.uri, **meta, "caption": it.caption, "tags": it.tags},
+                            ensure_ascii=False))
+            with times.stage("write_redis"):
+                for row, _ in dec.skips:  # a value left by an earlier, killed attempt whose file has since gone bad
+                    pipe.unlink(store.feat_key(name, version, items[row].id), store.meta_key(name, version, items[row].id))
+                pipe.execute()
+        with times.stage("commit"):
+            journal.commit(b, dec.rows, g, dec.skips)
+        encoded += len(dec.rows)
+        n_skipped += len(dec.skips)
+        bar.update(len(dec.rows) + len(dec.skips))
+        bar.set_postfix(skipped=n_skipped, refresh=False)
+        if s.throttle_s:
+            time.sleep(s.throttle_s)
+
+    try:
+        run_overlapped(todo, produce, consume, s.workers, times)
+    finally:
+        bar.close()
+    return encoded
+
+
+def _copy_values(store: Store, name: str, src: str, dst: str, ids: list[str], chunk: int) -> None:
+    """Server-side COPY of kept items' two values from version src to dst, pipelined (idempotent: REPLACE)."""
+    for i in range(0, len(ids), chunk):
+        with store.r.pipeline(transaction=False) as p:
+            for it in ids[i:i + chunk]:
+                p.copy(store.feat_key(name, src, it), store.feat_key(name, dst, it), replace=True)
+                p.copy(store.meta_key(name, src, it), store.meta_key(name, dst, it), replace=True)
+            res = p.execute()
+        if not all(res):
+            raise RuntimeError(f"{name}/{src}: some Redis values of the base version are missing; cannot derive {dst}")
+
+
+def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, store, layout, dims, fingerprint,
+              spec, s: Settings, times: StageTimes, t0: float, encoded: int, reused: int) -> dict:
+    """Committed batches (+ base version) -> index.faiss, ids, vectors.npy, report.json, manifest.json (last)."""
+    vdir = store.version_dir(name, version)
+    rows, g, skips = journal.load(items, dims.d)
+    new_ids = [items[int(i)].id for i in rows]
+    extra: dict = {}
+    if kind == "build":
+        ids, vectors = new_ids, g
+        if not ids:
+            _write_report(vdir, kind, 0, reader_skips + skips, times, t0, encoded, reused, "-", {})
+            raise RuntimeError(f"no image of {spec['source']} could be indexed; see {vdir / 'report.json'}")
+    else:
+        base_ids, base_vecs = store.read_ids(name, base), store.read_vectors(name, base)
+        drop = set(new_ids) if kind == "add" else set(del_ids)
+        keep = [i for i, it in enumerate(base_ids) if it not in drop]
+        with times.stage("copy_redis"):
+            _copy_values(store, name, base, version, [base_ids[i] for i in keep], s.redis_batch)
+        ids = [base_ids[i] for i in keep] + new_ids
+        vectors = np.concatenate([base_vecs[keep], g]) if len(g) else base_vecs[keep]
+        extra = ({"replaced": len(base_ids) - len(keep), "added": len(new_ids) - (len(base_ids) - len(keep))}
+                 if kind == "add" else {"deleted": len(base_ids) - len(keep),
+                                        "not_found": sorted(set(del_ids) - set(base_ids))[:1000]})
+    vectors = np.ascontiguousarray(vectors, np.float32)  # (N, d)
+    with times.stage("write_faiss"):
+        factory = faiss_io.choose_factory(len(ids), dims.d, s)
+        index = faiss_io.build_faiss(vectors, factory)
+        faiss_io.write_index(index, vdir / "index.faiss")
+        faiss_io.write_ids(ids, vdir / "ids")
+        faiss_io.write_vectors(vectors, vdir / "vectors.npy")
+    report = _write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
+    manifest = {
+        "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": fingerprint,
+        "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk},
+        "count": len(ids), "factory": factory, "metric": "inner_product",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "layout": layout.header(),
+        "keys": {"active": store.active_key(name), "features": store.feat_key(name, version, "{id}"),
+                 "metadata": store.meta_key(name, version, "{id}")},
+        "source": spec.get("source"), "skipped": report["counts"]["skipped"],
+    }
+    atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
+    return report
+
+
+def _write_report(vdir: Path, kind: str, total: int, skips: list[Skip], times: StageTimes, t0: float, encoded: int,
+                  reused: int, factory: str, extra: dict) -> dict:
+    counts: dict[str, int] = {}
+    for sk in skips:
+        counts[sk.reason] = counts.get(sk.reason, 0) + 1
+    elapsed = time.perf_counter() - t0
+    report = {"kind": kind, "factory": factory,
+              "counts": {"total": total, "encoded_this_run": encoded, "reused_batches": reused, "skipped": counts, **extra},
+              "skipped": [sk.__dict__ for sk in skips], "stages_s": times.as_dict(), "elapsed_s": round(elapsed, 3),
+              "images_per_s": round(encoded / elapsed, 2) if elapsed else None}
+    atomic_write(vdir / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
+    return report

@@ -1,0 +1,90 @@
+"""Reading an index version: FAISS search, one-MGET feature fetch, metadata.
+
+`open_index(name, fingerprint)` pins the version that is active *now* and checks
+that it was built with the caller's model: scores computed from a query tower
+and image features of two different models are meaningless, so a mismatch is an
+error, never a warning. The reader keeps using its pinned version (and its
+keys) after another version is activated, until it reopens.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from crossprobe.indexer.codec import Layout, decode
+from crossprobe.indexer.redis_conn import Settings, connect
+from crossprobe.indexer.store import Store
+
+
+class FingerprintMismatch(ValueError):
+    """The index was built with another model than the one loaded."""
+
+
+class IndexReader:
+    def __init__(self, store: Store, name: str, version: str, manifest: dict):
+        self.store, self.name, self.version, self.manifest = store, name, version, manifest
+        vdir = store.version_dir(name, version)
+        self.index = faiss.read_index(str(vdir / "index.faiss"))
+        if hasattr(self.index, "hnsw"):
+            self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, 64)  # recall over the default 16
+        if hasattr(self.index, "nprobe"):
+            self.index.nprobe = max(self.index.nprobe, 16)
+        self.ids: list[str] = json.loads((vdir / "ids").read_text())
+        self.layout = Layout.from_header(manifest["layout"])
+        if self.index.ntotal != len(self.ids) or len(self.ids) != manifest["count"]:
+            raise ValueError(f"{name}/{version}: index.faiss ({self.index.ntotal}), ids ({len(self.ids)}) and "
+                             f"manifest ({manifest['count']}) disagree")
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def search(self, q: np.ndarray, k: int) -> tuple[list[list[str]], np.ndarray]:
+        """q (B, d) unit-norm query vectors -> ids [B][<=k], scores (B, k) inner products (-inf past the end)."""
+        q = np.ascontiguousarray(np.atleast_2d(q), np.float32)
+        scores, rows = self.index.search(q, min(k, max(len(self.ids), 1)))
+        ids = [[self.ids[j] for j in row if j >= 0] for row in rows]
+        return ids, np.where(rows >= 0, scores, -np.inf)
+
+    def features(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32."""
+        st = self.store
+        vals = st.r.mget([st.feat_key(self.name, self.version, i) for i in ids]) if ids else []
+        missing = [i for i, v in zip(ids, vals) if v is None]
+        if missing:
+            raise KeyError(f"{self.name}/{self.version}: no features for {missing[:5]} (version gc'ed?)")
+        return decode(self.layout, vals)
+
+    def metadata(self, ids: list[str]) -> list[dict | None]:
+        st = self.store
+        vals = st.r.mget([st.meta_key(self.name, self.version, i) for i in ids]) if ids else []
+        return [json.loads(v) if v is not None else None for v in vals]
+
+
+def open_index(name: str, fingerprint: str | None, settings: Settings | None = None, version: str | None = None,
+               store: Store | None = None) -> IndexReader:
+    """Open the active (or a given) version of `name`; refuse it if built with another model.
+
+    fingerprint: the loaded model's (checkpoint meta["fingerprint"]); None skips the check
+    (inspection tools only).
+    """
+    s = settings or Settings()
+    store = store or Store(s, connect(s))
+    version = version or store.active(name)
+    if version is None:
+        raise LookupError(f"index {name!r} has no active version (Redis {store.active_key(name)} is unset)")
+    manifest = store.read_manifest(name, version)
+    if manifest is None:
+        raise LookupError(f"index {name!r} version {version}: no manifest.json under {Path(s.root) / name / version}")
+    if fingerprint is not None and manifest["fingerprint"] != fingerprint:
+        raise FingerprintMismatch(
+            f"index {name!r} version {version} was built with model {manifest['fingerprint']}, but the loaded model "
+            f"is {fingerprint}; its vectors and probes are not comparable. Rebuild it: "
+            f"crossprobe index build --name {name} ... --ckpt <this checkpoint>")
+    return IndexReader(store, name, version, manifest)

