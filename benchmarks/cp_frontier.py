@@ -6,7 +6,7 @@ same recipe if missing) on the committed checkpoint's towers, its test R@1 after
 reranking the two-tower top 100, and its rerank time per query for 100 and 1,000
 candidates (ONNX Runtime and PyTorch, 2 threads, median).
 
-    .venv/bin/python benchmarks/cp_frontier.py  ->  docs/frontier.md, docs/results/frontier.json
+    .venv/bin/python benchmarks/cp_frontier.py  ->  docs/frontier_test.md, docs/results/frontier_test.json
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def main() -> None:
 
     out["tt_t2i_R@1"] = round(M.summarize(M.t2i_ranks(S, gold))["R@1"], 2)
     Path("docs/results").mkdir(parents=True, exist_ok=True)
-    Path("docs/results/frontier.json").write_text(json.dumps(out, indent=2))
+    Path("docs/results/frontier_test.json").write_text(json.dumps(out, indent=2))
     lines = ["# Cross-probe latency / accuracy frontier (Flickr8k test, CP reranks the two-tower top 100)", "",
              f"Command: `{cmd}`  ", f"Machine: {out['machine']}  ", f"Towers: checkpoint `{meta['fingerprint']}`; "
              f"two-tower text->image R@1 {out['tt_t2i_R@1']}, shortlist recall@100 {out['shortlist_recall_t2i@100']}%.", "",
@@ -86,7 +86,7 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['setting']} | {r['t2i_R@1']} | {r['t2i_R@5']} | {r['i2t_R@1']} | {r['ort_ms']['100']} | {r['ort_ms']['1000']} | "
                      f"{r['torch_ms']['100']} | {r['torch_ms']['1000']} | {'yes' if r['default'] else ''} |")
-    Path("docs/frontier.md").write_text("\n".join(lines) + "\n")
+    Path("docs/frontier_test.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

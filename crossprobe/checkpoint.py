@@ -40,6 +40,8 @@ def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".ckpt-"))
     save_file(tensors, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps({"model": cfg, "fingerprint": fp, **(meta or {})}, indent=2))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is for everyone to read
+    os.chmod(tmp / "model.safetensors", 0o644)
     if out.exists():
         old = out.with_name(out.name + ".old")
         if old.exists():

@@ -22,8 +22,13 @@ SAMPLES = {
     "hubble": "hubble_deep_field", "clock": "clock", "page": "page", "brick": "brick", "grass": "grass",
     "retina": "retina", "colorwheel": "colorwheel",
 }
-QUERIES = ["a cat", "a cup of coffee", "a rocket launching into the sky", "a man riding a motorcycle",
-           "a woman in a space suit", "a black and white photo of a horse"]
+# query -> the gallery photo a person would expect first
+EXPECTED = {
+    "a cat": "cat", "a cup of coffee": "coffee", "a rocket launching into the sky": "rocket",
+    "a man riding a motorcycle": "motorcycle", "a woman in a space suit": "astronaut",
+    "a black and white photo of a horse": "horse",
+}
+QUERIES = list(EXPECTED)
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 

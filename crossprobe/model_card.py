@@ -73,8 +73,17 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
                   "Top 3 per query, as the demo prints them (CP-reranked). A query whose subject is not in the gallery, "
                   "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",
-                  "| query | top 3 |", "|---|---|"]
-        lines += [f"| {q} | {', '.join(v)} |" for q, v in demo.items()] + [""]
+                  "| query | top 3 | expected photo first? |", "|---|---|---|"]
+        from crossprobe.demo import EXPECTED
+
+        lines += [f"| {q} | {', '.join(v)} | {'yes' if v[0] == EXPECTED.get(q) else 'no (' + str(EXPECTED.get(q)) + ')'} |"
+                  for q, v in demo.items()]
+        misses = [q for q, v in demo.items() if EXPECTED.get(q) and v[0] != EXPECTED[q]]
+        if misses:
+            lines += ["", "Where it fails: " + "; ".join(f'"{q}" does not put the {EXPECTED[q]} photo first' for q in misses)
+                      + ". Flickr8k's captions are mostly people, dogs and outdoor scenes; objects and scenes it rarely "
+                      "describes (cups, rockets, space suits) are weak spots of a model trained only on it."]
+        lines.append("")
     out = ckpt / "MODEL_CARD.md"
     out.write_text("\n".join(lines))
     return out
