@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## make demo [IMAGES=dir]: rank a small gallery for a few queries with the committed checkpoint
+## make demo [IMAGES=dir]: index a small gallery, serve it (embedded Redis), query it over HTTP, stop
 demo: $(STAMP)
-	$(BIN)/crossprobe demo $(if $(IMAGES),--images $(IMAGES),)
+	$(BIN)/crossprobe demo-service $(if $(IMAGES),--images $(IMAGES),)
 
 ## make test: the fast test suite (no shared data needed)
 test: $(STAMP)

@@ -1,4 +1,4 @@
-"""`crossprobe` command line (typer): train, eval, export, demo, frontier."""
+"""`crossprobe` command line (typer): train, eval, export, demo, frontier, index, serve, demo-service."""
 from __future__ import annotations
 
 import os
@@ -78,6 +78,11 @@ def evaluate(
     res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
     j = report.write(res, docs, _command(), meta["fingerprint"])
     typer.echo(report.markdown(j))
+    frontier = meta.get("training", {}).get("cp", {}).get("frontier")
+    if frontier:
+        from crossprobe.training.frontier import write_doc
+
+        write_doc(frontier, docs, report.machine(), meta["fingerprint"])
     if ckpt is None:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.demo import run_demo
         from crossprobe.model_card import write_card
@@ -116,6 +121,40 @@ def demo(
     from crossprobe.demo import run_demo
 
     run_demo(images, query or None, top, ckpt, echo=typer.echo)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
+    port: int = typer.Option(None, help="port (default 8000, env CROSSPROBE_PORT)"),
+    ckpt: Path = typer.Option(None, help="checkpoint directory (env CROSSPROBE_CKPT; default: the committed one)"),
+    index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
+):
+    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see README "Service")."""
+    from crossprobe.service.server import serve as run_server
+    from crossprobe.service.settings import Settings
+
+    over = {"host": host, "port": port, "ckpt": ckpt, "indexes": index}
+    run_server(Settings(**{k: v for k, v in over.items() if v is not None}))
+
+
+@app.command("demo-service")
+def demo_service(
+    images: Path = typer.Option(None, envvar="IMAGES", help="folder of images (default: scikit-image's sample photos)"),
+    query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
+    top: int = 3,
+    rerank: str = typer.Option("cp", help="cp | temde | none"),
+    ckpt: Path = CKPT,
+    workdir: Path = typer.Option(Path("artifacts/demo-service"), help="gallery, index and embedded Redis go here"),
+):
+    """Index a gallery, start the HTTP service with an embedded Redis, query it over HTTP, stop it."""
+    from crossprobe.service.demo import run_service_demo
+
+    try:
+        run_service_demo(images, query or None, top, ckpt, rerank, workdir, echo=typer.echo)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

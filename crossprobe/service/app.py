@@ -1,0 +1,226 @@
+"""Router layer: the FastAPI app (routes, errors, metrics middleware, lifespan).
+
+    create_app(Settings()) -> FastAPI          `crossprobe serve` runs it with uvicorn
+
+Routes: POST /v1/search, GET /v1/indexes, GET /v1/items/{id}, GET /v1/items/{id}/image,
+GET /healthz, GET /readyz, GET /metrics, POST /admin/reload, and the clip-retrieval
+compatible /knn-service, /indices-list, /metadata (clip_compat.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from contextlib import asynccontextmanager
+from typing import Annotated, AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from starlette.routing import Match
+
+from crossprobe.service import errors, metrics
+from crossprobe.service.batcher import Overloaded
+from crossprobe.service.errors import ApiError
+from crossprobe.service.images import ImageUnavailable, resized_jpeg
+from crossprobe.service.pipeline import Outcome, public_metadata
+from crossprobe.service.schemas import ERROR_RESPONSES, SearchRequest, SearchResponse
+from crossprobe.service.settings import Settings
+from crossprobe.service.state import ServiceState
+
+router = APIRouter()
+
+
+def svc(request: Request) -> ServiceState:
+    return request.app.state.svc
+
+
+def server_timing(timings_ms: dict[str, float]) -> str:
+    return ", ".join(f"{k};dur={v:.3f}" for k, v in timings_ms.items())
+
+
+async def run_search(state: ServiceState, plan) -> Outcome:
+    """Admission control around one search: 429 at once when the queue is full."""
+    state.require_ready()
+    try:
+        with state.limiter.admit():
+            out = await state.searcher.search(plan)
+    except Overloaded as e:
+        raise ApiError(429, "overloaded", f"too many searches in progress, retry shortly ({e})",
+                       headers={"Retry-After": "1"}) from None
+    metrics.observe_stages(out.timings_ms)
+    if out.degraded:
+        metrics.error("degraded")
+    return out
+
+
+@router.post("/v1/search", response_model=SearchResponse, responses=ERROR_RESPONSES)
+async def search(body: SearchRequest, request: Request) -> Response:
+    """Text -> images: encode, ANN shortlist, rerank (cp | temde | none), top k with metadata."""
+    state = svc(request)
+    state.require_ready()  # before touching state.searcher, which exists only once loaded
+    out = await run_search(state, state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index,
+                                                      body.min_score))
+    timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
+    payload = {
+        "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
+                     "metadata": h.metadata} for h in out.hits],
+        "index": {"name": out.handle.name, "version": out.handle.version},
+        "model": {"fingerprint": state.models.fingerprint},
+        "rerank": body.rerank or state.settings.default_rerank,
+        "timings_ms": timings,
+        "degraded": bool(out.degraded),
+        "degraded_reason": "; ".join(out.degraded) or None,
+    }
+    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})
+
+
+@router.get("/v1/indexes")
+async def indexes(request: Request) -> dict:
+    state = svc(request)
+    reg = state.registry
+    if reg is None:
+        return {"indexes": [], "default": None, "unavailable": {}}
+    default = reg.default_name()
+    return {"indexes": [{**h.info(), "default": n == default} for n, h in sorted(reg.handles.items())],
+            "default": default, "unavailable": dict(reg.problems)}
+
+
+def _item(state: ServiceState, item_id: str, index: str | None):
+    state.require_ready()
+    handle = state.registry.get(index)
+    if item_id not in handle.ids:
+        raise ApiError(404, "item_not_found", f"no item {item_id!r} in {handle.name}/{handle.version}")
+    return handle
+
+
+# declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
+@router.get("/v1/items/{item_id:path}/image", responses={200: {"content": {"image/jpeg": {}}}, **ERROR_RESPONSES})
+async def item_image(request: Request, item_id: str,
+                     index: Annotated[str | None, Query(max_length=64)] = None,
+                     size: Annotated[int | None, Query(ge=16, le=4096, description="max side in pixels")] = None
+                     ) -> Response:
+    """The indexed file of an indexed item, resized to fit `size` (default CROSSPROBE_IMAGE_MAX_SIDE)."""
+    state = svc(request)
+    handle = _item(state, item_id, index)
+    meta = (await asyncio.to_thread(handle.reader.metadata, [item_id]))[0]
+    if not meta or not meta.get("uri"):
+        raise ApiError(404, "image_unavailable", f"{item_id!r} has no file recorded in {handle.name}/{handle.version}")
+    s = state.settings
+    side = min(size or s.image_max_side, s.image_max_side)
+    try:
+        data = await asyncio.to_thread(resized_jpeg, meta["uri"], side, s.image_quality, s.image_max_pixels)
+    except ImageUnavailable as e:
+        raise ApiError(404, "image_unavailable", f"{item_id!r}: {e}") from None
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "public, max-age=300"})
+
+
+@router.get("/v1/items/{item_id:path}", responses=ERROR_RESPONSES)
+async def item(request: Request, item_id: str, index: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    """Metadata of one indexed item (as the indexer stored it)."""
+    state = svc(request)
+    handle = _item(state, item_id, index)
+    meta = (await asyncio.to_thread(handle.reader.metadata, [item_id]))[0]
+    return {"id": item_id, "index": {"name": handle.name, "version": handle.version},
+            "metadata": public_metadata(meta, state.settings.expose_uri)}
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    """Liveness: the process serves HTTP (models may still be loading; see /readyz)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: models loaded, at least one index served, warm-up query done."""
+    state = svc(request)
+    if not state.ready:
+        return JSONResponse(errors.body("not_ready", state.why_not_ready()), 503, headers={"Retry-After": "1"})
+    return JSONResponse({"status": "ready", "model": state.models.fingerprint,
+                         "indexes": {n: h.version for n, h in state.registry.handles.items()}})
+
+
+@router.get("/metrics")
+async def prometheus() -> Response:
+    data, ctype = metrics.render()
+    return Response(data, media_type=ctype)
+
+
+@router.post("/admin/reload", responses=ERROR_RESPONSES)
+async def admin_reload(request: Request, x_admin_key: Annotated[str | None, Header()] = None) -> dict:
+    """Check every index's `active` key now and switch to new versions (also retries a refused one)."""
+    state = svc(request)
+    key = state.settings.admin_key
+    if key is None:
+        raise ApiError(403, "admin_disabled", "admin endpoints are off (set CROSSPROBE_ADMIN_KEY)")
+    if not x_admin_key or not hmac.compare_digest(x_admin_key.encode(), key.get_secret_value().encode()):
+        raise ApiError(401, "unauthorized", "missing or wrong X-Admin-Key header")
+    return {"indexes": await state.reload(force=True)}
+
+
+class MetricsMiddleware:
+    """Latency and count per route template and status (templates, not raw paths: bounded label values)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            metrics.observe_request(_route_template(scope), status, time.perf_counter() - start)
+
+
+def _route_template(scope) -> str:
+    route = scope.get("route")
+    if route is None:  # routing failed before a route was chosen; look for one that matches fully
+        app = scope.get("app")
+        for r in getattr(getattr(app, "router", None), "routes", ()):
+            if r.matches(scope)[0] == Match.FULL:
+                route = r
+                break
+    return getattr(route, "path", None) or "unmatched"
+
+
+def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
+    settings = settings or Settings()
+    state = ServiceState(settings, bert)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.load_in_background:
+            state.spawn_start()
+        else:
+            await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="crossprobe", summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / "
+                  "T-EMDE reranking", version="0.1.0", lifespan=lifespan)
+    app.state.svc = state
+    errors.install(app)
+    if settings.cors_list:
+        # clip-retrieval's front-end runs on another origin; X-Admin-Key is deliberately not an allowed header
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type"], expose_headers=["Server-Timing"])
+    app.add_middleware(MetricsMiddleware)
+    app.include_router(router)
+    from crossprobe.service.clip_compat import router as clip_router
+
+    app.include_router(clip_router)
+    return app

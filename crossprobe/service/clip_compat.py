@@ -1,0 +1,108 @@
+"""The clip-retrieval (rom1504/clip-retrieval, clip_back) HTTP API over this service's search.
+
+  POST /knn-service   {"text", "modality": "image", "num_images", "num_result_ids", "indice_name", ...}
+                      -> [{"id", "similarity", "url", "caption", ...metadata}, ..., {"id", "similarity"}, ...]
+  GET  /indices-list  -> ["name", ...]
+  POST /metadata      {"ids": [...], "indice_name"} -> [{"id", "metadata": {"url", "caption", ...}}, ...]
+
+As in clip_back: the first num_images results carry metadata; the rest, up to
+num_result_ids, are ids and similarities only, for a client to page through
+with /metadata. /metadata answers a list of {"id", "metadata"} because that is
+what clip_back returns and its front-end reads. Bodies are parsed from the raw
+bytes whatever the Content-Type: the front-end posts JSON as text/plain (which
+avoids a CORS preflight). Differences: ids are the index's string ids (not
+integer rows); "similarity" is the ranking score (the reranker's logit unless
+the server's default rerank is "none"); image and embedding queries and a text
+index are refused with 422 "unsupported"; num_images is capped at 200 and
+num_result_ids at 1000; deduplicate, safety, violence and aesthetic options are
+accepted and not applied.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from crossprobe.service.app import run_search, svc
+from crossprobe.service.errors import ApiError, validation_error
+from crossprobe.service.pipeline import public_metadata
+from crossprobe.service.schemas import KnnRequest, MetadataRequest
+from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
+
+router = APIRouter(tags=["clip-retrieval"])
+MAX_BODY = 1 << 20  # 1 MiB: a text query and its options fit many times over
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, "too_large", f"body of {len(raw)} bytes; the limit is {MAX_BODY}")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(422, "invalid_request", f"invalid request: body is not valid JSON ({e})") from None
+
+
+def _image_url(request: Request, index: str, item_id: str) -> str:
+    # absolute: the front-end runs on another origin and uses it as <img src>
+    base = str(request.base_url).rstrip("/")
+    return f"{base}/v1/items/{quote(item_id, safe='/')}/image?index={quote(index, safe='')}"
+
+
+def _flat(request: Request, index: str, item_id: str, meta: dict | None, expose_uri: bool) -> dict:
+    out = {k: v for k, v in (public_metadata(meta, expose_uri) or {}).items() if k != "id"}
+    out["caption"] = out.get("caption") or ""
+    out["url"] = _image_url(request, index, item_id)
+    return out
+
+
+@router.post("/knn-service")
+async def knn_service(request: Request) -> list[dict]:
+    state = svc(request)
+    try:
+        req = KnnRequest.model_validate(await _json(request))
+    except ValidationError as e:
+        raise validation_error(e.errors(), drop_prefix=()) from None
+    if req.image or req.image_url or req.embedding_input:
+        raise ApiError(422, "unsupported", "image and embedding queries are not supported yet; send \"text\"")
+    if req.modality != "image":
+        raise ApiError(422, "unsupported", "there is no text index here; use \"modality\": \"image\" "
+                       "(text-to-image search)")
+    if not req.text or not req.text.strip():
+        raise ApiError(422, "invalid_request", "invalid request: text: send a non-blank \"text\" query")
+    state.require_ready()
+    k = min(req.num_images, MAX_K)
+    total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
+    # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
+    out = await run_search(state, state.searcher.plan(req.text, k, index=req.indice_name, tail=total - k))
+    name = out.handle.name
+    expose = state.settings.expose_uri
+    results = [{**_flat(request, name, h.id, h.metadata, expose), "id": h.id, "similarity": h.score}
+               for h in out.hits]
+    return results + [{"id": h.id, "similarity": h.score} for h in out.tail]
+
+
+@router.get("/indices-list")
+async def indices_list(request: Request) -> list[str]:
+    reg = svc(request).registry
+    return sorted(reg.handles) if reg else []
+
+
+@router.post("/metadata")
+async def metadata(request: Request) -> list[dict]:
+    state = svc(request)
+    try:
+        req = MetadataRequest.model_validate(await _json(request))
+    except ValidationError as e:
+        raise validation_error(e.errors(), drop_prefix=()) from None
+    state.require_ready()
+    handle = state.registry.get(req.indice_name)
+    ids = [str(i) for i in req.ids]
+    known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
+    metas = dict(zip(known, await asyncio.to_thread(handle.reader.metadata, known))) if known else {}
+    return [{"id": i, "metadata": _flat(request, handle.name, i, metas[i], state.settings.expose_uri)
+             if metas.get(i) is not None else None} for i in ids]

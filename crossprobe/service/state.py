@@ -1,0 +1,122 @@
+"""Service state and lifecycle: load models and indexes, warm up, poll for new versions, shut down.
+
+Loading runs as a background task of the FastAPI lifespan (Settings.load_in_background):
+the server listens at once, /healthz answers, /readyz and the search routes answer 503
+until the models, every index and one warm-up query per reranker are done, so the
+first real query never pays for a cold start.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from crossprobe.service import metrics
+from crossprobe.service.backend import Models, Registry
+from crossprobe.service.batcher import Limiter, QueryBatcher
+from crossprobe.service.errors import ApiError
+from crossprobe.service.pipeline import Searcher
+from crossprobe.service.settings import Settings
+
+log = logging.getLogger("crossprobe.service")
+
+
+class ServiceState:
+    def __init__(self, settings: Settings, bert=None):
+        self.settings = settings
+        self._bert = bert  # tests pass an already loaded MiniLM, used only if the ONNX graphs must be exported
+        self.models: Models | None = None
+        self.registry: Registry | None = None
+        self.batcher: QueryBatcher | None = None
+        self.searcher: Searcher | None = None
+        self.limiter = Limiter(settings.queue_size)
+        self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="stage")
+        self.warmed = False
+        self.failure: str | None = None  # why start-up failed (readyz says it)
+        self._tasks: list[asyncio.Task] = []
+        self._reload_lock: asyncio.Lock | None = None
+
+    # ---- readiness ---------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.warmed and self.registry is not None and bool(self.registry.handles)
+
+    def why_not_ready(self) -> str:
+        if self.failure:
+            return f"start-up failed: {self.failure}"
+        if self.models is None:
+            return "loading models"
+        if self.registry is None or not self.registry.handles:
+            where = self.settings.index_names or f"under {self.settings.index_root}"
+            probs = self.registry.problems if self.registry else {}
+            return f"no index served yet ({where}){f': {probs}' if probs else ''}"
+        return "warming up"
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ApiError(503, "not_ready", self.why_not_ready(), headers={"Retry-After": "1"})
+
+    # ---- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        self._reload_lock = asyncio.Lock()
+        try:
+            self.models, self.registry = await asyncio.to_thread(self._load)
+            s = self.settings
+            self.batcher = QueryBatcher(lambda texts: self.models.encode(texts), s.batch_max, s.batch_wait_ms / 1000,
+                                        s.batching, busy=lambda n: self.limiter.in_flight > n)
+            self.batcher.start()
+            self.searcher = Searcher(s, self.models, self.registry, self.batcher, self.pool)
+            await self.warmup()
+        except Exception as e:  # noqa: BLE001 - readyz reports it; the process stays up for inspection
+            log.exception("start-up failed")
+            metrics.error("startup")
+            self.failure = f"{type(e).__name__}: {e}"
+            return
+        if self.settings.reload_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._poll(), name="index-poller"))
+        log.info("ready: model %s, indexes %s, providers %s", self.models.fingerprint,
+                 {n: h.version for n, h in self.registry.handles.items()}, self.models.providers)
+
+    def _load(self) -> tuple[Models, Registry]:
+        models = Models(self.settings, bert=self._bert)
+        registry = Registry(self.settings, models.fingerprint)
+        registry.refresh()
+        return models, registry
+
+    async def warmup(self) -> None:
+        """One query per reranker through the whole path (first ORT runs allocate; first MGET connects)."""
+        name = self.registry.default_name() if self.registry else None
+        if self.settings.warmup and name in (self.registry.handles if self.registry else {}):
+            for rerank in ("cp", "temde"):
+                await self.searcher.search(self.searcher.plan("a photo", 1, rerank, index=name))
+        self.warmed = True
+
+    async def reload(self, force: bool = False) -> dict[str, dict]:
+        """Check every index's active version now; load and swap changed ones (poller and /admin/reload)."""
+        if self.registry is None:
+            raise ApiError(503, "not_ready", self.why_not_ready(), headers={"Retry-After": "1"})
+        async with self._reload_lock:
+            return await asyncio.to_thread(self.registry.refresh, force)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reload_interval_s)
+            try:
+                await self.reload()
+            except Exception:  # noqa: BLE001 - keep polling; the registry already logged and counted it
+                log.exception("index poll failed")
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        if self.batcher:
+            await self.batcher.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def spawn_start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.start(), name="service-start"))

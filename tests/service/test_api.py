@@ -1,0 +1,269 @@
+"""The HTTP API in process (TestClient) against a real Redis and a real index built by the indexer."""
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from crossprobe import checkpoint
+
+
+def _search(client, **body):
+    return client.post("/v1/search", json=body)
+
+
+# ---- validation: 422 with a stable code, never a 5xx -----------------------------------
+@pytest.mark.parametrize("body, field", [
+    ({"query": "a dog", "k": 5, "bogus": 1}, "bogus"),
+    ({"query": "a dog", "k": 0}, "k"),
+    ({"query": "a dog", "k": 201}, "k"),
+    ({"query": ""}, "query"),
+    ({"query": "   "}, "query"),
+    ({"query": "x" * 513}, "query"),
+    ({"query": "a dog", "k": 20, "shortlist": 10}, "shortlist"),
+    ({"query": "a dog", "shortlist": 1001}, "shortlist"),
+    ({"query": "a dog", "rerank": "bert"}, "rerank"),
+    ({"query": "a dog", "k": "ten"}, "k"),
+    ({"k": 3}, "query"),
+])
+def test_invalid_requests_are_422_with_a_clear_message(client, body, field):
+    r = _search(client, **body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request"
+    assert field in err["message"]
+    assert any(field in d["field"] or field in d["message"] for d in err["details"])
+
+
+@pytest.mark.parametrize("content, ctype", [(b"{not json", "application/json"), (b'{"query": "a"}', "text/plain"),
+                                            (b"[1, 2]", "application/json")])
+def test_malformed_bodies_are_422(client, content, ctype):
+    r = client.post("/v1/search", content=content, headers={"Content-Type": ctype})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+
+
+def test_unknown_index_and_route(client):
+    r = _search(client, query="a dog", index="nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found"
+    assert client.get("/v1/items/img_000.jpg", params={"index": "nope"}).json()["error"]["code"] == "index_not_found"
+    r = client.get("/v2/whatever")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert client.get("/v1/search").json()["error"]["code"] == "method_not_allowed"
+
+
+# ---- search ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("rerank", ["cp", "temde", "none"])
+def test_each_rerank_mode_returns_ranked_results_with_stage_timings(client, built, svc_ckpt, rerank):
+    r = _search(client, query="a red square", k=5, rerank=rerank, shortlist=12)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    res = body["results"]
+    assert len(res) == 5 and len({h["id"] for h in res}) == 5 and {h["id"] for h in res} <= set(built.ids)
+    scores = [h["score"] for h in res]
+    assert scores == sorted(scores, reverse=True)
+    for h in res:
+        assert h["score"] == (h["scores"]["ann"] if rerank == "none" else h["scores"]["rerank"])
+        assert (h["scores"]["rerank"] is None) == (rerank == "none")
+        assert h["metadata"]["id"] == h["id"] and h["metadata"]["width"] > 0 and "uri" not in h["metadata"]
+    stages = {"queue", "encode", "ann", "metadata", "total"} | ({"fetch", "rerank"} if rerank != "none" else set())
+    assert set(body["timings_ms"]) == stages and all(v >= 0 for v in body["timings_ms"].values())
+    assert all(f"{s};dur=" in r.headers["server-timing"] for s in stages)
+    assert body["index"] == {"name": "photos", "version": built.version}
+    assert body["model"]["fingerprint"] == checkpoint.read_config(svc_ckpt)["fingerprint"]
+    assert body["rerank"] == rerank and body["degraded"] is False
+
+
+@pytest.mark.parametrize("rerank", ["cp", "temde"])
+def test_rerank_scores_are_the_models_own(client, built, svc_ckpt, bert, rerank):
+    """The service's ann and rerank scores equal the PyTorch model on the indexed features."""
+    import torch
+
+    from crossprobe.export import CPScorer, QueryGraph, TemdeScorer
+    from crossprobe.indexer import open_index
+    from crossprobe.models import backbones as bb
+
+    q = "a small bright photo"
+    res = _search(client, query=q, k=8, rerank=rerank, shortlist=12).json()["results"]
+    ids = [h["id"] for h in res]
+    rd = open_index("photos", None, built.ixs)
+    feats = rd.features(ids)
+    vecs = rd.store.read_vectors("photos", rd.version)[[rd.ids.index(i) for i in ids]]
+    model, _ = checkpoint.load(svc_ckpt, bert)
+    tid, mask = bb.tokenize(bb.load_tokenizer(), [q])
+    with torch.inference_mode():
+        g_q, p_t, w_bar, s_q = QueryGraph(model)(torch.from_numpy(tid), torch.from_numpy(mask))
+        s_tt = (g_q @ torch.from_numpy(vecs).T)[0]
+        if rerank == "cp":
+            ref = CPScorer(model)(p_t, w_bar, torch.from_numpy(feats["p_v"]), torch.from_numpy(feats["b_bar"]), s_tt)
+        else:
+            ref = TemdeScorer(model)(s_q, torch.from_numpy(feats["s_i"]), s_tt)
+    assert np.allclose([h["scores"]["ann"] for h in res], s_tt.numpy(), atol=1e-4)
+    assert np.allclose([h["scores"]["rerank"] for h in res], ref.numpy(), atol=2e-3)
+
+
+def test_defaults_and_min_score(client):
+    body = _search(client, query="a photo").json()
+    assert len(body["results"]) == 10 and body["rerank"] == "cp"  # k=10, the server's default reranker
+    top = body["results"][0]["score"]
+    kept = _search(client, query="a photo", min_score=top).json()["results"]
+    assert [h["id"] for h in kept] == [body["results"][0]["id"]]
+    assert _search(client, query="a photo", min_score=top + 1e6).json()["results"] == []
+
+
+def test_concurrent_queries_are_batched_without_changing_results(client, monkeypatch):
+    svc = client.app.state.svc
+    queries = ["a cat", "a very long query about a red house next to a green tree", "snow", "two dogs playing"]
+    alone = {q: _search(client, query=q, k=5).json()["results"] for q in queries}
+    monkeypatch.setattr(svc.batcher, "batch_wait", 0.5)  # long enough for all four to meet
+    monkeypatch.setattr(svc.batcher, "busy", lambda n: True)  # wait even if the others are not admitted yet
+    monkeypatch.setattr(svc.batcher, "largest_batch", 0)
+    go, out = threading.Barrier(len(queries)), {}
+
+    def one(q):
+        go.wait()
+        out[q] = _search(client, query=q, k=5)
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in queries]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert svc.batcher.largest_batch >= 2
+    for q in queries:
+        got = out[q].json()["results"]
+        assert [h["id"] for h in got] == [h["id"] for h in alone[q]]
+        assert np.allclose([h["score"] for h in got], [h["score"] for h in alone[q]], atol=1e-4)
+
+
+def test_full_queue_answers_429_at_once(client, monkeypatch):
+    svc = client.app.state.svc
+    monkeypatch.setattr(svc.limiter, "size", 1)
+    entered, release, first = threading.Event(), threading.Event(), []
+    real = svc.models.encode
+
+    def held(texts):
+        entered.set()
+        release.wait(20)
+        return real(texts)
+
+    monkeypatch.setattr(svc.models, "encode", held)
+    t = threading.Thread(target=lambda: first.append(_search(client, query="first")))
+    t.start()
+    try:
+        assert entered.wait(20)
+        r = _search(client, query="second")
+        assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"]
+        r = client.post("/knn-service", json={"text": "third", "num_images": 2})
+        assert r.status_code == 429
+    finally:
+        release.set()
+        t.join(20)
+    assert first[0].status_code == 200
+
+
+# ---- items, indexes ------------------------------------------------------------------
+def test_items_and_their_images(client, built):
+    item = "sub/img_004.tiff"
+    body = client.get(f"/v1/items/{item}").json()
+    assert body["id"] == item and body["metadata"]["format"] == "TIFF" and "uri" not in body["metadata"]
+    r = client.get(f"/v1/items/{item}/image")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
+    img = Image.open(io.BytesIO(r.content))
+    assert img.format == "JPEG" and max(img.size) <= 512
+    assert max(Image.open(io.BytesIO(client.get(f"/v1/items/{item}/image", params={"size": 24}).content)).size) <= 24
+
+
+@pytest.mark.parametrize("path", ["/v1/items/extra.png/image", "/v1/items/..%2F..%2Fetc%2Fpasswd/image",
+                                  "/v1/items/%2Fetc%2Fpasswd/image", "/v1/items//etc/hostname/image",
+                                  "/v1/items/nope"])
+def test_only_indexed_items_can_be_read(client, built, path):
+    Image.new("RGB", (8, 8)).save(built.gallery / "extra.png")  # on disk beside the indexed files, never indexed
+    r = client.get(path)
+    assert r.status_code == 404 and r.json()["error"]["code"] in ("item_not_found", "not_found")
+    assert r.headers["content-type"].startswith("application/json")
+
+
+def test_indexes_health_and_ready(client, built):
+    idx = client.get("/v1/indexes").json()
+    assert idx["default"] == "photos" and idx["unavailable"] == {}
+    (info,) = idx["indexes"]
+    assert info["name"] == "photos" and info["version"] == built.version and info["count"] == 12 and info["default"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["indexes"] == {"photos": built.version}
+
+
+def test_not_ready_without_an_index(built, svc_ckpt, artifacts, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from crossprobe.service.app import create_app
+    from tests.service.conftest import service_settings
+
+    s = service_settings(built, svc_ckpt, artifacts, index_root=tmp_path / "empty")
+    with TestClient(create_app(s)) as c:
+        assert c.get("/healthz").status_code == 200
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        r = _search(c, query="a dog")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        assert _search(c, query="a dog", k=0).status_code == 422  # bad input is still a 422
+        assert c.get("/indices-list").json() == []
+
+
+# ---- metrics -----------------------------------------------------------------------------
+def test_metrics_expose_stages_requests_index_and_errors(client, built):
+    _search(client, query="a dog", k=3, rerank="cp")
+    _search(client, query="a dog", k=0)
+    text = client.get("/metrics").text
+    for stage in ("queue", "encode", "ann", "fetch", "rerank", "metadata"):
+        assert re.search(rf'^crossprobe_stage_seconds_count{{stage="{stage}"}} [1-9]', text, re.M), stage
+    assert re.search(r'^crossprobe_stage_seconds_bucket\{.*le="0.005".*\} ', text, re.M)
+    assert re.search(r'^crossprobe_request_seconds_count\{endpoint="/v1/search",status="200"\} [1-9]', text, re.M)
+    assert re.search(r'^crossprobe_requests_total\{endpoint="/v1/search",status="422"\} [1-9]', text, re.M)
+    assert re.search(r'^crossprobe_errors_total\{kind="invalid_request"\} [1-9]', text, re.M)
+    assert re.search(r'^crossprobe_index_items\{index="photos"\} 12\.0', text, re.M)
+    info = re.search(r'^crossprobe_index_version_info\{([^}]*)\} 1\.0$', text, re.M)  # label order is the library's
+    assert info and 'index="photos"' in info.group(1) and f'version="{built.version}"' in info.group(1)
+
+
+# ---- clip-retrieval compatibility -------------------------------------------------------
+KNN = {"text": "a red square", "image": None, "image_url": None, "modality": "image", "num_images": 3,
+       "indice_name": "photos", "num_result_ids": 7, "use_mclip": False, "deduplicate": True,
+       "use_safety_model": False, "use_violence_detector": False, "aesthetic_score": "", "aesthetic_weight": ""}
+
+
+@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain;charset=UTF-8"}, {"Content-Type": "application/json"},
+                                     {}])
+def test_clip_knn_service_accepts_any_content_type(client, built, headers):
+    r = client.post("/knn-service", content=json.dumps(KNN).encode(), headers=headers)
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert len(res) == 7 and len({x["id"] for x in res}) == 7 and {x["id"] for x in res} <= set(built.ids)
+    sims = [x["similarity"] for x in res]
+    assert sims == sorted(sims, reverse=True)
+    for x in res[:3]:
+        assert x["url"].endswith("/image?index=photos") and "caption" in x and x["width"] > 0
+        assert client.get(x["url"]).headers["content-type"] == "image/jpeg"
+    assert all(set(x) == {"id", "similarity"} for x in res[3:])  # ids only past num_images, as clip_back
+
+
+def test_clip_lists_metadata_and_refusals(client, built):
+    assert client.get("/indices-list").json() == ["photos"]
+    ids = built.ids[:2] + ["not-there"]
+    r = client.post("/metadata", content=json.dumps({"ids": ids, "indice_name": "photos"}),
+                    headers={"Content-Type": "text/plain"})
+    assert r.status_code == 200
+    got = r.json()
+    assert [x["id"] for x in got] == ids and got[2]["metadata"] is None
+    assert got[0]["metadata"]["url"].endswith("/image?index=photos") and "uri" not in got[0]["metadata"]
+    for bad, code in [({**KNN, "image": "aGVsbG8="}, "unsupported"), ({**KNN, "image_url": "http://x/y.jpg"}, "unsupported"),
+                      ({**KNN, "modality": "text"}, "unsupported"), ({**KNN, "text": None}, "invalid_request"),
+                      ({**KNN, "num_images": 0}, "invalid_request")]:
+        r = client.post("/knn-service", content=json.dumps(bad), headers={"Content-Type": "text/plain"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (bad, r.text)
+    r = client.post("/knn-service", content=b"text=cat", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    r = client.post("/knn-service", content=json.dumps({**KNN, "indice_name": "nope"}))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found"

@@ -1,0 +1,69 @@
+"""End to end: `crossprobe serve` as a real uvicorn process on loopback, a real Redis server, an index
+built by the indexer, queried over HTTP, then stopped with SIGTERM (graceful shutdown)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+from PIL import Image
+
+from crossprobe.service.server import free_port
+
+
+def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.root),
+           "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+           "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_THREADS": "1", "CROSSPROBE_LOG_LEVEL": "info",
+           "CROSSPROBE_ACCESS_LOG": "false",
+           "HF_HUB_OFFLINE": "1"}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1", "--port",
+                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            deadline = time.monotonic() + 90
+            while True:
+                assert proc.poll() is None, log.read_text()
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass  # not listening yet
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+
+            r = http.post("/v1/search", json={"query": "a red square", "k": 4, "rerank": "cp"})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert len(body["results"]) == 4 and body["index"]["version"] == built.version
+            assert "rerank;dur=" in r.headers["server-timing"]
+            first = body["results"][0]["id"]
+            img = http.get(f"/v1/items/{first}/image")
+            assert img.status_code == 200 and img.headers["content-type"] == "image/jpeg"
+            assert Image.open(io.BytesIO(img.content)).format == "JPEG"
+
+            r = http.post("/knn-service", content=json.dumps({"text": "a red square", "modality": "image",
+                                                              "num_images": 2, "indice_name": "photos"}),
+                          headers={"Content-Type": "text/plain"})
+            assert r.status_code == 200 and len(r.json()) == 2
+            assert http.post("/v1/search", json={"query": "a", "k": 0}).status_code == 422
+            assert 'crossprobe_stage_seconds_count{stage="rerank"}' in http.get("/metrics").text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught (exit status -15)
+    text = log.read_text()
+    assert proc.returncode in (0, -signal.SIGTERM), text
+    assert "Application shutdown complete" in text and "Traceback" not in text, text
