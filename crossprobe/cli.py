@@ -62,6 +62,7 @@ def evaluate(
     methods: str = typer.Option("cp,temde,sm,tv"),
     cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
     timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
+    card: bool = typer.Option(True, help="rewrite the committed checkpoint's MODEL_CARD.md from these results"),
     threads: int = 2,
 ):
     """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text)."""
@@ -83,7 +84,7 @@ def evaluate(
         from crossprobe.training.frontier import write_doc
 
         write_doc(frontier, docs, report.machine(), meta["fingerprint"])
-    if ckpt is None:  # the committed checkpoint's card carries these metrics and the demo's answers
+    if ckpt is None and card:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.demo import run_demo
         from crossprobe.model_card import write_card
 
