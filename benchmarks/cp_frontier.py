@@ -19,6 +19,7 @@ import torch
 
 from crossprobe import checkpoint
 from crossprobe.data.flickr8k import available, dataset_root
+from crossprobe.evaluation import metrics as M
 from crossprobe.evaluation.encode import PairScorer
 from crossprobe.evaluation.report import machine
 from crossprobe.evaluation.retrieval import reranked, shortlist_recall, split_banks, tt_scores
@@ -68,11 +69,9 @@ def main() -> None:
                      "default": all(chosen[k] == v for k, v in s.items())})
         print(rows[-1], flush=True)
     cmd = "python benchmarks/cp_frontier.py"
-    out = {"rows": rows, "K": K, "tt_t2i_R@1": None, "shortlist_recall_t2i@100": round(shortlist_recall(S, gold, K), 2),
+    tt_r1 = round(M.summarize(M.t2i_ranks(S, gold))["R@1"], 2)
+    out = {"rows": rows, "K": K, "tt_t2i_R@1": tt_r1, "shortlist_recall_t2i@100": round(shortlist_recall(S, gold, K), 2),
            "command": cmd, "machine": machine(), "model_fingerprint": meta["fingerprint"]}
-    from crossprobe.evaluation import metrics as M
-
-    out["tt_t2i_R@1"] = round(M.summarize(M.t2i_ranks(S, gold))["R@1"], 2)
     Path("docs/results").mkdir(parents=True, exist_ok=True)
     Path("docs/results/frontier_test.json").write_text(json.dumps(out, indent=2))
     lines = ["# Cross-probe latency / accuracy frontier (Flickr8k test, CP reranks the two-tower top 100)", "",

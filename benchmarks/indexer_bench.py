@@ -37,16 +37,10 @@ from crossprobe.indexer.store import Store
 
 
 def machine() -> str:
-    import platform
+    """The shared machine description plus the load at start (this bench is sensitive to it)."""
+    from crossprobe.evaluation.report import machine as describe
 
-    cpu = "unknown CPU"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = os.getloadavg()[0]
-    return f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.machine()}, load average {load:.2f} at start"
+    return f"{describe()}, load average {os.getloadavg()[0]:.2f} at start"
 
 
 def redis_bytes(rd, sample: int = 200) -> dict:

@@ -37,7 +37,7 @@ from crossprobe.indexer import build, open_index
 from crossprobe.indexer import faiss_io
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
-from crossprobe.indexer.store import Store, atomic_write, new_version
+from crossprobe.indexer.store import atomic_write, new_version
 from crossprobe.service.server import free_port
 from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
 

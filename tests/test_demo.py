@@ -1,6 +1,5 @@
 """The demo runs the committed checkpoint over real photos, offline."""
 import numpy as np
-import pytest
 from PIL import Image
 
 from crossprobe.demo import EXPECTED, QUERIES, run_demo, sample_gallery

@@ -60,13 +60,18 @@ def _flat(request: Request, index: str, item_id: str, meta: dict | None, expose_
     return out
 
 
+async def _parse(request: Request, model):
+    """Body (JSON whatever the content type) -> a validated request model, or a 422."""
+    try:
+        return model.model_validate(await _json(request))
+    except ValidationError as e:
+        raise validation_error(e.errors(), drop_prefix=()) from None
+
+
 @router.post("/knn-service")
 async def knn_service(request: Request) -> list[dict]:
     state = svc(request)
-    try:
-        req = KnnRequest.model_validate(await _json(request))
-    except ValidationError as e:
-        raise validation_error(e.errors(), drop_prefix=()) from None
+    req = await _parse(request, KnnRequest)
     if req.image or req.image_url or req.embedding_input:
         raise ApiError(422, "unsupported", "image and embedding queries are not supported yet; send \"text\"")
     if req.modality != "image":
@@ -95,10 +100,7 @@ async def indices_list(request: Request) -> list[str]:
 @router.post("/metadata")
 async def metadata(request: Request) -> list[dict]:
     state = svc(request)
-    try:
-        req = MetadataRequest.model_validate(await _json(request))
-    except ValidationError as e:
-        raise validation_error(e.errors(), drop_prefix=()) from None
+    req = await _parse(request, MetadataRequest)
     state.require_ready()
     handle = state.registry.get(req.indice_name)
     ids = [str(i) for i in req.ids]

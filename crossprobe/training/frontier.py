@@ -52,14 +52,13 @@ def run_frontier(model, train_banks, dev_banks, rcfg: RerankTrainConfig, run_dir
         name = name_of(s)
         done = run_dir / f"frontier_{name}.done.pt"
         cfg = dataclasses.replace(base, **s)
+        seed_everything(seed)  # same initialisation for every setting, trained or reloaded
         model.cp = CrossProbe(cfg)
         if done.exists():
             st = torch.load(done, weights_only=False)
             model.cp.load_state_dict(st["weights"])
             row = st["row"]
         else:
-            seed_everything(seed)
-            model.cp = CrossProbe(cfg)
             rep = train_reranker(model, "cp", train_banks, dev_banks, rcfg, run_dir / f"frontier_{name}.pt", seed, log)
             t = rerank_ms(model, methods=("cp",), ks=(100,), repeats=30)
             row = {"name": name, "config": dataclasses.asdict(cfg), "dev_R@1": rep["dev_score"], "best_epoch": rep["best_epoch"],

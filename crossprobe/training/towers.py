@@ -100,7 +100,6 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
         start, best, history = st["epoch"], st["best"], st["history"]
         set_rng_state(st["rng"])
         log(f"towers: resuming after epoch {start}")
-    rng = np.random.default_rng(seed)
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + epoch)  # per-epoch stream: resume reproduces the same batches
         model.train()
