@@ -29,6 +29,8 @@ class CrossProbeConfig:
     layers: int = 2  # cross layers
     heads: int = 4
     dropout: float = 0.1
+    attention: str = "standard"  # "standard" | "zodiac" in the cross layers (models/zodiac.py)
+    zodiac_dropout: float = 0.2
 
 
 class CrossProbe(nn.Module):
@@ -41,7 +43,10 @@ class CrossProbe(nn.Module):
         self.text_probes = ProbePool(cfg.m, d, cfg.heads, cfg.dropout)
         self.vision_probes = ProbePool(cfg.n, d, cfg.heads, cfg.dropout)
         self.type_emb = nn.Parameter(torch.zeros(2, d))  # text / vision, so cross layers know which is which
-        self.cross = nn.ModuleList(Block(d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
+        self.cross = nn.ModuleList(
+            Block(d, cfg.heads, dropout=cfg.dropout, attention=cfg.attention, zodiac_dropout=cfg.zodiac_dropout)
+            for _ in range(cfg.layers)
+        )
         self.fusion = Fusion()
 
     # --- per modality (cacheable) -------------------------------------------------

@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from crossprobe.models.zodiac import ZodiacAttention
+
 NEG_INF = -1e4  # large but finite, so an all-padding row cannot produce NaN in fp16/ONNX
 
 
@@ -34,31 +36,43 @@ class Attention(nn.Module):
         self.out = nn.Linear(d, d)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, x_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """bias: optional additive logits (B, h, Tq, Tk) (ACE-RPE's relative positions).
+        x_mask is unused here (padded queries are ignored downstream); ZoDIAC needs it."""
         B, Tq, D = x.shape
         Tk = ctx.shape[1]
         q = self.q(x).view(B, Tq, self.h, self.hd).transpose(1, 2)  # (B, h, Tq, hd)
         k, v = self.kv(ctx).view(B, Tk, 2, self.h, self.hd).permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, h, Tk, hd)
         # fused kernel (scaled_dot_product_attention); mask broadcast over heads and queries
         am = None if ctx_mask is None else ctx_mask[:, None, None, :]
+        if bias is not None:
+            am = bias if am is None else bias.masked_fill(~am, NEG_INF)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=am, dropout_p=self.dropout if self.training else 0.0)
         return self.out(o.transpose(1, 2).reshape(B, Tq, D))
 
 
-class Block(nn.Module):
-    """Pre-LN transformer block; self-attention when ctx is None, else cross-attention to ctx."""
+ATTENTION_KINDS = ("standard", "zodiac")
 
-    def __init__(self, d: int, heads: int, mlp_ratio: int = 4, dropout: float = 0.1):
+
+class Block(nn.Module):
+    """Pre-LN transformer self-attention block. attention="zodiac" swaps in ZoDIAC
+    attention (zodiac.py); bias is an optional additive (B, h, T, T) logit term."""
+
+    def __init__(self, d: int, heads: int, mlp_ratio: int = 4, dropout: float = 0.1,
+                 attention: str = "standard", zodiac_dropout: float = 0.2):
         super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
         self.ln1 = nn.LayerNorm(d)
-        self.attn = Attention(d, heads, dropout)
+        self.attn = Attention(d, heads, dropout) if attention == "standard" else ZodiacAttention(d, heads, dropout, zodiac_dropout)
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, mlp_ratio * d), nn.GELU(), nn.Linear(mlp_ratio * d, d))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         h = self.ln1(x)
-        x = x + self.drop(self.attn(h, h, mask))
+        x = x + self.drop(self.attn(h, h, mask, bias, x_mask=mask))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -86,9 +100,15 @@ class SelfAttentivePooling(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         a = self.attention(x, mask)  # (B, hops, T)
         if self.hops > 1 and self.training:
-            eye = torch.eye(self.hops, device=x.device, dtype=x.dtype)
-            self.penalty = ((a @ a.transpose(1, 2) - eye) ** 2).sum((1, 2)).mean()
+            self.penalty = frobenius_penalty(a)
         return (a @ x).mean(1)  # (B, D)
+
+
+def frobenius_penalty(a: torch.Tensor) -> torch.Tensor:
+    """SEAM's diversity penalty ||A A^T - I||_F^2 for (B, hops, T) attention rows,
+    averaged over the batch: zero when every hop is one-hot on its own token."""
+    eye = torch.eye(a.shape[1], device=a.device, dtype=a.dtype)
+    return ((a @ a.transpose(1, 2) - eye) ** 2).sum((1, 2)).mean()
 
 
 def grid_positions(grid: int, d: int) -> torch.Tensor:
