@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models import backbones as bb
+from crossprobe.models.ace_rpe import AceRpe
 from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
 
 
@@ -21,6 +22,12 @@ class SingleStreamConfig:
     layers: int = 4  # = vision tower layers (2) + cross layers (2)
     heads: int = 4
     dropout: float = 0.1
+    attention: str = "standard"  # "standard" | "zodiac" (models/zodiac.py)
+    zodiac_dropout: float = 0.2
+    ace_rpe: bool = False  # anchor-based cross-modal relative positions (models/ace_rpe.py), one group per head
+    ace_shrink: float = 0.2
+    ace_max_dist: int = 8
+    anchor_loss: float = 0.0  # weight of ACE-RPE's anchor loss in reranker training (0 = off)
 
 
 class SingleStream(nn.Module):
@@ -33,7 +40,12 @@ class SingleStream(nn.Module):
         self.register_buffer("pos", grid_positions(bb.GRID, d), persistent=False)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.type_emb = nn.Parameter(torch.zeros(2, d))
-        self.blocks = nn.ModuleList(Block(d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(
+            Block(d, cfg.heads, dropout=cfg.dropout, attention=cfg.attention, zodiac_dropout=cfg.zodiac_dropout)
+            for _ in range(cfg.layers)
+        )
+        self.ace = AceRpe(d, cfg.heads, cfg.ace_shrink, cfg.ace_max_dist) if cfg.ace_rpe else None
+        self.alignment: torch.Tensor | None = None  # (Q, K) ACE-RPE alignment of the last rerank call
         self.head = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 1))
         self.fusion = Fusion(beta=1.0)
 
@@ -51,10 +63,14 @@ class SingleStream(nn.Module):
         x = torch.cat([self.cls.expand(P, -1, -1), t, v], 1)
         ones = torch.ones(P, 1, dtype=torch.bool, device=x.device)
         mask = torch.cat([ones, t_mask.bool(), ones.expand(P, v.shape[1])], 1)
+        bias = self.ace(t, t_mask, v) if self.ace is not None else None  # (P, heads, L, L)
         for blk in self.blocks:
-            x = blk(x, mask)
+            x = blk(x, mask, bias)
         return self.head(x[:, 0]).squeeze(-1)
 
     def rerank(self, t, t_mask, v, s_tt):
         """(Q, T, d) embedded query, (Q, T), (Q, K, 49, d) embedded images, (Q, K) -> fused logits (Q, K)."""
-        return self.fusion(s_tt, joint_pairs(self.score, t, t_mask, v))
+        fused = self.fusion(s_tt, joint_pairs(self.score, t, t_mask, v))
+        if self.ace is not None:
+            self.alignment = self.ace.alignment.view_as(s_tt)
+        return fused

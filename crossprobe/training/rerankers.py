@@ -23,6 +23,9 @@ from crossprobe.training.state import atomic_save, rng_state, set_rng_state
 from crossprobe.training.towers import cosine_schedule
 
 
+ANCHOR_SCALE = 20.0  # alignment is a mean cosine in [-1, 1]; scaled like a contrastive logit
+
+
 @dataclass
 class RerankTrainConfig:
     epochs: int = 4
@@ -75,6 +78,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         set_rng_state(st["rng"])
         log(f"{method}: resuming after epoch {start}")
     scorer = PairScorer(model, method, text, images, precompute=False)
+    anchor_w = getattr(module.cfg, "anchor_loss", 0.0) if getattr(module, "ace", None) is not None else 0.0
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + 1000 + epoch)
         module.train()
@@ -85,7 +89,11 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
             q = queries[s : s + cfg.queries]
             neg = np.stack([rng.choice(hard[c], cfg.negatives, replace=False) for c in q])
             cand = np.concatenate([gold[q][:, None], neg], 1)  # positive in column 0
-            loss = listwise(scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True))
+            logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
+            loss = listwise(logits)
+            if anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
+                assert module.alignment is not None and module.alignment.shape == logits.shape
+                loss = loss + anchor_w * listwise(ANCHOR_SCALE * module.alignment)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 2.0)

@@ -1,0 +1,109 @@
+"""ACE-RPE: anchor-based cross-modal relative positions, an option for the TV
+single stream (models/single_stream.py).
+
+Text tokens have positions on a line and regions on the 7x7 grid, but a text
+token and a region have no position relative to each other. ACE-RPE links them
+through anchors and measures distance along the resulting graph:
+
+  anchors   G groups (one per attention head) of token-patch cosine similarity
+            S_g (P, G, T, 49) from learned projections, soft-shrunk
+            (S' = softshrink(S, lambda): weak matches become exactly 0). Each
+            real token's anchor in group g is its most similar patch, kept only
+            if S' > 0 there.
+  graph     nodes = T text positions + 49 grid cells; edges: neighbouring
+            tokens (1), 4-neighbouring cells (1), token <-> its anchor (1).
+  distance  all-pairs shortest paths (Floyd-Warshall, capped at max_dist + 1 =
+            "far"); symmetric by construction, always finite.
+  bias      per group (= per head) a learned scalar per distance bucket, plus
+            gamma_g * S' on the text<->region logits (this is what lets the
+            anchors learn without the anchor loss; the distances themselves are
+            discrete). [CLS] rows/columns get a bucket of their own.
+  anchor loss (optional) listwise cross-entropy over each query's candidates of
+            the alignment a(q, I) = mean over groups and real tokens of
+            max_patch S'; trains the anchors to find the caption's words.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from crossprobe.models import backbones as bb
+
+
+def grid_manhattan(grid: int = bb.GRID) -> torch.Tensor:
+    """(grid*grid, grid*grid) shortest path lengths on the 4-neighbour grid."""
+    ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    ys, xs = ys.flatten(), xs.flatten()
+    return (ys[:, None] - ys[None, :]).abs() + (xs[:, None] - xs[None, :]).abs()
+
+
+def anchor_distances(s_shrunk: torch.Tensor, t_mask: torch.Tensor, cap: int) -> torch.Tensor:
+    """Shortest-path distances over text positions, grid cells and anchor edges.
+
+    (P, G, T, R) shrunk similarities, (P, T) bool mask -> (P, G, T+R, T+R) uint8,
+    text nodes first, every entry in [0, cap] (cap = unreachable or at least cap).
+    """
+    P, G, T, R = s_shrunk.shape
+    n = T + R
+    dev = s_shrunk.device
+    D = torch.full((P, G, n, n), cap, dtype=torch.uint8, device=dev)
+    pos = torch.arange(T, device=dev)
+    tt = (pos[:, None] - pos[None, :]).abs().clamp(max=cap).to(torch.uint8)  # (T, T)
+    real = t_mask[:, None, :, None] & t_mask[:, None, None, :]  # (P, 1, T, T)
+    D[:, :, :T, :T] = torch.where(real, tt, torch.tensor(cap, dtype=torch.uint8, device=dev))
+    side = int(round(R**0.5))
+    D[:, :, T:, T:] = grid_manhattan(side).clamp(max=cap).to(torch.uint8).to(dev)
+    best = s_shrunk.max(-1)
+    has = (best.values > 0) & t_mask[:, None, :]  # (P, G, T)
+    p, g, i = has.nonzero(as_tuple=True)
+    r = best.indices[p, g, i] + T
+    D[p, g, i, r] = 1
+    D[p, g, r, i] = 1
+    idx = torch.arange(n, device=dev)
+    D[:, :, idx, idx] = 0  # padded tokens included: distance to themselves is 0
+    capt = torch.tensor(cap, dtype=torch.uint8, device=dev)
+    for k in range(n):  # Floyd-Warshall; values stay <= cap so uint8 sums cannot overflow
+        D = torch.minimum(D, torch.minimum(D[:, :, :, k : k + 1] + D[:, :, k : k + 1, :], capt))
+    return D
+
+
+class AceRpe(nn.Module):
+    """Relative-position logit bias for a [CLS] + T text + 49 region sequence.
+
+    (P, T, d) text inputs, (P, T) mask, (P, 49, d) region inputs -> (P, G, 1+T+49, 1+T+49)."""
+
+    def __init__(self, d: int, groups: int, shrink: float = 0.2, max_dist: int = 8):
+        super().__init__()
+        assert d % groups == 0, (d, groups)
+        self.G, self.shrink, self.cap = groups, shrink, max_dist + 1
+        self.t_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.table = nn.Parameter(torch.zeros(groups, max_dist + 3))  # buckets 0..max_dist, far, [CLS]
+        self.gamma = nn.Parameter(torch.ones(groups))
+        self.alignment: torch.Tensor | None = None  # (P,) after each forward, for the anchor loss
+
+    def similarity(self, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(P, T, d), (P, R, d) -> (P, G, T, R) per-group cosine similarity."""
+        P, T, d = t.shape
+        tg = F.normalize(self.t_proj(t).view(P, T, self.G, d // self.G), dim=-1).transpose(1, 2)
+        vg = F.normalize(self.v_proj(v).view(P, v.shape[1], self.G, d // self.G), dim=-1).transpose(1, 2)
+        return tg @ vg.transpose(-1, -2)
+
+    def forward(self, t: torch.Tensor, t_mask: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        t_mask = t_mask.bool()
+        P, T = t_mask.shape
+        s = F.softshrink(self.similarity(t, v), self.shrink)  # (P, G, T, R)
+        m = t_mask[:, None, :].to(s.dtype)
+        self.alignment = ((s.max(-1).values * m).sum(-1) / m.sum(-1).clamp_min(1.0)).mean(1)  # (P,)
+        with torch.no_grad():
+            D = anchor_distances(s.detach(), t_mask, self.cap).long()  # (P, G, n, n)
+        n = D.shape[-1]
+        gi = torch.arange(self.G, device=D.device)[None, :, None, None]
+        bias = self.table[gi, D]  # (P, G, n, n)
+        cross = self.gamma[None, :, None, None] * s  # (P, G, T, R) learnable text<->region term
+        bias = bias + F.pad(cross, (T, 0, 0, n - T)) + F.pad(cross.transpose(-1, -2), (0, n - T, T, 0))
+        # [CLS] first: its row and column use the dedicated last bucket
+        return F.pad(bias, (1, 0, 1, 0), value=0.0) + F.pad(
+            torch.zeros_like(bias), (1, 0, 1, 0), value=1.0
+        ) * self.table[:, -1][None, :, None, None]
