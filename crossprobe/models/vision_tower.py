@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
-from crossprobe.models.layers import Block, SelfAttentivePooling, grid_positions
+from crossprobe.models.layers import Block, grid_positions
+from crossprobe.models.pooling import make_pool
 
 
 @dataclass
@@ -22,6 +23,7 @@ class VisionTowerConfig:
     d: int = 256
     layers: int = 2
     heads: int = 4
+    pool: str = "sap"  # "sap" | "temde" (see pooling.py)
     pool_hops: int = 1
     dropout: float = 0.1
 
@@ -40,7 +42,7 @@ class VisionTower(nn.Module):
         self.register_buffer("pos", grid_positions(bb.GRID, cfg.d), persistent=False)  # (49, d)
         self.blocks = nn.ModuleList(Block(cfg.d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
         self.ln = nn.LayerNorm(cfg.d)
-        self.pool = SelfAttentivePooling(cfg.d, cfg.pool_hops)
+        self.pool = make_pool(cfg.pool, cfg.d, cfg.pool_hops)
         self.glob = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, cfg.d))
 
     def forward(self, grid: torch.Tensor) -> VisionOut:

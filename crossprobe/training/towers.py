@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from crossprobe.evaluation import retrieval
 from crossprobe.models import backbones as bb
-from crossprobe.models.losses import info_nce, vsepp_max_violation
+from crossprobe.models.losses import info_nce, order_hinge, vsepp_max_violation
 from crossprobe.models.model import SearchModel
 from crossprobe.training.data import CachedData
 from crossprobe.training.state import atomic_save, rng_state, set_rng_state
@@ -30,10 +30,16 @@ class TowerTrainConfig:
     lr_text: float = 5e-5  # fine-tuned MiniLM layers
     weight_decay: float = 0.02
     warmup_steps: int = 100
-    loss: str = "infonce+vsepp"  # any of infonce, vsepp joined by '+'
+    loss: str = "infonce+vsepp"  # any of infonce, vsepp, order joined by '+'
     vsepp_weight: float = 1.0
+    order_weight: float = 1.0  # SEAM's order-embedding hinge, when "order" is in `loss`
     hflip: float = 0.5
     pool_penalty: float = 0.1  # SEAM diversity penalty weight (only active with pool_hops > 1)
+
+    def __post_init__(self):
+        unknown = set(self.loss.split("+")) - {"infonce", "vsepp", "order"}
+        if unknown:
+            raise ValueError(f"unknown tower loss terms {sorted(unknown)} in {self.loss!r}")
 
 
 def hflip_grid(grid: torch.Tensor) -> torch.Tensor:
@@ -78,6 +84,8 @@ def tower_loss(model: SearchModel, cfg: TowerTrainConfig, states, mask, grid) ->
         loss = loss + info_nce(t.g, v.g, model.logit_scale)
     if "vsepp" in cfg.loss:
         loss = loss + cfg.vsepp_weight * vsepp_max_violation(t.g, v.g)
+    if "order" in cfg.loss:
+        loss = loss + cfg.order_weight * order_hinge(t.g, v.g)
     if model.cfg.text.pool_hops > 1:
         loss = loss + cfg.pool_penalty * model.text.pool.penalty
     return loss
