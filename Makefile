@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test train eval export bench clean
+.PHONY: venv demo test train eval ablation export bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -33,6 +33,11 @@ train: $(STAMP)
 ## make eval: the Flickr8k test protocol -> docs/flickr8k.md, docs/results/flickr8k.json
 eval: $(STAMP)
 	$(BIN)/crossprobe eval
+
+## make ablation: SEAM / ACE-RPE / ZoDIAC / T-EMDE pooling trained and measured against the default
+## -> docs/ablation.md, docs/results/ablation.json (resumable; ~80 min on 2 cores)
+ablation: $(STAMP)
+	$(BIN)/crossprobe ablate
 
 export: $(STAMP)
 	$(BIN)/crossprobe export

@@ -1,4 +1,4 @@
-"""`crossprobe` command line (typer): train, eval, export, demo, frontier, index, serve, demo-service."""
+"""`crossprobe` command line (typer): train, eval, ablate, export, demo, index, serve, demo-service."""
 from __future__ import annotations
 
 import os
@@ -89,6 +89,31 @@ def evaluate(
         from crossprobe.model_card import write_card
 
         write_card(checkpoint.DEFAULT_CHECKPOINT, j, run_demo(None, None, 3, None, echo=lambda *_: None))
+
+
+@app.command()
+def ablate(
+    tower_epochs: int = typer.Option(5, help="tower budget of every tower-option row and its default baseline"),
+    only: str = typer.Option("", help="comma-separated subset of options (default: all)"),
+    run_dir: Path = typer.Option(Path("runs/ablation"), help="per-option training state and results; resumable"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/ablation.md and DOCS/results/ablation.json"),
+    retime: bool = typer.Option(False, help="re-measure ms/query of every stored row on an otherwise idle machine"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train and measure every seed option (SEAM, ACE-RPE, ZoDIAC, T-EMDE pooling) against the default."""
+    _need_flickr()
+    from crossprobe.training.ablation import OPTIONS, AblationConfig, Runner
+
+    subset = tuple(o for o in only.split(",") if o)
+    unknown = [o for o in subset if o not in OPTIONS]
+    if unknown:
+        typer.echo(f"unknown options {unknown}; choose from {list(OPTIONS)}", err=True)
+        raise typer.Exit(2)
+    cfg = AblationConfig(tower_epochs=tower_epochs, seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                         docs=docs, only=subset, command=_command())
+    Runner(cfg, log=typer.echo).run(retime=retime)
 
 
 @app.command()

@@ -20,7 +20,7 @@ from crossprobe import export as ex
 from crossprobe.models.model import SearchModel
 
 
-def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+def median_ms(fn, repeats: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
     ts = []
@@ -70,9 +70,9 @@ def rerank_ms(model: SearchModel, methods=("cp", "temde", "sm", "tv"), ks=(100, 
             args = scorer_inputs(model, method, K)
             # the references cost seconds at K=1000: fewer repeats there
             reps = repeats if (method in ("cp", "temde") or K <= 100) else max(3, repeats // 5)
-            out["pytorch"][method][str(K)] = round(_median_ms(lambda: mod(*args), reps), 3)
+            out["pytorch"][method][str(K)] = round(median_ms(lambda: mod(*args), reps), 3)
             feed = {n: a.numpy() for n, a in zip(in_names, args)}
-            out["onnxruntime"][method][str(K)] = round(_median_ms(lambda: sess.run(None, feed), reps), 3)
+            out["onnxruntime"][method][str(K)] = round(median_ms(lambda: sess.run(None, feed), reps), 3)
     if tmp:
         tmp.cleanup()
     return out

@@ -57,6 +57,16 @@ def _jsonable(o):
     return str(o) if isinstance(o, Path) else o
 
 
+def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
+    """The training budget of one reranker (the ablation reuses it, so options train like the default)."""
+    rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs))
+    if method in ("sm", "tv"):  # joint layers over ~65 tokens per pair: a cheaper dev check
+        rcfg = dataclasses.replace(rcfg, dev_k=min(20, rcfg.dev_k), dev_queries=300)
+    if method == "tv":  # 4 joint layers per pair: fewer negatives per query
+        rcfg = dataclasses.replace(rcfg, negatives=min(7, rcfg.negatives))
+    return rcfg
+
+
 def train(cfg: TrainConfig, log=print) -> str:
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -79,13 +89,16 @@ def train(cfg: TrainConfig, log=print) -> str:
             report["towers"] = train_towers(model, data, cfg.towers, run / "towers.pt", cfg.seed, log)
         atomic_save({"weights": model.tower_state_dict(), "report": report["towers"]}, done)
 
-    with timings.timer("banks"):
-        train_banks = split_banks(model, data, "train")
-        dev_banks = split_banks(model, data, "dev")
+    pending = [m for m in cfg.methods if not (run / f"{m}.done.pt").exists()]
+    train_banks = dev_banks = None
+    if pending:  # the rerankers' inputs: frozen tower outputs for train and dev
+        with timings.timer("banks"):
+            train_banks = split_banks(model, data, "train")
+            dev_banks = split_banks(model, data, "dev")
     if "cp" in cfg.methods and cfg.frontier and not (run / "cp.done.pt").exists():
         done = run / "cp.done.pt"
         with timings.timer("cp_frontier"):
-            rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method["cp"])
+            rcfg = reranker_config(cfg, "cp")
             report["cp"] = {"frontier": run_frontier(model, train_banks, dev_banks, rcfg, run, cfg.seed, log, settings=cfg.frontier_settings)}
         atomic_save({"weights": model.cp.state_dict(), "config": dataclasses.asdict(model.cfg.cp), "report": report["cp"]}, done)
     for method in cfg.methods:
@@ -98,11 +111,7 @@ def train(cfg: TrainConfig, log=print) -> str:
             getattr(model, method).load_state_dict(st["weights"])
             report[method] = st["report"]
             continue
-        rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs))
-        if method in ("sm", "tv"):  # joint layers over ~65 tokens per pair: a cheaper dev check
-            rcfg = dataclasses.replace(rcfg, dev_k=min(20, rcfg.dev_k), dev_queries=300)
-        if method == "tv":  # 4 joint layers per pair: fewer negatives per query
-            rcfg = dataclasses.replace(rcfg, negatives=min(7, rcfg.negatives))
+        rcfg = reranker_config(cfg, method)
         seed_everything(cfg.seed)
         with timings.timer(method):
             report[method] = train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log)
