@@ -146,3 +146,34 @@ def session(path: Path, threads: int | None = None):
         opts.intra_op_num_threads = threads
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
     return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+# The query tower's MatMuls after the MiniLM layers: small (cheap in fp32) and
+# feeding g_q directly, so int8 rounding there costs accuracy for no speed.
+QUERY_HEAD_PREFIXES = ("/text/proj", "/text/pool", "/text_in", "/text_probes", "/text_coder")
+
+
+def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> Path:
+    """Dynamic int8 quantization of the query tower's MatMul weights, one scale per
+    output channel (per-tensor scales moved g_q to cosine 0.969 and cost 1.1 R@1;
+    docs/query_tower_quant.md has the measurements). Written to a temp file and
+    renamed, so a reader never sees half a graph."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = Path(src), Path(dst)
+    names = [n.name for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
+    exclude = [n for n in names if n.startswith(QUERY_HEAD_PREFIXES)] if keep_heads_fp32 else []
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".quant-", suffix=".onnx")
+    os.close(fd)
+    try:
+        quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dst

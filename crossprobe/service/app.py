@@ -66,7 +66,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
         "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
                      "metadata": h.metadata} for h in out.hits],
         "index": {"name": out.handle.name, "version": out.handle.version},
-        "model": {"fingerprint": state.models.fingerprint},
+        "model": {"fingerprint": state.models.fingerprint, "query_precision": state.models.query_precision},
         "rerank": body.rerank or state.settings.default_rerank,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
@@ -138,6 +138,7 @@ async def readyz(request: Request) -> JSONResponse:
     if not state.ready:
         return JSONResponse(errors.body("not_ready", state.why_not_ready()), 503, headers={"Retry-After": "1"})
     return JSONResponse({"status": "ready", "model": state.models.fingerprint,
+                         "query_precision": state.models.query_precision,
                          "indexes": {n: h.version for n, h in state.registry.handles.items()}})
 
 

@@ -79,6 +79,17 @@ def ensure_onnx(artifacts: Path, ckpt: Path | None, bert=None) -> Path:
     return final
 
 
+def ensure_int8_query(graphs: Path) -> Path:
+    """<graphs>/query_tower.int8.onnx, quantized from the fp32 graph once (atomically)."""
+    path = graphs / "query_tower.int8.onnx"
+    if not path.exists():
+        from crossprobe.export import quantize_query_tower
+
+        log.info("quantizing the query tower to int8 into %s", path)
+        quantize_query_tower(graphs / "query_tower.onnx", path)
+    return path
+
+
 def _session(path: Path, threads: int | None):
     import onnxruntime as ort
 
@@ -111,16 +122,27 @@ class Models:
         graphs = ensure_onnx(settings.artifacts_dir, settings.ckpt, bert)
         self._bb = bb
         self.tokenizer = bb.load_tokenizer()
-        self.query = _session(graphs / "query_tower.onnx", settings.threads)
+        self.query_precision = settings.query_precision
+        query_graph = graphs / "query_tower.onnx"
+        if settings.query_precision == "int8":
+            query_graph = ensure_int8_query(graphs)
+        self.query = _session(query_graph, settings.threads)
         self.scorers = {"cp": _session(graphs / "cp_scorer.onnx", settings.threads),
                         "temde": _session(graphs / "temde_scorer.onnx", settings.threads)}
         self.providers = self.query.get_providers()
 
     def encode(self, texts: list[str]) -> list[QueryVectors]:
-        """A batch of queries -> one query-tower run (padding is masked, so batching does not change results)."""
-        ids, mask = self._bb.tokenize(self.tokenizer, texts)
-        g, p_t, w_bar, s_q = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
-        return [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i]) for i in range(len(texts))]
+        """A batch of queries -> query vectors. fp32: one run for the batch (padding is masked, so
+        batching does not change results). int8: one unpadded run per query, because dynamic
+        quantization scales activations by the min/max of the whole input tensor, so batch-mates
+        and padding would change a query's vectors."""
+        groups = [texts] if self.query_precision == "fp32" else [[t] for t in texts]
+        out: list[QueryVectors] = []
+        for group in groups:
+            ids, mask = self._bb.tokenize(self.tokenizer, group)
+            g, p_t, w_bar, s_q = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
+            out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i]) for i in range(len(group))]
+        return out
 
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
         """One query against its K candidates in one scorer run -> fused logits (K,)."""

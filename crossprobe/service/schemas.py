@@ -57,6 +57,7 @@ class IndexRef(BaseModel):
 
 class ModelRef(BaseModel):
     fingerprint: str
+    query_precision: str  # "fp32" | "int8": which query-tower graph encoded the query
 
 
 class SearchResponse(BaseModel):

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     ckpt: Path | None = None  # checkpoint directory; default: the committed one
     artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
     threads: int | None = Field(None, ge=1, le=256)  # ONNX Runtime intra-op threads per session (None: ORT default)
+    # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
+    # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
+    query_precision: Literal["fp32", "int8"] = "int8"
 
     # -- index + Redis (same variables as the indexer) --------------------------
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))

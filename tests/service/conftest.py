@@ -76,13 +76,23 @@ def service_settings(built: Built, ckpt: Path, artifacts: Path, **over):
     return Settings(**{**base, **over})
 
 
-@pytest.fixture(scope="module")
-def client(built, svc_ckpt, artifacts):
-    """An in-process client (fastapi TestClient) of an app serving `built`."""
+def _client(built, svc_ckpt, artifacts, **over):
     from fastapi.testclient import TestClient
 
     from crossprobe.service.app import create_app
 
-    with TestClient(create_app(service_settings(built, svc_ckpt, artifacts))) as c:
+    with TestClient(create_app(service_settings(built, svc_ckpt, artifacts, **over))) as c:
         wait_ready(c)
         yield c
+
+
+@pytest.fixture(scope="module")
+def client(built, svc_ckpt, artifacts):
+    """An in-process client (fastapi TestClient) of an app serving `built` (default settings: int8 query tower)."""
+    yield from _client(built, svc_ckpt, artifacts)
+
+
+@pytest.fixture(scope="module")
+def client_fp32(built, svc_ckpt, artifacts):
+    """The same app with the fp32 query tower: scores comparable with PyTorch to 1e-4."""
+    yield from _client(built, svc_ckpt, artifacts, query_precision="fp32")

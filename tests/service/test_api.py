@@ -79,8 +79,8 @@ def test_each_rerank_mode_returns_ranked_results_with_stage_timings(client, buil
 
 
 @pytest.mark.parametrize("rerank", ["cp", "temde"])
-def test_rerank_scores_are_the_models_own(client, built, svc_ckpt, bert, rerank):
-    """The service's ann and rerank scores equal the PyTorch model on the indexed features."""
+def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, rerank):
+    """The service's ann and rerank scores equal the PyTorch model on the indexed features (fp32 query graph)."""
     import torch
 
     from crossprobe.export import CPScorer, QueryGraph, TemdeScorer
@@ -88,7 +88,7 @@ def test_rerank_scores_are_the_models_own(client, built, svc_ckpt, bert, rerank)
     from crossprobe.models import backbones as bb
 
     q = "a small bright photo"
-    res = _search(client, query=q, k=8, rerank=rerank, shortlist=12).json()["results"]
+    res = _search(client_fp32, query=q, k=8, rerank=rerank, shortlist=12).json()["results"]
     ids = [h["id"] for h in res]
     rd = open_index("photos", None, built.ixs)
     feats = rd.features(ids)
@@ -104,6 +104,28 @@ def test_rerank_scores_are_the_models_own(client, built, svc_ckpt, bert, rerank)
             ref = TemdeScorer(model)(s_q, torch.from_numpy(feats["s_i"]), s_tt)
     assert np.allclose([h["scores"]["ann"] for h in res], s_tt.numpy(), atol=1e-4)
     assert np.allclose([h["scores"]["rerank"] for h in res], ref.numpy(), atol=2e-3)
+
+
+def test_int8_query_tower_stays_close_to_fp32(client, client_fp32, built, svc_ckpt, artifacts):
+    """The default int8 query graph is quantized once beside the fp32 one, says so in every
+    response, and ranks like fp32 (scores within quantization noise)."""
+    from crossprobe.service.backend import Models
+    from tests.service.conftest import service_settings
+
+    fp = checkpoint.read_config(svc_ckpt)["fingerprint"]
+    assert (artifacts / fp / "query_tower.int8.onnx").exists()
+    q = "a small bright photo"
+    a = _search(client, query=q, k=8, rerank="none", shortlist=12).json()
+    b = _search(client_fp32, query=q, k=8, rerank="none", shortlist=12).json()
+    assert a["model"]["query_precision"] == "int8" and b["model"]["query_precision"] == "fp32"
+    sa = {h["id"]: h["score"] for h in a["results"]}
+    sb = {h["id"]: h["score"] for h in b["results"]}
+    common = sa.keys() & sb.keys()
+    assert len(common) >= 6
+    assert max(abs(sa[i] - sb[i]) for i in common) < 0.05
+    g = [Models(service_settings(built, svc_ckpt, artifacts, query_precision=p)).encode([q, "two dogs"]) for p in ("int8", "fp32")]
+    for x, y in zip(*g):
+        assert float(x.g_q @ y.g_q) / float(np.linalg.norm(x.g_q) * np.linalg.norm(y.g_q)) > 0.98
 
 
 def test_defaults_and_min_score(client):
