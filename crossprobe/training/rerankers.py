@@ -37,6 +37,7 @@ class RerankTrainConfig:
     captions_per_image: int = 1  # captions drawn per training image per epoch
     dev_k: int = 50
     dev_queries: int = 1000  # dev captions used for selection (first caption of each image)
+    dev_stack: float = 0.0  # fraction of dev images whose captions join training (stacking.py); selection on the rest
 
 
 def mine(text: TextBank, images: ImageBank, gold_cols: np.ndarray, k: int) -> np.ndarray:
@@ -120,6 +121,9 @@ def dev_score(model, method: str, dev, cfg: RerankTrainConfig) -> float:
     """Dev text->image R@1 after reranking the top dev_k (first caption per image)."""
     text, images, gold = dev
     scores = (text.g @ images.g.T).numpy()
-    first = np.unique(gold, return_index=True)[1][: cfg.dev_queries]
+    first = np.unique(gold, return_index=True)[1]
+    if len(first) < cfg.dev_queries:  # a small selection split (dev stacking): every caption, up to dev_queries
+        first = np.arange(min(len(gold), cfg.dev_queries))
+    first = first[: cfg.dev_queries]
     scorer = PairScorer(model, method, text, images)
     return reranked(scorer, scores, gold, cfg.dev_k, [cfg.dev_k], query_rows=first)[cfg.dev_k]["t2i"]["R@1"]

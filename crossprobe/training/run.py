@@ -26,6 +26,7 @@ from crossprobe.training.frontier import SETTINGS as FRONTIER_SETTINGS
 from crossprobe.training.frontier import run_frontier
 from crossprobe.training.data import CachedData
 from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
+from crossprobe.training.stacking import stacked
 from crossprobe.training.state import Timings, atomic_save, seed_everything
 from crossprobe.training.towers import TowerTrainConfig, train_towers
 
@@ -95,6 +96,7 @@ def train(cfg: TrainConfig, log=print) -> str:
         with timings.timer("banks"):
             train_banks = split_banks(model, data, "train")
             dev_banks = split_banks(model, data, "dev")
+        train_banks, dev_banks = stacked(train_banks, dev_banks, cfg.rerank.dev_stack)
     if "cp" in cfg.methods and cfg.frontier and not (run / "cp.done.pt").exists():
         done = run / "cp.done.pt"
         with timings.timer("cp_frontier"):
