@@ -23,3 +23,29 @@ def test_committed_checkpoint_exports_with_parity(tmp_path):
     inputs = ex.example_inputs(model, K=100, T=16)
     for name, path in paths.items():
         assert parity(model, name, path, inputs[name]) <= 1e-4, name
+
+
+@pytest.mark.parametrize("option", ["zodiac-cp", "zodiac-tv", "seam-fast", "temde-pool"])
+def test_options_export_with_parity(small_cfg, bert, tmp_path, option):
+    """The seed options that the service could run export like the default (ACE-RPE's graph search
+    is PyTorch only: TV is a reference, not on the request path)."""
+    import copy
+
+    import torch
+
+    from crossprobe.models.model import SearchModel
+    from crossprobe.models.text_tower import TextTowerConfig
+    from crossprobe.training.ablation import OPTIONS
+    from crossprobe.training.towers import TowerTrainConfig
+
+    cfg = copy.deepcopy(small_cfg)
+    OPTIONS[option].apply(cfg, TowerTrainConfig())
+    if option == "seam-fast":  # the small config's width, the option's layers
+        cfg.text = TextTowerConfig(d=cfg.text.d, layers=0, finetune_layers=0, pool_hops=4)
+    torch.manual_seed(0)
+    model = SearchModel(cfg, bert).eval()
+    names = {"zodiac-cp": ("cp_scorer",), "zodiac-tv": ("tv_scorer",)}.get(option, ("query_tower", "image_tower"))
+    paths = ex.export_all(model, tmp_path, "test", names=names)
+    inputs = ex.example_inputs(model, K=13, T=11)
+    for name in names:
+        assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name
