@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from crossprobe.evaluation import metrics as M
@@ -38,6 +39,8 @@ class RerankTrainConfig:
     dev_k: int = 50
     dev_queries: int = 1000  # dev captions used for selection (first caption of each image)
     dev_stack: float = 0.0  # fraction of dev images whose captions join training (stacking.py); selection on the rest
+    pretrain_epochs: int = 0  # in-batch contrastive epochs on the reranker's own score first (ALBEF's ITC before ITM)
+    pretrain_batch: int = 64  # captions (of distinct images) per pretraining step: batch^2 pairs scored
 
 
 def mine(text: TextBank, images: ImageBank, gold_cols: np.ndarray, k: int) -> np.ndarray:
@@ -69,6 +72,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     steps = math.ceil(n_imgs * cfg.captions_per_image / cfg.queries)
     sched = cosine_schedule(opt, cfg.epochs * steps, min(50, steps))
     hard = mine(text, images, gold, cfg.mine_k)
+    pre = pretrain_inbatch(model, method, train, cfg, state_path.with_name(state_path.stem + ".pretrained.pt"), seed, log)
     start, best, history = 0, {"score": -1.0}, []
     if state_path.exists():
         st = torch.load(state_path, weights_only=False)
@@ -113,7 +117,59 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     module.load_state_dict(best["weights"])
     for p in model.parameters():
         p.requires_grad_(True)
-    return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history}
+    return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre}
+
+
+def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_path, seed: int, log=print) -> list[dict]:
+    """Teach the reranker to rank on its own before it learns a residual over the two-tower score.
+
+    Trained only on mined shortlists, with the two-tower score in its logit, a reranker
+    gets almost no signal on a training split the towers already fit (alone it ranked
+    the gold image first for 1% of test captions). Here each step scores every caption
+    against every image of a batch of `pretrain_batch` distinct images (batch^2 pairs)
+    with the reranker's own score and a symmetric InfoNCE, as the towers are trained.
+    Cached in done_path once finished (the main stage then resumes on its own)."""
+    module = getattr(model, method)
+    if cfg.pretrain_epochs <= 0:
+        return []
+    if done_path.exists():
+        st = torch.load(done_path, weights_only=False)
+        module.load_state_dict(st["module"])
+        return st["history"]
+    text, images, gold = train
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    cap_by_img: dict[int, list[int]] = {}
+    for c, i in enumerate(gold):
+        cap_by_img.setdefault(int(i), []).append(c)
+    imgs = np.array(sorted(cap_by_img))
+    steps = len(imgs) // cfg.pretrain_batch
+    sched = cosine_schedule(opt, cfg.pretrain_epochs * steps, min(50, steps))
+    scorer = PairScorer(model, method, text, images, precompute=False)
+    target = torch.arange(cfg.pretrain_batch)
+    history = []
+    for epoch in range(cfg.pretrain_epochs):
+        rng = np.random.default_rng(seed + 2000 + epoch)
+        order = rng.permutation(imgs)
+        module.train()
+        total = 0.0
+        for s in tqdm(range(steps), desc=f"{method} in-batch pretraining {epoch + 1}/{cfg.pretrain_epochs}", leave=False):
+            batch = order[s * cfg.pretrain_batch : (s + 1) * cfg.pretrain_batch]
+            q = np.array([rng.choice(cap_by_img[int(i)]) for i in batch])
+            cand = np.broadcast_to(batch, (len(batch), len(batch)))  # every caption x every image of the batch
+            logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(np.ascontiguousarray(cand)), grad=True, with_tt=False)
+            loss = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 2.0)
+            opt.step()
+            sched.step()
+            total += loss.item()
+        history.append({"epoch": epoch + 1, "loss": total / max(1, steps)})
+        log(f"{method} pretrain {history[-1]}")
+    module.eval()
+    atomic_save({"module": module.state_dict(), "history": history}, done_path)
+    return history
 
 
 @torch.inference_mode()

@@ -57,3 +57,19 @@ def test_reranker_training_lowers_the_loss(tiny_data, small_cfg, bert, tmp_path)
     rep = train_reranker(model, "cp", train, dev, cfg, tmp_path / "cp.pt", seed=0, log=lambda *_: None)
     losses = [h["loss"] for h in rep["history"]]
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("method", ["cp", "temde"])
+def test_inbatch_pretraining_lowers_the_loss_and_is_kept(tiny_data, small_cfg, bert, tmp_path, method):
+    torch.manual_seed(0)
+    model = SearchModel(copy.deepcopy(small_cfg), bert).eval()
+    train = split_banks(model, tiny_data, "train")
+    dev = split_banks(model, tiny_data, "dev")
+    cfg = RerankTrainConfig(epochs=1, queries=8, negatives=5, mine_k=10, lr=3e-3, dev_k=5,
+                            pretrain_epochs=6, pretrain_batch=8)
+    rep = train_reranker(model, method, train, dev, cfg, tmp_path / f"{method}.pt", seed=0, log=lambda *_: None)
+    pre = [h["loss"] for h in rep["pretrain"]]
+    assert len(pre) == 6 and pre[-1] < 0.9 * pre[0], pre
+    assert (tmp_path / f"{method}.pretrained.pt").exists()  # a rerun reuses it instead of pretraining again
+    rep2 = train_reranker(model, method, train, dev, cfg, tmp_path / f"{method}.pt", seed=0, log=lambda *_: None)
+    assert rep2["pretrain"] == rep["pretrain"]
