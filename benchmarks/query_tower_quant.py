@@ -1,32 +1,124 @@
-"""Query-tower latency on 2 CPU cores: ONNX Runtime fp32 at 1 / 2 / default threads vs
-dynamic int8 quantization, one typical caption, median of 200; plus how far int8 moves g_q.
-Needs artifacts/service/<fingerprint>/query_tower.onnx (written by `crossprobe serve` or `make demo`).
+"""Query tower: speed AND quality of ONNX Runtime fp32 vs int8 dynamic quantization.
 
-Measured 2026-11-22 (2 cores): fp32 default 5.2 ms, 1 thread 8.4, 2 threads 5.4; int8 default 2.4 ms,
-1 thread 3.0; cosine(g_q fp32, g_q int8) = 0.969 -- too far to switch without re-measuring R@1.
+For each variant: median ms per query (tokenizer + one ORT run, one typical
+caption, 2 threads, 300 runs) and the Flickr8k test text->image R@1/R@5/R@10 of
+the two-tower stage when the 5,000 test captions go through that graph (the
+1,000 test images' vectors come from the same checkpoint, fp32), plus how far
+g_q moves (cosine to fp32). Variants:
+
+  fp32            the exported graph (what `crossprobe eval` measures)
+  int8            every MatMul weight int8 per tensor, activations quantized on the fly
+  int8-perchannel the same with per-output-channel weight scales
+  int8-bottom     only the frozen MiniLM bottom quantized (per channel); the
+                  fine-tuned top layers, projection, pooling and probes stay fp32
+  int8-layers     all six MiniLM layers quantized (per channel); the projection,
+                  pooling, CP probes and T-EMDE coder stay fp32
+
+Writes docs/query_tower_quant.md and docs/results/query_tower_quant.json.
+Run: .venv/bin/python benchmarks/query_tower_quant.py   (CPU otherwise idle)
 """
-import time, glob, numpy as np, onnxruntime as ort, statistics
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+from crossprobe import checkpoint
+from crossprobe import export as ex
+from crossprobe.evaluation import metrics as M
+from crossprobe.evaluation.encode import encode_images
+from crossprobe.evaluation.report import machine
+from crossprobe.evaluation.timing import median_ms
 from crossprobe.models import backbones as bb
-p = glob.glob('artifacts/service/*/query_tower.onnx')[0]
-tok = bb.load_tokenizer()
-ids, mask = bb.tokenize(tok, ["a black dog is running through the grass with a ball in its mouth"])
-def bench(sess, n=200):
-    for _ in range(10): sess.run(None, {"input_ids": ids, "attention_mask": mask})
-    ts=[]
-    for _ in range(n):
-        t=time.perf_counter(); sess.run(None, {"input_ids": ids, "attention_mask": mask}); ts.append((time.perf_counter()-t)*1000)
-    return round(statistics.median(ts),3)
-for th in (None, 1, 2):
-    o = ort.SessionOptions(); o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if th: o.intra_op_num_threads = th
-    print('threads', th, bench(ort.InferenceSession(p, o, providers=['CPUExecutionProvider'])))
-from onnxruntime.quantization import quantize_dynamic, QuantType
-quantize_dynamic(p, '/tmp/qt_int8.onnx', weight_type=QuantType.QInt8)
-for th in (None, 1):
+from crossprobe.training.data import CachedData
+
+CAPTION = "a black dog is running through the grass with a ball in its mouth"
+
+
+def session(path: Path, threads: int = 2) -> ort.InferenceSession:
     o = ort.SessionOptions()
-    if th: o.intra_op_num_threads = th
-    s=ort.InferenceSession('/tmp/qt_int8.onnx', o, providers=['CPUExecutionProvider'])
-    print('int8 threads', th, bench(s))
-a=ort.InferenceSession(p, providers=['CPUExecutionProvider']).run(None, {"input_ids": ids, "attention_mask": mask})[0]
-b=s.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-print('cos g_q fp32 vs int8', float((a*b).sum()/np.linalg.norm(a)/np.linalg.norm(b)))
+    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    o.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
+
+
+def latency_ms(sess, tok, n: int = 300) -> float:
+    def once():
+        ids, mask = bb.tokenize(tok, [CAPTION])
+        sess.run(None, {"input_ids": ids, "attention_mask": mask})
+
+    return round(median_ms(once, n, warmup=20), 3)
+
+
+def encode_all(sess, tok, captions: list[str], batch: int = 64) -> np.ndarray:
+    out = []
+    for s in range(0, len(captions), batch):
+        ids, mask = bb.tokenize(tok, captions[s : s + batch])
+        out.append(sess.run(None, {"input_ids": ids, "attention_mask": mask})[0])
+    return np.concatenate(out)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    model, meta = checkpoint.load(None)
+    data = CachedData.build(Path("cache/flickr8k"), model.cfg.text.frozen_layers)
+    img_rows = data.split_images("test")
+    cap_rows = data.split_captions("test")
+    col = {r: i for i, r in enumerate(img_rows)}
+    gold = np.array([col[data.ds.caption_image[j]] for j in cap_rows])
+    captions = [data.ds.captions[j] for j in cap_rows]
+    g_img = encode_images(model, data.grids, img_rows).g.numpy()
+    tok = bb.load_tokenizer()
+    tmp = Path(tempfile.mkdtemp())
+    ex.export_all(model, tmp, meta["fingerprint"], names=("query_tower",))
+    fp32 = tmp / "query_tower.onnx"
+    names = [n.name for n in onnx.load(str(fp32)).graph.node if n.op_type == "MatMul"]
+    not_bottom = [n for n in names if not n.startswith("/text/bottom/")]
+    variants = {"fp32": fp32}
+    for name, kw in {
+        "int8": {},
+        "int8-perchannel": {"per_channel": True},
+        "int8-bottom": {"per_channel": True, "nodes_to_exclude": not_bottom},
+    }.items():
+        variants[name] = tmp / f"{name}.onnx"
+        quantize_dynamic(str(fp32), str(variants[name]), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], **kw)
+    # what the service runs with CROSSPROBE_QUERY_PRECISION=int8
+    variants["int8-layers"] = ex.quantize_query_tower(fp32, tmp / "int8-layers.onnx")
+    ref = None
+    rows = {}
+    for name, path in variants.items():
+        sess = session(path)
+        g = encode_all(sess, tok, captions)
+        ref = g if ref is None else ref
+        cos = (g * ref).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(ref, axis=1)
+        r = M.summarize(M.t2i_ranks(g @ g_img.T, gold))
+        rows[name] = {"ms_per_query": latency_ms(sess, tok), "t2i": {k: round(r[k], 2) for k in ("R@1", "R@5", "R@10")},
+                      "cos_to_fp32_mean": round(float(cos.mean()), 4), "cos_to_fp32_min": round(float(cos.min()), 4),
+                      "size_mb": round(path.stat().st_size / 2**20, 1)}
+        print(name, rows[name], flush=True)
+    out = {"rows": rows, "command": "python " + " ".join(sys.argv), "machine": machine(), "model_fingerprint": meta["fingerprint"],
+           "notes": "ms: tokenizer + one ONNX Runtime run for one caption, 2 intra-op threads, median of 300. "
+                    "R@k: Flickr8k test, 5,000 captions x 1,000 images, two-tower stage only."}
+    docs = Path("docs")
+    (docs / "results").mkdir(parents=True, exist_ok=True)
+    (docs / "results" / "query_tower_quant.json").write_text(json.dumps(out, indent=2))
+    lines = ["# Query tower: fp32 vs int8 (ONNX Runtime dynamic quantization)", "",
+             f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ", f"Checkpoint: `{meta['fingerprint']}`", "",
+             out["notes"], "",
+             "| variant | ms / query | TT t2i R@1 | R@5 | R@10 | cos(g_q, fp32) mean | min | MB |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        t = r["t2i"]
+        lines.append(f"| {name} | {r['ms_per_query']} | {t['R@1']:.2f} | {t['R@5']:.2f} | {t['R@10']:.2f} | "
+                     f"{r['cos_to_fp32_mean']} | {r['cos_to_fp32_min']} | {r['size_mb']} |")
+    (docs / "query_tower_quant.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -203,6 +203,41 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
             "stages_ms": {k: round(statistics.median(s.get(k, 0.0) for s in stages), 3) for k in keys}}
 
 
+def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[str], precision: str) -> dict:
+    """Start `crossprobe serve` with this query-tower precision, load it, stop it -> {size: {rerank: row}}."""
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+           "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
+           "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_QUEUE_SIZE": "256", "HF_HUB_OFFLINE": "1",
+           "CROSSPROBE_INDEXES": ",".join(names.values()), "CROSSPROBE_QUERY_PRECISION": precision}
+    if args.threads:
+        env["CROSSPROBE_THREADS"] = str(args.threads)
+    proc = start_server(env, port, args.workdir / "server.log")
+    url = f"http://127.0.0.1:{port}"
+    res: dict = {}
+    try:
+        for size, name in names.items():
+            res[size] = {}
+            for rerank in RERANKS:
+                row: dict = {}
+                for c in (int(x) for x in args.clients.split(",")):
+                    r = load(url, name, rerank, queries, c, args.requests, args.warmup)
+                    print(f"{precision} {name:>16} {rerank:>5} clients={c}: p50 {r['p50_ms']} p95 {r['p95_ms']} p99 "
+                          f"{r['p99_ms']} ms, {r['qps']} QPS  stages {r['stages_ms']}")
+                    if c == 1:
+                        row.update(r)
+                    else:
+                        row[f"concurrent_{c}"] = r
+                res[size][rerank] = row
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=None, help="index only the first N Flickr8k images")
@@ -214,6 +249,8 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/bench-service"))
     ap.add_argument("--docs", type=Path, default=Path("docs"))
+    ap.add_argument("--query-precision", default="int8,fp32",
+                    help="query-tower graphs to serve, comma separated; the first is the headline table")
     args = ap.parse_args()
     if not available():
         print(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
@@ -233,40 +270,18 @@ def main() -> None:
     test = set(captions.splits["test"])
     queries = [c for c, i in zip(captions.captions, captions.caption_image) if i in test][:1000]
 
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
-           "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
-           "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_QUEUE_SIZE": "256", "HF_HUB_OFFLINE": "1",
-           "CROSSPROBE_INDEXES": ",".join(names.values())}
-    if args.threads:
-        env["CROSSPROBE_THREADS"] = str(args.threads)
-    proc = start_server(env, port, args.workdir / "server.log")
-    url = f"http://127.0.0.1:{port}"
-    res: dict = {}
+    precisions = [p for p in args.query_precision.split(",") if p]
     try:
-        for size, name in names.items():
-            res[size] = {}
-            for rerank in RERANKS:
-                row: dict = {}
-                for c in (int(x) for x in args.clients.split(",")):
-                    r = load(url, name, rerank, queries, c, args.requests, args.warmup)
-                    print(f"{name:>16} {rerank:>5} clients={c}: p50 {r['p50_ms']} p95 {r['p95_ms']} p99 "
-                          f"{r['p99_ms']} ms, {r['qps']} QPS  stages {r['stages_ms']}")
-                    if c == 1:
-                        row.update(r)
-                    else:
-                        row[f"concurrent_{c}"] = r
-                res[size][rerank] = row
+        by_precision = {p: run_service(args, ixs, redis_client, ckpt, names, queries, p) for p in precisions}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
         close_embedded()
+    res: dict = dict(by_precision[precisions[0]])
+    if len(precisions) > 1:
+        res["other_query_precisions"] = {p: by_precision[p] for p in precisions[1:]}
     res.update(command=command, machine=mach, checkpoint={"fingerprint": fp, "random_weights": random_weights},
                indexes=names, settings={"k": 10, "shortlist": 100, "threads": args.threads or "ORT default",
-                                        "requests": args.requests, "warmup": args.warmup})
+                                        "requests": args.requests, "warmup": args.warmup,
+                                        "query_precision": precisions[0]})
     write(res, args.docs)
 
 
@@ -279,7 +294,8 @@ def write(res: dict, docs: Path) -> None:
              f"POST /v1/search over loopback to `crossprobe serve` (one uvicorn process), k=10, shortlist 100, "
              f"Flickr8k test captions as queries, {res['settings']['requests']} timed requests per row after "
              f"{res['settings']['warmup']} warm-up ones; client-side latency (HTTP included). Model "
-             f"{ck['fingerprint']}{' (random weights: latency only)' if ck['random_weights'] else ''}.", "",
+             f"{ck['fingerprint']}{' (random weights: latency only)' if ck['random_weights'] else ''}, "
+             f"query tower {res['settings'].get('query_precision', 'fp32')} (CROSSPROBE_QUERY_PRECISION).", "",
              "| index items | rerank | clients | p50 ms | p95 ms | p99 ms | QPS |", "|---|---|---|---|---|---|---|"]
     stage_rows = []
     for size, by in res.items():
@@ -290,6 +306,16 @@ def write(res: dict, docs: Path) -> None:
             for c, x in runs:
                 lines.append(f"| {size} | {rerank} | {c} | {x['p50_ms']} | {x['p95_ms']} | {x['p99_ms']} | {x['qps']} |")
                 stage_rows.append((size, rerank, c, x["stages_ms"]))
+    for prec, other in res.get("other_query_precisions", {}).items():
+        lines += ["", f"The same with the {prec} query tower (CROSSPROBE_QUERY_PRECISION={prec}):", "",
+                  "| index items | rerank | clients | p50 ms | p95 ms | p99 ms | QPS | encode ms (median) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for size, by in other.items():
+            for rerank, r in by.items():
+                runs = [("1", r)] + [(k.split("_")[1], v) for k, v in r.items() if k.startswith("concurrent_")]
+                for c, x in runs:
+                    lines.append(f"| {size} | {rerank} | {c} | {x['p50_ms']} | {x['p95_ms']} | {x['p99_ms']} | {x['qps']} | "
+                                 f"{x['stages_ms'].get('encode', '-')} |")
     stages = list(dict.fromkeys(k for *_, s in stage_rows for k in s))
     lines += ["", "Median per-stage time inside the service (ms, from the responses' timings_ms):", "",
               "| index items | rerank | clients | " + " | ".join(stages) + " |", "|---|---|---|" + "---|" * len(stages)]

@@ -155,9 +155,12 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
         total = 0.0
         for s in tqdm(range(steps), desc=f"{method} in-batch pretraining {epoch + 1}/{cfg.pretrain_epochs}", leave=False):
             batch = order[s * cfg.pretrain_batch : (s + 1) * cfg.pretrain_batch]
-            q = np.array([rng.choice(cap_by_img[int(i)]) for i in batch])
-            cand = np.broadcast_to(batch, (len(batch), len(batch)))  # every caption x every image of the batch
-            logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(np.ascontiguousarray(cand)), grad=True, with_tt=False)
+            q = torch.from_numpy(np.array([rng.choice(cap_by_img[int(i)]) for i in batch]))
+            B = len(batch)
+            # per-caption and per-image parts once each, then every caption x every image of the batch
+            qp = scorer.query_parts(q)
+            ip = tuple(x[None].expand(B, *x.shape) for x in scorer.item_parts(torch.from_numpy(batch)))
+            logits = module.rerank(*qp, *ip, torch.zeros(B, B))  # (B, B): the reranker's own score x beta
             loss = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
             opt.zero_grad(set_to_none=True)
             loss.backward()
