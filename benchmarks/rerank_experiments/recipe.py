@@ -1,0 +1,81 @@
+"""Issue 2 experiment: one reranker recipe on the committed towers, then a sweep of the fusion weight.
+
+    .venv/bin/python benchmarks/rerank_experiments/recipe.py DEV_STACK METHOD EPOCHS PRETRAIN_EPOCHS STANDALONE
+
+DEV_STACK: fraction of dev images added to training (crossprobe/training/stacking.py); METHOD cp | temde;
+EPOCHS: listwise epochs on mined negatives; PRETRAIN_EPOCHS: in-batch contrastive epochs first
+(RerankTrainConfig.pretrain_epochs); STANDALONE 1: train on the reranker's own score (alpha=0, beta=20)
+instead of the fused logit. The module is re-initialised with the default seed; everything else is the
+default reranker budget. Prints the learning curve, then R@1 (t2i, K=100) on the dev selection split and
+on test for logit = s_tt + w * s_rerank over a grid of w (w=1000 ~ the reranker alone), the dev-best w,
+and test R@1 at that w. Results of the runs made so far: docs/rerank_experiments.md.
+"""
+import copy
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from crossprobe import checkpoint
+from crossprobe.evaluation import metrics as M
+from crossprobe.evaluation.encode import PairScorer
+from crossprobe.evaluation.retrieval import split_banks, tt_scores
+from crossprobe.models.cross_probe import CrossProbe
+from crossprobe.models.temde import Temde
+from crossprobe.training.data import CachedData
+from crossprobe.training.rerankers import train_reranker
+from crossprobe.training.run import TrainConfig, reranker_config
+from crossprobe.training.stacking import stacked
+from crossprobe.training.state import seed_everything
+
+WEIGHTS = (0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 1e3)
+
+
+def sweep(model, method: str, banks) -> dict:
+    """R@1 of s_tt + w * s_rerank on the top 100, for each w (the module's own fusion divided out)."""
+    text, images, gold = banks
+    S = tt_scores(text, images)
+    cand = M.topk(S, 100)
+    stt = np.take_along_axis(S, cand, 1)
+    f = getattr(model, method).fusion
+    a, b = float(f.alpha), float(f.beta)
+    fused = PairScorer(model, method, text, images).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
+    srr = (fused - a * stt) / b
+    return {w: round(M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, stt + w * srr), gold))["R@1"], 2) for w in WEIGHTS}
+
+
+def main() -> None:
+    frac, method, epochs, pre, alone = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    torch.set_num_threads(2)
+    base, _ = checkpoint.load(None)
+    data = CachedData.build(Path("cache/flickr8k"), base.cfg.text.frozen_layers)
+    tr, dv = stacked(split_banks(base, data, "train"), split_banks(base, data, "dev"), frac)
+    te = split_banks(base, data, "test")
+    model = copy.deepcopy(base)
+    seed_everything(0)
+    setattr(model, method, CrossProbe(model.cfg.cp) if method == "cp" else Temde(model.cfg.temde))
+    mod = getattr(model, method)
+    if alone:
+        with torch.no_grad():
+            mod.fusion.alpha.fill_(0.0)
+            mod.fusion.beta.fill_(20.0)
+    rcfg = dataclasses.replace(reranker_config(TrainConfig(), method), epochs=epochs, pretrain_epochs=pre)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        rep = train_reranker(model, method, tr, dv, rcfg, Path(d) / "s.pt", 0)
+    print("trained", rep["best_epoch"], rep["history"], rep["pretrain"], round(time.time() - t0), flush=True)
+    model.eval()
+    d, t = sweep(model, method, dv), sweep(model, method, te)
+    best = max(d, key=d.get)
+    print("dev", d)
+    print("test", t)
+    print("RESULT", method, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
+          "dev-best w", best, "test R@1", t[best], "TT", t[0], flush=True)
+
+
+if __name__ == "__main__":
+    main()
