@@ -90,7 +90,7 @@ def ensure_int8_query(graphs: Path) -> Path:
     return path
 
 
-def _session(path: Path, threads: int | None):
+def _session(path: Path, threads: int | None, spinning: bool = False):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -100,7 +100,8 @@ def _session(path: Path, threads: int | None):
     opts.inter_op_num_threads = 1
     # Several sessions run at once on few cores (encode of one batch beside reranks of
     # others): spin-waiting ORT workers would burn the cores the other sessions need.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Without spinning each parallel op pays a thread wake-up, which one lone query feels.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
     return ort.InferenceSession(str(path), opts, providers=providers)
 
@@ -126,9 +127,9 @@ class Models:
         query_graph = graphs / "query_tower.onnx"
         if settings.query_precision == "int8":
             query_graph = ensure_int8_query(graphs)
-        self.query = _session(query_graph, settings.threads)
-        self.scorers = {"cp": _session(graphs / "cp_scorer.onnx", settings.threads),
-                        "temde": _session(graphs / "temde_scorer.onnx", settings.threads)}
+        self.query = _session(query_graph, settings.threads, settings.ort_spinning)
+        self.scorers = {"cp": _session(graphs / "cp_scorer.onnx", settings.threads, settings.ort_spinning),
+                        "temde": _session(graphs / "temde_scorer.onnx", settings.threads, settings.ort_spinning)}
         self.providers = self.query.get_providers()
 
     def encode(self, texts: list[str]) -> list[QueryVectors]:

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
     # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
     query_precision: Literal["fp32", "int8"] = "int8"
+    ort_spinning: bool = True  # idle ONNX Runtime workers spin: one query 8.3 vs 12.0 ms p50 (docs/latency.md); costs idle CPU
 
     # -- index + Redis (same variables as the indexer) --------------------------
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
