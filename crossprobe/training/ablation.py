@@ -288,7 +288,8 @@ class Runner:
                 b = rows[row["baseline"]]
                 row["delta_t2i_R@1"] = round(row["t2i"]["R@1"] - b["t2i"]["R@1"], 2)
                 row["delta_i2t_R@1"] = round(row["i2t"]["R@1"] - b["i2t"]["R@1"], 2)
-        out = {**rows, "command": c.command, "machine": machine(), "tower_epochs": c.tower_epochs}
+        out = {**rows, "command": c.command, "machine": machine(), "tower_epochs": c.tower_epochs,
+               "not_run": [n for n in c.options if n not in rows]}
         write_docs(out, c.docs)
         return out
 
@@ -323,6 +324,9 @@ def write_docs(out: dict, docs: Path) -> None:
             f"| {name} | {r['method']} | {t['R@1']:.2f} | {t['R@5']:.2f} | {t['R@10']:.2f} | {t['MRR']:.4f} | "
             f"{i['R@1']:.2f} | {i['R@5']:.2f} | {i['R@10']:.2f} | {i['MRR']:.4f} | {r['ms_per_query']} | "
             f"{r.get('delta_t2i_R@1', '')} | {r.get('delta_i2t_R@1', '')} | {r.get('baseline', '')} |")
+    if out.get("not_run"):
+        lines += ["", "Not measured in this run (implemented and tested; `crossprobe ablate` without `--only` trains and adds them): "
+                  + ", ".join(out["not_run"]) + "."]
     lines += ["", "## What each option is", ""]
     for name, r in rows.items():
         lines.append(f"- **{name}**: {r.get('what', r['budget'])}. Budget: {r['budget']}. Time measured: {r['ms_kind']}.")
