@@ -99,12 +99,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
             if anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
                 assert module.alignment is not None and module.alignment.shape == logits.shape
                 loss = loss + anchor_w * listwise(ANCHOR_SCALE * module.alignment)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 2.0)
-            opt.step()
-            sched.step()
-            total += loss.item()
+            total += _step(loss, params, opt, sched)
         module.eval()
         score = dev_score(model, method, dev, cfg)
         rec = {"epoch": epoch + 1, "loss": total / steps, f"dev_t2i_R@1@{cfg.dev_k}": score}
@@ -162,17 +157,22 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
             ip = tuple(x[None].expand(B, *x.shape) for x in scorer.item_parts(torch.from_numpy(batch)))
             logits = module.rerank(*qp, *ip, torch.zeros(B, B))  # (B, B): the reranker's own score x beta
             loss = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 2.0)
-            opt.step()
-            sched.step()
-            total += loss.item()
+            total += _step(loss, params, opt, sched)
         history.append({"epoch": epoch + 1, "loss": total / max(1, steps)})
         log(f"{method} pretrain {history[-1]}")
     module.eval()
     atomic_save({"module": module.state_dict(), "history": history}, done_path)
     return history
+
+
+def _step(loss: torch.Tensor, params, opt, sched) -> float:
+    """One optimiser step (gradients clipped at norm 2) -> the loss value."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 2.0)
+    opt.step()
+    sched.step()
+    return loss.item()
 
 
 @torch.inference_mode()
