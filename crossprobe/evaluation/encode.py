@@ -114,9 +114,8 @@ class PairScorer:
         """(R,), (R, K) -> (R, K) two-tower cosine."""
         return torch.einsum("rd,rkd->rk", self.text.g[q_rows], self.images.g[cand])
 
-    def fused(self, q_rows, cand, grad: bool = False, with_tt: bool = True) -> torch.Tensor:
-        """(R,) query rows, (R, K) item rows -> (R, K) fused logits (with_tt=False: the
-        two-tower term left out, i.e. the reranker's own score times its fusion weight)."""
+    def fused(self, q_rows, cand, grad: bool = False) -> torch.Tensor:
+        """(R,) query rows, (R, K) item rows -> (R, K) fused logits."""
         q_rows, cand = torch.as_tensor(q_rows), torch.as_tensor(cand)
         R, K = cand.shape
         per = max(1, self.batch_pairs // K)
@@ -124,13 +123,11 @@ class PairScorer:
         ctx = torch.enable_grad() if grad else torch.inference_mode()
         with ctx:
             for s in _batches(R, per):
-                outs.append(self._fused(q_rows[s], cand[s], with_tt))
+                outs.append(self._fused(q_rows[s], cand[s]))
         return torch.cat(outs)
 
-    def _fused(self, q, c, with_tt: bool = True) -> torch.Tensor:
+    def _fused(self, q, c) -> torch.Tensor:
         m, s_tt = self.model, self.tt(q, c)
-        if not with_tt:
-            s_tt = torch.zeros_like(s_tt)
         qp = tuple(x[q] for x in self.q_cache) if self.q_cache else self.query_parts(q)
         ip = tuple(x[c] for x in self.i_cache) if self.i_cache else self.item_parts(c)
         return getattr(m, self.method).rerank(*qp, *ip, s_tt)

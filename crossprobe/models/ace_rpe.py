@@ -99,11 +99,8 @@ class AceRpe(nn.Module):
         with torch.no_grad():
             D = anchor_distances(s.detach(), t_mask, self.cap).long()  # (P, G, n, n)
         n = D.shape[-1]
+        D = F.pad(D, (1, 0, 1, 0), value=self.cap + 1)  # [CLS] first, with the dedicated last bucket
         gi = torch.arange(self.G, device=D.device)[None, :, None, None]
-        bias = self.table[gi, D]  # (P, G, n, n)
+        bias = self.table[gi, D]  # (P, G, 1+n, 1+n)
         cross = self.gamma[None, :, None, None] * s  # (P, G, T, R) learnable text<->region term
-        bias = bias + F.pad(cross, (T, 0, 0, n - T)) + F.pad(cross.transpose(-1, -2), (0, n - T, T, 0))
-        # [CLS] first: its row and column use the dedicated last bucket
-        return F.pad(bias, (1, 0, 1, 0), value=0.0) + F.pad(
-            torch.zeros_like(bias), (1, 0, 1, 0), value=1.0
-        ) * self.table[:, -1][None, :, None, None]
+        return bias + F.pad(cross, (1 + T, 0, 1, n - T)) + F.pad(cross.transpose(-1, -2), (1, n - T, 1 + T, 0))

@@ -140,7 +140,7 @@ class Runner:
         self.cfg, self.log = cfg, log
         self._data: dict[int, CachedData] = {}
         self._base = None
-        self._banks = None
+        self._banks: dict[str, tuple] = {}
 
     def data(self, frozen_layers: int) -> CachedData:
         if frozen_layers not in self._data:
@@ -164,7 +164,7 @@ class Runner:
         tcfg = TrainConfig(seed=c.seed, threads=c.threads, cache_dir=c.cache_dir, run_dir=run, out=run / "checkpoint",
                            model=mc, towers=tc, methods=(), frontier=False)
         t0 = time.time()
-        fp = train(tcfg, log=self.log)
+        fp = train(tcfg, log=self.log, data=self.data(mc.text.frozen_layers))  # one cache load for training and eval
         model, _ = checkpoint.load(run / "checkpoint")
         res = self.tt_eval(model)
         return {**res, "method": "TT", "stage": "towers", "fingerprint": fp, "train_s": round(time.time() - t0, 1),
@@ -195,7 +195,7 @@ class Runner:
             elif not train_if_missing:
                 raise FileNotFoundError(done)
             else:
-                train_banks, dev_banks = self.banks()
+                train_banks, dev_banks = self.banks("train"), self.banks("dev")
                 rcfg = reranker_config(dataclasses.replace(c.template, seed=c.seed), method)
                 rep = train_reranker(model, method, train_banks, dev_banks, rcfg, c.run_dir / _dirname(name) / f"{method}.pt",
                                      c.seed, self.log)
@@ -206,8 +206,7 @@ class Runner:
         c = self.cfg
         t0 = time.time()
         model = self.reranker_model(name, method, opt)
-        data = self.data(model.cfg.text.frozen_layers)
-        text, images, gold = split_banks(model, data, "test")
+        text, images, gold = self.banks("test")
         S = tt_scores(text, images)
         subset = np.unique(gold, return_index=True)[1] if method == "tv" else None
         k = min(c.k, S.shape[1])
@@ -235,12 +234,12 @@ class Runner:
             t = rerank_ms(model, methods=(stage,), ks=(c.k,), repeats=30, onnx_dir=Path(d))
         return {"ms_per_query": t["onnxruntime"][stage][str(c.k)], "ms_kind": f"rerank {c.k} candidates, ONNX Runtime, 2 threads"}
 
-    def banks(self):
-        if self._banks is None:
+    def banks(self, split: str):
+        """The committed towers' outputs on a split, computed once: reranker options only swap the reranker."""
+        if split not in self._banks:
             model = self.base()
-            data = self.data(model.cfg.text.frozen_layers)
-            self._banks = (split_banks(model, data, "train"), split_banks(model, data, "dev"))
-        return self._banks
+            self._banks[split] = split_banks(model, self.data(model.cfg.text.frozen_layers), split)
+        return self._banks[split]
 
     # --- all rows -------------------------------------------------------------------
     def run(self, retime: bool = False) -> dict:

@@ -43,6 +43,14 @@ class RerankTrainConfig:
     pretrain_batch: int = 64  # captions (of distinct images) per pretraining step: batch^2 pairs scored
 
 
+def captions_by_image(gold: np.ndarray) -> dict[int, list[int]]:
+    """(C,) gold image column per caption -> image column -> its caption rows."""
+    out: dict[int, list[int]] = {}
+    for c, i in enumerate(gold):
+        out.setdefault(int(i), []).append(c)
+    return out
+
+
 def mine(text: TextBank, images: ImageBank, gold_cols: np.ndarray, k: int) -> np.ndarray:
     """(C,) gold image columns -> (C, k) hardest non-gold image columns by two-tower score."""
     out = np.empty((len(gold_cols), k), dtype=np.int64)
@@ -65,9 +73,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         p.requires_grad_(True)
     params = [p for p in module.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    cap_by_img: dict[int, list[int]] = {}
-    for c, i in enumerate(gold):
-        cap_by_img.setdefault(int(i), []).append(c)
+    cap_by_img = captions_by_image(gold)
     n_imgs = len(cap_by_img)
     steps = math.ceil(n_imgs * cfg.captions_per_image / cfg.queries)
     sched = cosine_schedule(opt, cfg.epochs * steps, min(50, steps))
@@ -134,9 +140,7 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
     text, images, gold = train
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    cap_by_img: dict[int, list[int]] = {}
-    for c, i in enumerate(gold):
-        cap_by_img.setdefault(int(i), []).append(c)
+    cap_by_img = captions_by_image(gold)
     imgs = np.array(sorted(cap_by_img))
     steps = len(imgs) // cfg.pretrain_batch
     sched = cosine_schedule(opt, cfg.pretrain_epochs * steps, min(50, steps))

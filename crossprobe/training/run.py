@@ -68,15 +68,17 @@ def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     return rcfg
 
 
-def train(cfg: TrainConfig, log=print) -> str:
+def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
+    """data: the feature cache already in memory (the ablation trains many configs on one)."""
     torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     run = Path(cfg.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     timings = Timings(run)
     t0 = time.time()
-    with timings.timer("cache"):
-        data = CachedData.build(cfg.cache_dir, cfg.model.text.frozen_layers)
+    if data is None:
+        with timings.timer("cache"):
+            data = CachedData.build(cfg.cache_dir, cfg.model.text.frozen_layers)
     model = SearchModel(cfg.model)
     report: dict = {"train_config": _jsonable(cfg)}
 
