@@ -42,9 +42,13 @@ ablation: $(STAMP)
 export: $(STAMP)
 	$(BIN)/crossprobe export
 
-## make bench: latency/accuracy frontier of Cross-probe settings -> docs/frontier.md
+## make bench: the speed targets, each written to docs/ with its machine and command (Flickr8k needed; CPU idle):
+## CP frontier on test -> docs/frontier_test.md; ONNX Runtime thread pools -> docs/ort_threading.md;
+## the search service, 8,091 and 100K items -> docs/latency.md
 bench: $(STAMP)
 	$(BIN)/python benchmarks/cp_frontier.py
+	$(BIN)/python benchmarks/ort_threading.py
+	$(BIN)/python benchmarks/service_bench.py --requests 300
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -37,16 +36,10 @@ from crossprobe.evaluation.encode import encode_images
 from crossprobe.evaluation.report import machine
 from crossprobe.evaluation.timing import median_ms
 from crossprobe.models import backbones as bb
+from crossprobe.runtime import session
 from crossprobe.training.data import CachedData
 
 CAPTION = "a black dog is running through the grass with a ball in its mouth"
-
-
-def session(path: Path, threads: int = 2) -> ort.InferenceSession:
-    o = ort.SessionOptions()
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
 
 
 def latency_ms(sess, tok, n: int = 300) -> float:
@@ -94,7 +87,7 @@ def main() -> None:
     ref = None
     rows = {}
     for name, path in variants.items():
-        sess = session(path)
+        sess = session(path, threads=2)
         g = encode_all(sess, tok, captions)
         ref = g if ref is None else ref
         cos = (g * ref).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(ref, axis=1)

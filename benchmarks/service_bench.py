@@ -281,7 +281,10 @@ def main() -> None:
     res.update(command=command, machine=mach, checkpoint={"fingerprint": fp, "random_weights": random_weights},
                indexes=names, settings={"k": 10, "shortlist": 100, "threads": args.threads or "ORT default",
                                         "requests": args.requests, "warmup": args.warmup,
-                                        "query_precision": precisions[0]})
+                                        "query_precision": precisions[0],
+                                        # service settings changed from the shipped defaults through the environment
+                                        "service_env": {k: v for k, v in os.environ.items()
+                                                        if k.startswith("CROSSPROBE_")}})
     write(res, args.docs)
 
 
@@ -330,8 +333,28 @@ def write(res: dict, docs: Path) -> None:
               "values: its `ann` (FAISS factory chosen by size, HNSW at this size) and `fetch` costs are "
               "representative, its rankings are not.",
               "- Rows differ by a few ms between runs on a shared machine; compare stages, not single cells."]
+    lines += earlier_runs(docs)
     (docs / "latency.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def earlier_runs(docs: Path) -> list[str]:
+    """Runs of this benchmark kept under other configurations (docs/results/latency_*.json, each with a
+    "label" naming its settings), one client, beside the headline run."""
+    rows = []
+    for f in sorted((docs / "results").glob("latency_*.json")):
+        r = json.loads(f.read_text())
+        for size, by in r.items():
+            if isinstance(by, dict) and all(isinstance(v, dict) and "p50_ms" in v for v in by.values()):
+                rows += [f"| {r.get('label', f.stem)} | {size} | {rerank} | {x['p50_ms']} | {x['p95_ms']} | {x['p99_ms']} | "
+                         f"{x.get('concurrent_8', {}).get('qps', '-')} | {x['stages_ms'].get('encode', '-')} | "
+                         f"{x['stages_ms'].get('rerank', '-')} | results/{f.name} |" for rerank, x in by.items()]
+    if not rows:
+        return []
+    return ["", "Earlier runs of the same command under other settings (one client; QPS with 8 clients; "
+            "int8 query tower):", "",
+            "| settings | index items | rerank | p50 ms | p95 ms | p99 ms | QPS (8) | encode ms | rerank ms | file |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from crossprobe.models import backbones as bb
 from crossprobe.models.model import SearchModel
+from crossprobe.runtime import session  # noqa: F401  (export.session: the graphs this module writes, run)
 
 OPSET = 17
 
@@ -134,18 +135,6 @@ def export_all(model: SearchModel, out_dir: Path, fingerprint: str, names=tuple(
     manifest = {"fingerprint": fingerprint, "opset": OPSET, "graphs": sorted(p.name for p in paths.values())}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return paths
-
-
-def session(path: Path, threads: int | None = None):
-    """ONNX Runtime session: CUDA provider when present, CPU otherwise."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = threads
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(str(path), opts, providers=providers)
 
 
 # The query tower's MatMuls after the MiniLM layers: small (cheap in fp32) and

@@ -59,16 +59,12 @@ class ChunkedCache:
 
 def image_backbone_session(cache_dir: Path, threads: int | None = None):
     """ONNX Runtime session for the frozen image backbone (exported once per cache dir)."""
-    import onnxruntime as ort
+    from crossprobe.runtime import session
 
     onnx_path = cache_dir / "image_backbone.onnx"
     if not onnx_path.exists():
         export_image_backbone(onnx_path)
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(str(onnx_path), opts, providers=providers)
+    return session(onnx_path, threads)
 
 
 def export_image_backbone(onnx_path: Path) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from crossprobe import runtime
 from crossprobe.indexer.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.indexer.redis_conn import connect
 from crossprobe.indexer.store import NAME_RE, Store
@@ -90,22 +91,6 @@ def ensure_int8_query(graphs: Path) -> Path:
     return path
 
 
-def _session(path: Path, threads: int | None, spinning: bool = False):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    # Several sessions run at once on few cores (encode of one batch beside reranks of
-    # others): spin-waiting ORT workers would burn the cores the other sessions need.
-    # Without spinning each parallel op pays a thread wake-up, which one lone query feels.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(str(path), opts, providers=providers)
-
-
 @dataclass(frozen=True)
 class QueryVectors:
     """The query tower's outputs for one query."""
@@ -127,9 +112,12 @@ class Models:
         query_graph = graphs / "query_tower.onnx"
         if settings.query_precision == "int8":
             query_graph = ensure_int8_query(graphs)
-        self.query = _session(query_graph, settings.threads, settings.ort_spinning)
-        self.scorers = {"cp": _session(graphs / "cp_scorer.onnx", settings.threads, settings.ort_spinning),
-                        "temde": _session(graphs / "temde_scorer.onnx", settings.threads, settings.ort_spinning)}
+        if settings.ort_shared_pool:  # one pool for all graphs (crossprobe/runtime.py says why)
+            runtime.share_thread_pool(settings.threads or 0)
+        spin = settings.ort_spinning
+        self.query = runtime.session(query_graph, settings.threads, spin)
+        self.scorers = {"cp": runtime.session(graphs / "cp_scorer.onnx", settings.threads, spin),
+                        "temde": runtime.session(graphs / "temde_scorer.onnx", settings.threads, spin)}
         self.providers = self.query.get_providers()
 
     def encode(self, texts: list[str]) -> list[QueryVectors]:

@@ -36,7 +36,11 @@ class Settings(BaseSettings):
     # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
     # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
     query_precision: Literal["fp32", "int8"] = "int8"
-    ort_spinning: bool = True  # idle ONNX Runtime workers spin: one query 8.3 vs 12.0 ms p50 (docs/latency.md); costs idle CPU
+    # one ONNX Runtime thread pool shared by all graphs (its workers spin): per query on 2 cores, encode + CP
+    # 3.5 + 5.0 ms vs 4.0 + 9.4 ms with a spinning pool per graph (crossprobe/runtime.py, docs/ort_threading.md).
+    # Process-wide: once made, every ONNX Runtime session of the process uses it
+    ort_shared_pool: bool = True
+    ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU
 
     # -- index + Redis (same variables as the indexer) --------------------------
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
