@@ -4,10 +4,12 @@ Two kinds of option, each compared with the baseline trained the same way:
 
   tower options (SEAM multi-hop pooling, SEAM's fast query tower, the order-
     embedding loss, T-EMDE pooling) change stage 1. Each is trained from scratch
-    with the same seed and the same reduced tower budget (`tower_epochs`, the
-    full default is 16 epochs = 21 min each on 2 cores), against "default@<N>ep":
-    the default config trained on that same budget. Metric: TT on Flickr8k test;
-    time: the query tower per query (tokenizer + ONNX Runtime, 2 threads).
+    with the default's seed and tower budget (16 epochs, best epoch on dev: ~21
+    min each on 2 cores) against the committed default, which was trained that
+    way. `tower_epochs=N` gives a quicker, shorter budget instead: the rows are
+    then "<option>@<N>ep" against "default@<N>ep", the default config trained on
+    that same short budget. Metric: TT on Flickr8k test; time: the query tower
+    per query (tokenizer + ONNX Runtime, 2 threads).
   reranker options (ZoDIAC attention in CP and in TV, ACE-RPE in TV with and
     without its anchor loss) change stage 2 only. Each is trained on the
     committed checkpoint's towers with exactly the default reranker budget and
@@ -91,7 +93,7 @@ OPTIONS: dict[str, Option] = {
 
 @dataclass
 class AblationConfig:
-    tower_epochs: int = 5
+    tower_epochs: int | None = None  # None: the default's own tower budget (template.towers.epochs)
     seed: int = 0
     threads: int = 2
     cache_dir: Path = Path("cache/flickr8k")
@@ -142,6 +144,20 @@ class Runner:
         self._base = None
         self._banks: dict[str, tuple] = {}
 
+    @property
+    def tower_epochs(self) -> int:
+        return self.cfg.tower_epochs or self.cfg.template.towers.epochs
+
+    @property
+    def short_budget(self) -> bool:
+        """Tower options on fewer epochs than the default had: they need a baseline trained the same way."""
+        return self.tower_epochs != self.cfg.template.towers.epochs
+
+    def row_name(self, option: str) -> str:
+        """Tower options on a short budget carry it in their name ("seam-4hop@5ep"); others are the option."""
+        short = self.short_budget and (option == "default" or self.cfg.options[option].stage == "towers")
+        return f"{option}@{self.tower_epochs}ep" if short else option
+
     def data(self, frozen_layers: int) -> CachedData:
         if frozen_layers not in self._data:
             self._data = {frozen_layers: CachedData.build(self.cfg.cache_dir, frozen_layers)}  # one in RAM at a time
@@ -157,7 +173,7 @@ class Runner:
     def towers_row(self, name: str, opt: Option | None) -> dict:
         c = self.cfg
         mc = copy.deepcopy(c.template.model)
-        tc = dataclasses.replace(c.template.towers, epochs=c.tower_epochs)
+        tc = dataclasses.replace(c.template.towers, epochs=self.tower_epochs)
         if opt is not None:
             opt.apply(mc, tc)
         run = c.run_dir / _dirname(name)
@@ -168,7 +184,8 @@ class Runner:
         model, _ = checkpoint.load(run / "checkpoint")
         res = self.tt_eval(model)
         return {**res, "method": "TT", "stage": "towers", "fingerprint": fp, "train_s": round(time.time() - t0, 1),
-                "budget": f"towers {c.tower_epochs} epochs, seed {c.seed}", **self.timing(name, "towers", model)}
+                "budget": f"towers {self.tower_epochs} epochs (best epoch on dev), seed {c.seed}",
+                **self.timing(name, "towers", model)}
 
     def tt_eval(self, model) -> dict:
         data = self.data(model.cfg.text.frozen_layers)
@@ -242,30 +259,35 @@ class Runner:
         return self._banks[split]
 
     # --- all rows -------------------------------------------------------------------
-    def run(self, retime: bool = False) -> dict:
-        """Train and measure every row not stored yet; retime=True re-measures the ms of stored rows
-        (timings taken while other work shared the 2 cores are not worth keeping)."""
+    def plan(self) -> list[tuple[str, Callable[[], dict]]]:
+        """(row name, how to make the row) in order: baselines first, then the chosen options."""
         c = self.cfg
-        torch.set_num_threads(c.threads)
         names = [n for n in c.options if not c.only or n in c.only]
-        base_tt = f"default@{c.tower_epochs}ep"
-        plan: list[tuple[str, Callable[[], dict]]] = [
-            ("default", lambda: self.default_row()),
-            (base_tt, lambda: self.towers_row(base_tt, None)),
-        ]
+        base_tt = self.row_name("default")  # "default" (the committed one) unless the budget is short
+        plan: list[tuple[str, Callable[[], dict]]] = [("default", lambda: self.default_row())]
+        if self.short_budget:
+            plan.append((base_tt, lambda: self.towers_row(base_tt, None)))
         stages = {c.options[n].stage for n in names}
         for m in ("cp", "tv"):
             if m in stages:
                 plan.append((f"default {m.upper()}@{c.k}", lambda m=m: self.reranker_row(f"default {m.upper()}@{c.k}", m, None)))
         for n in names:
-            opt = c.options[n]
+            opt, row = c.options[n], self.row_name(n)
             if opt.stage == "towers":
-                plan.append((n, lambda n=n, opt=opt: {**self.towers_row(n, opt), "baseline": base_tt, "what": opt.what}))
+                plan.append((row, lambda row=row, opt=opt: {**self.towers_row(row, opt), "baseline": base_tt,
+                                                            "what": opt.what}))
             else:
-                plan.append((n, lambda n=n, opt=opt: {**self.reranker_row(n, opt.stage, opt), "what": opt.what,
-                                                      "baseline": f"default {opt.stage.upper()}@{c.k}"}))
+                plan.append((row, lambda n=n, opt=opt: {**self.reranker_row(n, opt.stage, opt), "what": opt.what,
+                                                        "baseline": f"default {opt.stage.upper()}@{c.k}"}))
+        return plan
+
+    def run(self, retime: bool = False) -> dict:
+        """Train and measure every row not stored yet; retime=True re-measures the ms of stored rows
+        (timings taken while other work shared the 2 cores are not worth keeping)."""
+        c = self.cfg
+        torch.set_num_threads(c.threads)
         rows = {}
-        for name, fn in plan:
+        for name, fn in self.plan():
             path = c.run_dir / _dirname(name) / "result.json"
             if path.exists():
                 rows[name] = json.loads(path.read_text())
@@ -287,8 +309,9 @@ class Runner:
                 b = rows[row["baseline"]]
                 row["delta_t2i_R@1"] = round(row["t2i"]["R@1"] - b["t2i"]["R@1"], 2)
                 row["delta_i2t_R@1"] = round(row["i2t"]["R@1"] - b["i2t"]["R@1"], 2)
-        out = {**rows, "command": c.command, "machine": machine(), "tower_epochs": c.tower_epochs,
-               "not_run": [n for n in c.options if n not in rows]}
+        out = {**rows, "command": c.command, "machine": machine(), "tower_epochs": self.tower_epochs,
+               "tower_budget": "short" if self.short_budget else "the default's",
+               "not_run": [n for n in c.options if self.row_name(n) not in rows]}
         write_docs(out, c.docs)
         return out
 
@@ -296,6 +319,29 @@ class Runner:
         model = self.base()
         return {**self.tt_eval(model), "method": "TT", "stage": "towers", "fingerprint": self._base_fp,
                 "budget": "the committed checkpoint (towers 16 epochs, best epoch on dev)", **self.timing("default", "towers", model)}
+
+
+def tower_budget_line(out: dict) -> str:
+    ep = out["tower_epochs"]
+    how = ("with the default's budget and seed (%d epochs, best epoch on dev), against the committed default, which was "
+           "trained the same way" % ep) if out.get("tower_budget") != "short" else (
+        f"for a short {ep}-epoch budget, against `default@{ep}ep`, the default config on that same budget")
+    return (f"- tower options: towers trained from scratch {how}; metric TT; time = query tower per query "
+            "(tokenizer + ONNX Runtime, 2 threads).")
+
+
+def earlier_runs(docs: Path) -> list[str]:
+    """Earlier ablation runs kept as docs/results/ablation_<label>.json (e.g. a short tower budget): their rows."""
+    lines = []
+    for f in sorted((docs / "results").glob("ablation_*.json")):
+        r = json.loads(f.read_text())
+        rows = {k: v for k, v in r.items() if isinstance(v, dict) and "t2i" in v and v.get("stage") == "towers"}
+        lines += ["", f"Tower rows of an earlier run ({tower_budget_line(r)[2:]} File: results/{f.name}, "
+                  f"command `{r['command']}`):", "",
+                  "| row | t2i R@1 | Δ | i2t R@1 | Δ | ms/query | baseline |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {n} | {v['t2i']['R@1']:.2f} | {v.get('delta_t2i_R@1', '')} | {v['i2t']['R@1']:.2f} | "
+                  f"{v.get('delta_i2t_R@1', '')} | {v['ms_per_query']} | {v.get('baseline', '')} |" for n, v in rows.items()]
+    return lines
 
 
 def write_docs(out: dict, docs: Path) -> None:
@@ -307,9 +353,7 @@ def write_docs(out: dict, docs: Path) -> None:
         "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)", "",
         f"Command: `{out['command']}`  ", f"Machine: {out['machine']}", "",
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
-        f"- tower options: towers trained from scratch for {out['tower_epochs']} epochs (the default run trains 16; "
-        "four more 21-minute runs did not fit), against `default@Nep`, the default config on that same budget; metric TT; "
-        "time = query tower per query (tokenizer + ONNX Runtime, 2 threads).",
+        tower_budget_line(out),
         "- reranker options: trained on the committed checkpoint's towers with the default reranker budget and seed, "
         "against the committed CP / TV; metric CP@100 / TV@100 (the top 100 of the two-tower shortlist reranked, the "
         "rest in two-tower order); TV text->image uses the first caption of each test image (1,000 queries), as in "
@@ -326,6 +370,7 @@ def write_docs(out: dict, docs: Path) -> None:
     if out.get("not_run"):
         lines += ["", "Not measured in this run (implemented and tested; `crossprobe ablate` without `--only` trains and adds them): "
                   + ", ".join(out["not_run"]) + "."]
+    lines += earlier_runs(docs)
     lines += ["", "## What each option is", ""]
     for name, r in rows.items():
         lines.append(f"- **{name}**: {r.get('what', r['budget'])}. Budget: {r['budget']}. Time measured: {r['ms_kind']}.")

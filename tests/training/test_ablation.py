@@ -29,13 +29,14 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
         epochs_by_method={"cp": 1, "tv": 1}, methods=("cp", "tv"), frontier=False,
     )
     train(template, log=lambda *_: None)  # the "committed" default of this test
-    cfg = AblationConfig(tower_epochs=1, cache_dir=tmp_path / "cache", run_dir=tmp_path / "abl", base=tmp_path / "base",
+    cfg = AblationConfig(cache_dir=tmp_path / "cache", run_dir=tmp_path / "abl", base=tmp_path / "base",
                          docs=tmp_path / "docs", template=template, k=3, command="crossprobe ablate (test)")
     out = Runner(cfg, log=lambda *_: None).run()
 
     j = json.loads((tmp_path / "docs" / "results" / "ablation.json").read_text())
     assert j == json.loads(json.dumps(out))
-    for name in ["default", "default@1ep", "default CP@3", "default TV@3", *OPTIONS]:
+    assert "default@1ep" not in j  # the default's own budget: tower options compare with the committed default
+    for name in ["default", "default CP@3", "default TV@3", *OPTIONS]:
         row = j[name]
         for d in ("t2i", "i2t"):
             assert set(row[d]) >= {"R@1", "R@5", "R@10", "MRR", "medr"}
@@ -45,6 +46,7 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
         base = j[j[name]["baseline"]]
         assert j[name]["delta_t2i_R@1"] == round(j[name]["t2i"]["R@1"] - base["t2i"]["R@1"], 2)
         assert j[name]["method"] == ("TT" if opt.stage == "towers" else f"{opt.stage.upper()}@3")
+        assert j[name]["baseline"] == ("default" if opt.stage == "towers" else f"default {opt.stage.upper()}@3")
     md = (tmp_path / "docs" / "ablation.md").read_text()
     assert "| default |" in md and "| ace-rpe-tv+anchor |" in md
 
@@ -55,6 +57,19 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
 
     log = []
     timed = Runner(cfg, log=log.append).run(retime=True)  # rows rebuilt from disk, only the clocks re-read
-    assert sum(str(m).startswith("ablation: re-timing") for m in log) == len(OPTIONS) + 4
+    assert sum(str(m).startswith("ablation: re-timing") for m in log) == len(OPTIONS) + 3
     for name in OPTIONS:
         assert timed[name]["t2i"] == out[name]["t2i"] and timed[name]["ms_per_query"] > 0
+
+
+def test_a_short_tower_budget_gets_its_own_baseline_and_row_names(tmp_path):
+    """--tower-epochs N below the default's: tower rows become <option>@Nep against default@Nep, trained
+    the same way; reranker rows keep their names (they use the committed towers either way)."""
+    template = TrainConfig(towers=TowerTrainConfig(epochs=16))
+    short = Runner(AblationConfig(tower_epochs=5, template=template, run_dir=tmp_path), log=lambda *_: None)
+    names = [n for n, _ in short.plan()]
+    assert names[:2] == ["default", "default@5ep"]
+    assert "seam-4hop@5ep" in names and "seam-4hop" not in names and "zodiac-cp" in names
+    full = Runner(AblationConfig(tower_epochs=16, template=template, run_dir=tmp_path), log=lambda *_: None)
+    names = [n for n, _ in full.plan()]
+    assert "default@16ep" not in names and "seam-4hop" in names and full.tower_epochs == 16
