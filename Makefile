@@ -35,7 +35,7 @@ eval: $(STAMP)
 	$(BIN)/crossprobe eval
 
 ## make ablation: SEAM / ACE-RPE / ZoDIAC / T-EMDE pooling trained and measured against the default
-## -> docs/ablation.md, docs/results/ablation.json (resumable; ~80 min on 2 cores)
+## -> docs/ablation.md, docs/results/ablation.json (resumable; ~3 h on 2 cores: tower options ~21 min each, TV rows up to 30)
 ablation: $(STAMP)
 	$(BIN)/crossprobe ablate
 

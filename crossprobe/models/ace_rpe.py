@@ -1,5 +1,6 @@
 """ACE-RPE: anchor-based cross-modal relative positions, an option for the TV
-single stream (models/single_stream.py).
+single stream (models/single_stream.py) and the split-merge reference
+(models/split_merge.py).
 
 Text tokens have positions on a line and regions on the 7x7 grid, but a text
 token and a region have no position relative to each other. ACE-RPE links them
@@ -17,7 +18,7 @@ through anchors and measures distance along the resulting graph:
   bias      per group (= per head) a learned scalar per distance bucket, plus
             gamma_g * S' on the text<->region logits (this is what lets the
             anchors learn without the anchor loss; the distances themselves are
-            discrete). [CLS] rows/columns get a bucket of their own.
+            discrete). [CLS] rows/columns (TV's; SM has none) get a bucket of their own.
   anchor loss (optional) listwise cross-entropy over each query's candidates of
             the alignment a(q, I) = mean over groups and real tokens of
             max_patch S'; trains the anchors to find the caption's words.
@@ -69,14 +70,14 @@ def anchor_distances(s_shrunk: torch.Tensor, t_mask: torch.Tensor, cap: int) -> 
 
 
 class AceRpe(nn.Module):
-    """Relative-position logit bias for a [CLS] + T text + 49 region sequence.
+    """Relative-position logit bias for a [CLS] + T text + 49 region sequence (cls=False: T + 49).
 
-    (P, T, d) text inputs, (P, T) mask, (P, 49, d) region inputs -> (P, G, 1+T+49, 1+T+49)."""
+    (P, T, d) text inputs, (P, T) mask, (P, 49, d) region inputs -> (P, G, c+T+49, c+T+49), c = int(cls)."""
 
-    def __init__(self, d: int, groups: int, shrink: float = 0.2, max_dist: int = 8):
+    def __init__(self, d: int, groups: int, shrink: float = 0.2, max_dist: int = 8, cls: bool = True):
         super().__init__()
         assert d % groups == 0, (d, groups)
-        self.G, self.shrink, self.cap = groups, shrink, max_dist + 1
+        self.G, self.shrink, self.cap, self.c = groups, shrink, max_dist + 1, int(cls)
         self.t_proj = nn.Linear(d, d)
         self.v_proj = nn.Linear(d, d)
         self.table = nn.Parameter(torch.zeros(groups, max_dist + 3))  # buckets 0..max_dist, far, [CLS]
@@ -98,9 +99,9 @@ class AceRpe(nn.Module):
         self.alignment = ((s.max(-1).values * m).sum(-1) / m.sum(-1).clamp_min(1.0)).mean(1)  # (P,)
         with torch.no_grad():
             D = anchor_distances(s.detach(), t_mask, self.cap).long()  # (P, G, n, n)
-        n = D.shape[-1]
-        D = F.pad(D, (1, 0, 1, 0), value=self.cap + 1)  # [CLS] first, with the dedicated last bucket
+        n, c = D.shape[-1], self.c
+        D = F.pad(D, (c, 0, c, 0), value=self.cap + 1)  # [CLS] first, with the dedicated last bucket
         gi = torch.arange(self.G, device=D.device)[None, :, None, None]
-        bias = self.table[gi, D]  # (P, G, 1+n, 1+n)
+        bias = self.table[gi, D]  # (P, G, c+n, c+n)
         cross = self.gamma[None, :, None, None] * s  # (P, G, T, R) learnable text<->region term
-        return bias + F.pad(cross, (1 + T, 0, 1, n - T)) + F.pad(cross.transpose(-1, -2), (1, n - T, 1 + T, 0))
+        return bias + F.pad(cross, (c + T, 0, c, n - T)) + F.pad(cross.transpose(-1, -2), (c, n - T, c + T, 0))

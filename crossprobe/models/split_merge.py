@@ -3,6 +3,7 @@ per modality (the towers), the upper `layers` blocks run jointly over ALL text
 tokens and ALL 49 regions of each query-image pair. Same scoring head as CP
 (cosine of text-side and image-side means, fused with the two-tower score), so
 the only difference from CP is probes vs. every token in the cross layers.
+Option: ACE-RPE relative positions in the joint layers (models/ace_rpe.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from crossprobe.models.ace_rpe import AceRpe
 from crossprobe.models.layers import Block, Fusion, joint_pairs, masked_mean
 
 
@@ -22,6 +24,10 @@ class SplitMergeConfig:
     layers: int = 2
     heads: int = 4
     dropout: float = 0.1
+    ace_rpe: bool = False  # anchor-based cross-modal relative positions in the joint layers, one group per head
+    ace_shrink: float = 0.2
+    ace_max_dist: int = 8
+    anchor_loss: float = 0.0  # weight of ACE-RPE's anchor loss in reranker training (0 = off)
 
 
 class SplitMerge(nn.Module):
@@ -32,6 +38,8 @@ class SplitMerge(nn.Module):
         self.vision_in = nn.Linear(cfg.d_in, cfg.d)
         self.type_emb = nn.Parameter(torch.zeros(2, cfg.d))
         self.cross = nn.ModuleList(Block(cfg.d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
+        self.ace = AceRpe(cfg.d, cfg.heads, cfg.ace_shrink, cfg.ace_max_dist, cls=False) if cfg.ace_rpe else None
+        self.alignment: torch.Tensor | None = None  # (Q, K) ACE-RPE alignment of the last rerank call
         self.fusion = Fusion()
 
     def embed_text(self, t_tokens: torch.Tensor) -> torch.Tensor:
@@ -48,10 +56,14 @@ class SplitMerge(nn.Module):
         T = t.shape[1]
         x = torch.cat([t, v], 1)
         mask = torch.cat([t_mask, torch.ones(v.shape[:2], dtype=torch.bool, device=x.device)], 1)
+        bias = self.ace(t, t_mask, v) if self.ace is not None else None  # (P, heads, T+49, T+49)
         for blk in self.cross:
-            x = blk(x, mask)
+            x = blk(x, mask, bias)
         return F.cosine_similarity(masked_mean(x[:, :T], t_mask), x[:, T:].mean(1), dim=-1)
 
     def rerank(self, t, t_mask, v, s_tt):
         """(Q, T, d), (Q, T), (Q, K, 49, d), (Q, K) -> fused logits (Q, K)."""
-        return self.fusion(s_tt, joint_pairs(self.score, t, t_mask, v))
+        fused = self.fusion(s_tt, joint_pairs(self.score, t, t_mask, v))
+        if self.ace is not None:
+            self.alignment = self.ace.alignment.view_as(s_tt)
+        return fused

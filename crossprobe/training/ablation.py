@@ -11,11 +11,12 @@ Two kinds of option, each compared with the baseline trained the same way:
     that same short budget. Metric: TT on Flickr8k test; time: the query tower
     per query (tokenizer + ONNX Runtime, 2 threads).
   reranker options (ZoDIAC attention in CP and in TV, ACE-RPE in TV with and
-    without its anchor loss) change stage 2 only. Each is trained on the
+    without its anchor loss and in SM) change stage 2 only. Each is trained on the
     committed checkpoint's towers with exactly the default reranker budget and
-    seed (training/run.py reranker_config) against the committed CP or TV.
-    Metric: CP@100 / TV@100 on test (TV text->image on the first caption of each
-    image, as in docs/flickr8k.md); time: rerank of 100 candidates per query.
+    seed (training/run.py reranker_config) against the committed CP, SM or TV.
+    Metric: CP@100 / SM@100 / TV@100 on test (SM and TV text->image on the first
+    caption of each image, as in docs/flickr8k.md); time: rerank of 100
+    candidates per query.
 
 Every option's result is kept in <run_dir>/<option>/result.json, so the command
 resumes where it stopped and re-running it only rebuilds the docs. An option's
@@ -48,6 +49,7 @@ from crossprobe.models import backbones as bb
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.model import ModelConfig
 from crossprobe.models.single_stream import SingleStream
+from crossprobe.models.split_merge import SplitMerge
 from crossprobe.training.data import CachedData
 from crossprobe.training.rerankers import train_reranker
 from crossprobe.training.run import TrainConfig, reranker_config, train
@@ -57,7 +59,7 @@ from crossprobe.training.towers import TowerTrainConfig
 
 @dataclass(frozen=True)
 class Option:
-    stage: str  # "towers" | "cp" | "tv"
+    stage: str  # "towers" | "cp" | "sm" | "tv"
     what: str
     apply: Callable[[ModelConfig, TowerTrainConfig], None]
 
@@ -88,7 +90,11 @@ OPTIONS: dict[str, Option] = {
     "ace-rpe-tv+anchor": Option("tv", "ACE-RPE in TV plus the anchor loss (weight 0.5)",
                                 _set(tv__ace_rpe=True, tv__anchor_loss=0.5)),
     "zodiac-tv": Option("tv", "ZoDIAC attention in every TV layer", _set(tv__attention="zodiac")),
+    "ace-rpe-sm": Option("sm", "ACE-RPE relative positions in SM's joint layers (4 groups = heads, shrink 0.2, "
+                         "max distance 8; no [CLS])", _set(sm__ace_rpe=True)),
 }
+RERANKERS = {"cp": CrossProbe, "sm": SplitMerge, "tv": SingleStream}
+JOINT = ("sm", "tv")  # all tokens x all regions: evaluated on one caption per image, timed in PyTorch
 
 
 @dataclass
@@ -204,7 +210,7 @@ class Runner:
             opt.apply(mc, TowerTrainConfig())
             sub = getattr(mc, method)
             seed_everything(c.seed)  # same initialisation as the default's training
-            setattr(model, method, (CrossProbe if method == "cp" else SingleStream)(sub))
+            setattr(model, method, RERANKERS[method](sub))
             setattr(model.cfg, method, sub)
             done = c.run_dir / _dirname(name) / f"{method}.done.pt"
             if done.exists():
@@ -225,13 +231,13 @@ class Runner:
         model = self.reranker_model(name, method, opt)
         text, images, gold = self.banks("test")
         S = tt_scores(text, images)
-        subset = np.unique(gold, return_index=True)[1] if method == "tv" else None
+        subset = np.unique(gold, return_index=True)[1] if method in JOINT else None
         k = min(c.k, S.shape[1])
         r = reranked(PairScorer(model, method, text, images), S, gold, k, [k], query_rows=subset)[k]
         row = {"t2i": _round(r["t2i"]), "i2t": _round(r["i2t"]), "method": f"{method.upper()}@{c.k}", "stage": method,
                "train_s": round(time.time() - t0, 1),
                "budget": f"committed towers; {method} trained with the default reranker budget, seed {c.seed}"}
-        if method == "tv":
+        if method in JOINT:
             row["t2i_note"] = "text->image on the first caption of each test image (1,000 queries)"
         return {**row, **self.timing(name, method, model)}
 
@@ -245,7 +251,7 @@ class Runner:
             return {"ms_per_query": query_ms(model), "ms_kind": "query tower (tokenizer + ONNX Runtime), 1 query"}
         if model is None:
             model = self.reranker_model(name, stage, c.options.get(name), train_if_missing=False)
-        if stage == "tv":  # ACE-RPE's graph search is not exported: every TV row is timed in PyTorch
+        if stage in JOINT:  # ACE-RPE's graph search is not exported: every SM / TV row is timed in PyTorch
             return {"ms_per_query": rerank_ms_torch(model, stage, c.k), "ms_kind": f"rerank {c.k} candidates, PyTorch, 2 threads"}
         with tempfile.TemporaryDirectory() as d:
             t = rerank_ms(model, methods=(stage,), ks=(c.k,), repeats=30, onnx_dir=Path(d))
@@ -268,7 +274,7 @@ class Runner:
         if self.short_budget:
             plan.append((base_tt, lambda: self.towers_row(base_tt, None)))
         stages = {c.options[n].stage for n in names}
-        for m in ("cp", "tv"):
+        for m in RERANKERS:
             if m in stages:
                 plan.append((f"default {m.upper()}@{c.k}", lambda m=m: self.reranker_row(f"default {m.upper()}@{c.k}", m, None)))
         for n in names:
@@ -355,8 +361,9 @@ def write_docs(out: dict, docs: Path) -> None:
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
         tower_budget_line(out),
         "- reranker options: trained on the committed checkpoint's towers with the default reranker budget and seed, "
-        "against the committed CP / TV; metric CP@100 / TV@100 (the top 100 of the two-tower shortlist reranked, the "
-        "rest in two-tower order); TV text->image uses the first caption of each test image (1,000 queries), as in "
+        "against the committed CP / SM / TV; metric CP@100 / SM@100 / TV@100 (the top 100 of the two-tower shortlist "
+        "reranked, the rest in two-tower order); SM and TV text->image use the first caption of each test image "
+        "(1,000 queries), as in "
         "docs/flickr8k.md; time = rerank of 100 cached candidates for one query.", "",
         "| option | metric | t2i R@1 | R@5 | R@10 | MRR | i2t R@1 | R@5 | R@10 | MRR | ms/query | Δ t2i R@1 | Δ i2t R@1 | baseline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

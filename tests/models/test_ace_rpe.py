@@ -1,8 +1,10 @@
-"""ACE-RPE: anchor distances (symmetric, finite, exact on hand-made anchors) and the TV option."""
+"""ACE-RPE: anchor distances (symmetric, finite, exact on hand-made anchors) and the TV / SM options."""
+import pytest
 import torch
 
 from crossprobe.models.ace_rpe import AceRpe, anchor_distances, grid_manhattan
 from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
+from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
 
 CAP = 9
 
@@ -63,17 +65,38 @@ def test_bias_shape_cls_bucket_and_padding():
     assert ace.alignment.shape == (2,)
 
 
-def test_tv_with_ace_rpe_ignores_padding_and_reports_alignment():
+def test_without_cls_the_bias_is_the_cls_bias_minus_its_row_and_column():
+    """SM has no [CLS]: same parameters, same bias over the text + region block."""
     torch.manual_seed(0)
-    tv = SingleStream(SingleStreamConfig(d=32, layers=2, ace_rpe=True, anchor_loss=0.5)).eval()
+    with_cls = AceRpe(32, 4).eval()
+    no_cls = AceRpe(32, 4, cls=False).eval()
+    no_cls.load_state_dict(with_cls.state_dict())
+    t, v = torch.randn(2, 6, 32), torch.randn(2, 49, 32)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    with torch.no_grad():
+        with_cls.table.copy_(torch.randn_like(with_cls.table))
+        no_cls.table.copy_(with_cls.table)
+        a, b = with_cls(t, mask, v), no_cls(t, mask, v)
+    assert b.shape == (2, 4, 6 + 49, 6 + 49)
+    assert torch.equal(a[:, :, 1:, 1:], b)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SingleStream(SingleStreamConfig(d=32, layers=2, ace_rpe=True, anchor_loss=0.5)),
+    lambda: SplitMerge(SplitMergeConfig(d_in=32, d=32, layers=2, ace_rpe=True, anchor_loss=0.5)),
+], ids=["tv", "sm"])
+def test_ace_rpe_ignores_padding_and_reports_alignment(make):
+    torch.manual_seed(0)
+    model = make().eval()
     t, v = torch.randn(1, 5, 32), torch.randn(1, 49, 32)
     padded = torch.cat([t, torch.randn(1, 3, 32)], 1)
     with torch.no_grad():
-        a = tv.score(t, torch.ones(1, 5, dtype=torch.bool), v)
-        b = tv.score(padded, torch.tensor([[True] * 5 + [False] * 3]), v)
+        a = model.score(t, torch.ones(1, 5, dtype=torch.bool), v)
+        b = model.score(padded, torch.tensor([[True] * 5 + [False] * 3]), v)
         assert torch.allclose(a, b, atol=1e-5)
-        fused = tv.rerank(t, torch.ones(1, 5, dtype=torch.bool), v[None].expand(1, 3, -1, -1), torch.rand(1, 3))
-    assert fused.shape == (1, 3) and tv.alignment.shape == (1, 3)
+        fused = model.rerank(t, torch.ones(1, 5, dtype=torch.bool), v[None].expand(1, 3, -1, -1), torch.rand(1, 3))
+    assert fused.shape == (1, 3) and model.alignment.shape == (1, 3)
 
 
 def test_anchor_loss_trains_the_anchor_projections():

@@ -17,7 +17,7 @@ def test_every_option_builds_a_valid_config():
         mc, tc = ModelConfig(), TowerTrainConfig()
         opt.apply(mc, tc)
         assert mc != ModelConfig() or tc != TowerTrainConfig(), f"{name} changes nothing"
-        assert opt.stage in ("towers", "cp", "tv")
+        assert opt.stage in ("towers", "cp", "sm", "tv")
 
 
 def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch):
@@ -26,7 +26,7 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
         cache_dir=tmp_path / "cache", run_dir=tmp_path / "base_run", out=tmp_path / "base", model=copy.deepcopy(small_cfg),
         towers=TowerTrainConfig(epochs=1, batch=8, warmup_steps=1),
         rerank=RerankTrainConfig(epochs=1, queries=4, negatives=3, mine_k=6, dev_k=3),
-        epochs_by_method={"cp": 1, "tv": 1}, methods=("cp", "tv"), frontier=False,
+        epochs_by_method={"cp": 1, "sm": 1, "tv": 1}, methods=("cp", "sm", "tv"), frontier=False,
     )
     train(template, log=lambda *_: None)  # the "committed" default of this test
     cfg = AblationConfig(cache_dir=tmp_path / "cache", run_dir=tmp_path / "abl", base=tmp_path / "base",
@@ -36,7 +36,7 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
     j = json.loads((tmp_path / "docs" / "results" / "ablation.json").read_text())
     assert j == json.loads(json.dumps(out))
     assert "default@1ep" not in j  # the default's own budget: tower options compare with the committed default
-    for name in ["default", "default CP@3", "default TV@3", *OPTIONS]:
+    for name in ["default", "default CP@3", "default SM@3", "default TV@3", *OPTIONS]:
         row = j[name]
         for d in ("t2i", "i2t"):
             assert set(row[d]) >= {"R@1", "R@5", "R@10", "MRR", "medr"}
@@ -57,7 +57,7 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
 
     log = []
     timed = Runner(cfg, log=log.append).run(retime=True)  # rows rebuilt from disk, only the clocks re-read
-    assert sum(str(m).startswith("ablation: re-timing") for m in log) == len(OPTIONS) + 3
+    assert sum(str(m).startswith("ablation: re-timing") for m in log) == len(OPTIONS) + 4
     for name in OPTIONS:
         assert timed[name]["t2i"] == out[name]["t2i"] and timed[name]["ms_per_query"] > 0
 
