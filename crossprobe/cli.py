@@ -118,6 +118,31 @@ def ablate(
 
 
 @app.command()
+def promote(
+    option: str = typer.Argument(..., help="a tower option whose ablation row beat the default"),
+    out: Path = typer.Option(None, help="default: crossprobe/checkpoints/OPTION"),
+    run_dir: Path = typer.Option(Path("runs/ablation")),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Make a winning tower option a checkpoint of its own: train its CP and T-EMDE, evaluate, write its card."""
+    _need_flickr()
+    from crossprobe.training.ablation import OPTIONS, AblationConfig
+    from crossprobe.training.promote import promote as run_promote
+
+    if option not in OPTIONS:
+        typer.echo(f"unknown option {option!r}; choose from {list(OPTIONS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        run_promote(option, AblationConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                                           command=_command()), out, log=typer.echo)
+    except (FileNotFoundError, ValueError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
 def export(
     ckpt: Path = CKPT,
     out: Path = typer.Option(Path("artifacts/onnx"), help="directory for the .onnx files"),

@@ -24,13 +24,15 @@ def _prod(shape) -> int:
     return out
 
 
-def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | None = None) -> Path:
+def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | None = None,
+               title: str = "crossprobe default checkpoint", how: str | None = None) -> Path:
+    """how: the "How it was made" paragraph (default: the default run's `crossprobe train`)."""
     meta = json.loads((ckpt / "config.json").read_text())
     tr = meta.get("training", {})
     m = meta["model"]
     size_mb = (ckpt / "model.safetensors").stat().st_size / 2**20
     lines = [
-        "# crossprobe default checkpoint", "",
+        f"# {title}", "",
         f"Fingerprint: `{meta['fingerprint']}` (sha256 of config + weights, first 16 hex digits; every index records it).", "",
         "## What it is", "",
         f"- Trained weights only ({_count_params(ckpt / 'model.safetensors') / 1e6:.2f} M parameters, float16, {size_mb:.1f} MB): "
@@ -44,8 +46,8 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         "5 captions each; images squashed to 224x224 upstream. **Research use only**; the images remain their Flickr owners'. "
         "This checkpoint was trained on it and inherits its terms: not for use inside a product without your own rights review.", "",
         "## How it was made", "",
-        "Command: `crossprobe train` (defaults; resumable), seed "
-        f"{tr.get('train_config', {}).get('seed', 0)}, 2 CPU cores, no GPU.", "",
+        how or ("Command: `crossprobe train` (defaults; resumable), seed "
+                f"{tr.get('train_config', {}).get('seed', 0)}, 2 CPU cores, no GPU."), "",
     ]
     t = tr.get("timings_s", {})
     if t:

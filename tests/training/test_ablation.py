@@ -61,6 +61,32 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
     for name in OPTIONS:
         assert timed[name]["t2i"] == out[name]["t2i"] and timed[name]["ms_per_query"] > 0
 
+    # promote: only a tower option that beat the default becomes a checkpoint of its own
+    import pytest
+
+    from crossprobe import checkpoint
+    from crossprobe.training.promote import promote
+
+    with pytest.raises(ValueError, match="reranker option"):
+        promote("zodiac-cp", cfg, tmp_path / "nope", log=lambda *_: None)
+    default_json = tmp_path / "abl" / "default" / "result.json"
+    d = json.loads(default_json.read_text())
+    d["t2i"]["R@1"] = out["order-loss"]["t2i"]["R@1"]  # a tie is no win
+    default_json.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="does not beat"):
+        promote("order-loss", cfg, tmp_path / "nope", log=lambda *_: None)
+    d["t2i"]["R@1"] = -1.0  # now it wins
+    default_json.write_text(json.dumps(d))
+    ck = promote("order-loss", cfg, tmp_path / "ck", log=lambda *_: None)
+    model, meta = checkpoint.load(ck)
+    base, _ = checkpoint.load(tmp_path / "base")
+    assert model.cfg.cp == base.cfg.cp  # the default's CP shape
+    assert meta["training"]["cp"] and meta["training"]["temde"] and "sm" not in meta["training"]
+    res = json.loads((ck / "results.json").read_text())
+    assert set(res["t2i"]) == {"TT", "CP@3", "TEMDE@3"}
+    card = (ck / "MODEL_CARD.md").read_text()
+    assert "order-loss" in card and "NOT trained" in card and "| CP@3 |" in card
+
 
 def test_a_short_tower_budget_gets_its_own_baseline_and_row_names(tmp_path):
     """--tower-epochs N below the default's: tower rows become <option>@Nep against default@Nep, trained
