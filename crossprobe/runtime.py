@@ -7,9 +7,10 @@ CP scorer, per request) should share ONE pool instead: with a pool per session
 and spinning workers, the pool that just finished keeps spinning on the cores the
 next graph needs. Measured on 2 cores, int8 query tower then CP over 100
 candidates, per query (docs/ort_threading.md): own pools + spinning 4.0 + 9.4 ms,
-own pools without spinning 4.6 + 5.6 ms, one shared pool 3.5 + 5.0 ms. ONNX Runtime allows the shared pool to be made once per
-process and then requires every later session to use it, so `share_thread_pool`
-is process-wide and `session` follows it.
+own pools without spinning 4.6 + 5.6 ms, one shared pool 3.5 + 5.0 ms.
+ONNX Runtime allows the shared pool to be made once per process and then
+requires every later session to use it, so `share_thread_pool` is process-wide
+and `session` follows it.
 """
 from __future__ import annotations
 

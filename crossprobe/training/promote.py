@@ -10,7 +10,6 @@ they are not trained here, and the card says so.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import time
@@ -21,6 +20,7 @@ from crossprobe.evaluation.encode import PairScorer
 from crossprobe.evaluation.report import machine
 from crossprobe.evaluation.retrieval import both_directions, reranked, shortlist_recall, split_banks, tt_scores
 from crossprobe.models.cross_probe import CrossProbe
+from crossprobe.models.model import ModelConfig
 from crossprobe.training.ablation import AblationConfig, Runner, _dirname, _round
 from crossprobe.training.run import train
 
@@ -35,16 +35,14 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
     row = json.loads(row_path.read_text())
     if row.get("stage") != "towers":
         raise ValueError(f"{option} is a reranker option: its weights swap one reranker of the default, not a checkpoint")
-    base = runner.default_row() if not (cfg.run_dir / "default" / "result.json").exists() else \
-        json.loads((cfg.run_dir / "default" / "result.json").read_text())
+    base = json.loads((cfg.run_dir / "default" / "result.json").read_text())  # written before any option row
     if row["t2i"]["R@1"] <= base["t2i"]["R@1"]:
         raise ValueError(f"{option} does not beat the default (t2i R@1 {row['t2i']['R@1']} vs {base['t2i']['R@1']})")
 
     out = Path(out or checkpoint.DEFAULT_CHECKPOINT.parent / option)
     run = cfg.run_dir / _dirname(option)
-    committed = runner.base()
-    mc = copy.deepcopy(checkpoint.load(run / "checkpoint")[0].cfg)
-    mc.cp = copy.deepcopy(committed.cfg.cp)  # the shape the default's frontier chose
+    mc = ModelConfig.from_dict(checkpoint.read_config(run / "checkpoint")["model"])
+    mc.cp = ModelConfig.from_dict(checkpoint.read_config(cfg.base)["model"]).cp  # the shape the default's frontier chose
     opt = cfg.options[option]
     tc = dataclasses.replace(cfg.template.towers, epochs=runner.tower_epochs)
     opt.apply(mc, tc)  # the option's recipe (recorded in the checkpoint; its towers are already trained with it)
@@ -58,7 +56,7 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
     assert isinstance(model.cp, CrossProbe)
     text, images, gold = split_banks(model, runner.data(mc.text.frozen_layers), "test")
     S = tt_scores(text, images)
-    results = {"t2i": {}, "i2t": {}, "command": f"crossprobe promote {option}", "machine": machine(),
+    results = {"t2i": {}, "i2t": {}, "command": cfg.command, "machine": machine(),
                "shortlist_recall_t2i": {str(K): round(shortlist_recall(S, gold, K), 2)}}
     r = both_directions(S, gold)
     results["t2i"]["TT"], results["i2t"]["TT"] = _round(r["t2i"]), _round(r["i2t"])
@@ -68,15 +66,24 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
         results["t2i"][name], results["i2t"][name] = _round(r["t2i"]), _round(r["i2t"])
     results["seconds"] = round(time.time() - t0, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    from crossprobe.model_card import write_card
-
-    write_card(out, results, title=f"crossprobe checkpoint: {option} (seed option that beat the default)",
-               how=(f"Towers: `crossprobe ablate` row `{option}` ({opt.what}; {row['budget']}), which beat the committed "
-                    f"default on Flickr8k test text->image R@1 {row['t2i']['R@1']} vs {base['t2i']['R@1']} "
-                    f"(image->text {row['i2t']['R@1']} vs {base['i2t']['R@1']}; docs/ablation.md). Rerankers: "
-                    f"`crossprobe promote {option}` trained CP (the default's shape) and T-EMDE on these towers with "
-                    "the default reranker recipe and seed. The SM and TV references are NOT trained in this checkpoint "
-                    "(the service never runs them; use the default checkpoint to evaluate them)."))
+    write_option_card(out, option, cfg)
     log(f"promoted {option}: {out} fingerprint {fp}; test t2i R@1 "
         + ", ".join(f"{k} {v['R@1']}" for k, v in results["t2i"].items()))
     return out
+
+
+def write_option_card(out: Path, option: str, cfg: AblationConfig) -> Path:
+    """MODEL_CARD.md of a promoted option, from its config.json, results.json and ablation rows."""
+    from crossprobe.model_card import write_card
+
+    row = json.loads((cfg.run_dir / _dirname(option) / "result.json").read_text())
+    base = json.loads((cfg.run_dir / "default" / "result.json").read_text())
+    results = json.loads((out / "results.json").read_text())
+    return write_card(
+        out, results, title=f"crossprobe checkpoint: {option} (seed option that beat the default)",
+        how=(f"Towers: `crossprobe ablate` row `{option}` ({cfg.options[option].what}; {row['budget']}), which beat the "
+             f"committed default on Flickr8k test text->image R@1 {row['t2i']['R@1']} vs {base['t2i']['R@1']} "
+             f"(image->text {row['i2t']['R@1']} vs {base['i2t']['R@1']}; docs/ablation.md). Rerankers: "
+             f"`crossprobe promote {option}` trained CP (the default's shape) and T-EMDE on these towers with "
+             "the default reranker recipe and seed. The SM and TV references are NOT trained in this checkpoint "
+             "(the service never runs them; use the default checkpoint to evaluate them)."))
