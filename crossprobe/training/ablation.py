@@ -358,7 +358,8 @@ def write_docs(out: dict, docs: Path) -> None:
     rows = {k: v for k, v in out.items() if isinstance(v, dict) and "t2i" in v}
     lines = [
         "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)", "",
-        f"Command: `{out['command']}`  ", f"Machine: {out['machine']}", "",
+        f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ",
+        f"Baseline checkpoint (towers of every reranker row, row `default`): `{out.get('default', {}).get('fingerprint')}`", "",
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
         tower_budget_line(out),
         "- reranker options: trained on the committed checkpoint's towers with the default reranker budget and seed, "
@@ -381,6 +382,7 @@ def write_docs(out: dict, docs: Path) -> None:
     lines += earlier_runs(docs)
     lines += ["", "## What each option is", ""]
     for name, r in rows.items():
-        lines.append(f"- **{name}**: {r.get('what', r['budget'])}. Budget: {r['budget']}. Time measured: {r['ms_kind']}.")
+        what = f"{r['what']}. Budget: {r['budget']}" if r.get("what") else r["budget"]  # baselines: the budget says it all
+        lines.append(f"- **{name}**: {what}. Time measured: {r['ms_kind']}.")
     lines.append("")
     (docs / "ablation.md").write_text("\n".join(lines))
