@@ -35,8 +35,8 @@ class QueryGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         t = self.m.text(input_ids, attention_mask)
-        p_t, w_bar = self.m.cp.encode_text(t.tokens, t.mask)
-        return t.g, p_t, w_bar, self.m.temde.sketch_text(t.tokens, t.mask)
+        p_t, w_bar = self.m.cp.encode_text(t.tokens, t.mask, t.states)
+        return t.g, p_t, w_bar, self.m.temde.sketch_text(t.tokens, t.mask, t.states)
 
 
 class ImageGraph(nn.Module):
@@ -46,8 +46,8 @@ class ImageGraph(nn.Module):
 
     def forward(self, grid):
         v = self.m.vision(grid)
-        p_v, b_bar = self.m.cp.encode_image(v.tokens)
-        return v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens)
+        p_v, b_bar = self.m.cp.encode_image(v.tokens, grid)
+        return v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens, grid)
 
 
 class CPScorer(nn.Module):

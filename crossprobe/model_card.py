@@ -17,6 +17,37 @@ def _count_params(path: Path) -> int:
     return n
 
 
+def _fusion(path: Path, module: str) -> tuple[float, float]:
+    """A reranker's stored fusion (alpha, beta): logit = alpha * s_tt + beta * s_rerank."""
+    with safe_open(str(path), "pt") as f:
+        return float(f.get_tensor(f"{module}.fusion.alpha")), float(f.get_tensor(f"{module}.fusion.beta"))
+
+
+READS = {"tower": "the towers' tokens", "backbone": "the frozen backbone features (MiniLM states, raw Lite0 grid)",
+         "both": "the towers' tokens plus the frozen backbone features"}
+
+
+def reranker_lines(ckpt: Path, meta: dict) -> list[str]:
+    """What each served reranker reads, how it was trained, and its fusion with the two-tower score."""
+    tc = meta.get("training", {}).get("train_config", {})
+    lines = []
+    for module, name in (("cp", "CP"), ("temde", "T-EMDE")):
+        if module not in meta.get("training", {}):
+            continue
+        inputs = meta["model"][module].get("inputs", "tower")
+        standalone = module in tc.get("standalone_methods", [])
+        pre = tc.get("pretrain_by_method", {}).get(module, 0)
+        a, b = _fusion(ckpt / "model.safetensors", module)
+        mix = (f"ranking logit = s_tt + {b / a:.2f} x s_{module}" if a else f"ranked by s_{module} alone")
+        lines.append(
+            f"- {name}: reads {READS[inputs]}; "
+            + (f"{pre} epochs of in-batch contrastive pretraining, then " if pre else "")
+            + ("listwise training on its own score over mined hard negatives, the fusion weight chosen on dev" if standalone
+               else "listwise training of the fused logit over mined hard negatives")
+            + f"; {mix}.")
+    return lines + ([""] if lines else [])
+
+
 def _prod(shape) -> int:
     out = 1
     for s in shape:
@@ -62,6 +93,7 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
     if fr:
         lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
                   f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
+    lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",
                   f"From `{results['command']}` on {results['machine']}. Recalls in percent. Rerankers reorder the "

@@ -49,3 +49,25 @@ def test_options_export_with_parity(small_cfg, bert, tmp_path, option):
     inputs = ex.example_inputs(model, K=13, T=11)
     for name in names:
         assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name
+
+
+def test_rerankers_on_backbone_features_export_with_parity(small_cfg, bert, tmp_path):
+    """CP and T-EMDE reading the frozen MiniLM states and the raw grid: the query and image graphs
+    must hand them over, and ONNX Runtime must agree with PyTorch."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from crossprobe.models.model import SearchModel
+
+    cfg = copy.deepcopy(small_cfg)
+    cfg.cp = dataclasses.replace(cfg.cp, inputs="backbone")
+    cfg.temde = dataclasses.replace(cfg.temde, inputs="backbone")
+    torch.manual_seed(0)
+    model = SearchModel(cfg, bert).eval()
+    names = ("query_tower", "image_tower", "cp_scorer")
+    paths = ex.export_all(model, tmp_path, "test", names=names)
+    inputs = ex.example_inputs(model, K=13, T=11)
+    for name in names:
+        assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name

@@ -1,16 +1,18 @@
 """Issue 2 experiment: one reranker recipe on the committed towers, then a sweep of the fusion weight.
 
-    .venv/bin/python benchmarks/rerank_experiments/recipe.py DEV_STACK METHOD EPOCHS PRETRAIN_EPOCHS STANDALONE
+    .venv/bin/python benchmarks/rerank_experiments/recipe.py DEV_STACK METHOD EPOCHS PRETRAIN_EPOCHS STANDALONE [INPUTS]
 
 DEV_STACK: fraction of dev images added to training (crossprobe/training/stacking.py); METHOD cp | temde;
 EPOCHS: listwise epochs on mined negatives; PRETRAIN_EPOCHS: in-batch contrastive epochs first
-(RerankTrainConfig.pretrain_epochs); STANDALONE 1: train on the reranker's own score (alpha=0, beta=20)
-instead of the fused logit. The module is re-initialised with the default seed; everything else is the
+(RerankTrainConfig.pretrain_epochs); STANDALONE 1: train on the reranker's own score and fit the fusion weight on the
+selection split (RerankTrainConfig.standalone); INPUTS: tower | backbone (| both, CP only)
+(CrossProbeConfig.inputs / TemdeConfig.inputs, default tower). The module is re-initialised with the default seed; everything else is the
 default reranker budget. Prints the learning curve, then R@1 (t2i, K=100) on the dev selection split and
 on test for logit = s_tt + w * s_rerank over a grid of w (w=1000 ~ the reranker alone), the dev-best w,
 and test R@1 at that w. Results of the runs made so far: docs/rerank_experiments.md.
 """
 import copy
+import os
 import dataclasses
 import sys
 import tempfile
@@ -41,29 +43,27 @@ def sweep(model, method: str, banks) -> dict:
     S = tt_scores(text, images)
     cand = M.topk(S, 100)
     stt = np.take_along_axis(S, cand, 1)
-    f = getattr(model, method).fusion
-    a, b = float(f.alpha), float(f.beta)
-    fused = PairScorer(model, method, text, images).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
-    srr = (fused - a * stt) / b
+    own = copy.deepcopy(model)  # the reranker's own score: fusion alpha = 0, beta = 1
+    with torch.no_grad():
+        getattr(own, method).fusion.alpha.zero_()
+        getattr(own, method).fusion.beta.fill_(1.0)
+    srr = PairScorer(own, method, text, images).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
     return {w: round(M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, stt + w * srr), gold))["R@1"], 2) for w in WEIGHTS}
 
 
 def main() -> None:
     frac, method, epochs, pre, alone = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    torch.set_num_threads(2)
+    inputs = sys.argv[6] if len(sys.argv) > 6 else "tower"
+    torch.set_num_threads(int(os.environ.get("THREADS", 2)))
     base, _ = checkpoint.load(None)
     data = CachedData.build(Path("cache/flickr8k"), base.cfg.text.frozen_layers)
     tr, dv = stacked(split_banks(base, data, "train"), split_banks(base, data, "dev"), frac)
     te = split_banks(base, data, "test")
     model = copy.deepcopy(base)
     seed_everything(0)
-    setattr(model, method, CrossProbe(model.cfg.cp) if method == "cp" else Temde(model.cfg.temde))
+    setattr(model, method, CrossProbe(dataclasses.replace(model.cfg.cp, inputs=inputs)) if method == "cp" else Temde(dataclasses.replace(model.cfg.temde, inputs=inputs)))
     mod = getattr(model, method)
-    if alone:
-        with torch.no_grad():
-            mod.fusion.alpha.fill_(0.0)
-            mod.fusion.beta.fill_(20.0)
-    rcfg = dataclasses.replace(reranker_config(TrainConfig(), method), epochs=epochs, pretrain_epochs=pre)
+    rcfg = dataclasses.replace(reranker_config(TrainConfig(), method), epochs=epochs, pretrain_epochs=pre, standalone=bool(alone))
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         rep = train_reranker(model, method, tr, dv, rcfg, Path(d) / "s.pt", 0)
@@ -73,7 +73,7 @@ def main() -> None:
     best = max(d, key=d.get)
     print("dev", d)
     print("test", t)
-    print("RESULT", method, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
+    print("RESULT", method, inputs, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
           "dev-best w", best, "test R@1", t[best], "TT", t[0], flush=True)
 
 

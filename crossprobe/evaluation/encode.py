@@ -86,9 +86,11 @@ class PairScorer:
         """Per-query inputs of the reranker for rows q (computed, not cached)."""
         m, t = self.model, self.text
         if self.method == "cp":
-            return m.cp.encode_text(t.tokens[q].float(), t.mask[q])  # P_t, w_bar
+            states = t.states[q].float() if m.cp.cfg.uses_backbone else None
+            return m.cp.encode_text(t.tokens[q].float(), t.mask[q], states)  # P_t, w_bar
         if self.method == "temde":
-            return (m.temde.sketch_text(t.tokens[q].float(), t.mask[q]),)  # s_q
+            states = t.states[q].float() if m.temde.cfg.inputs == "backbone" else None
+            return (m.temde.sketch_text(t.tokens[q].float(), t.mask[q], states),)  # s_q
         # joint scorers: trim padding to this batch's longest query (they pay per token per pair)
         mask = t.mask[q]
         T = int(mask.sum(1).max())
@@ -101,9 +103,11 @@ class PairScorer:
         m, im = self.model, self.images
         flat = c.reshape(-1)
         if self.method == "cp":
-            parts = m.cp.encode_image(im.tokens[flat].float())  # P_v, b_bar
+            grid = im.grids[flat].float() if m.cp.cfg.uses_backbone else None
+            parts = m.cp.encode_image(im.tokens[flat].float(), grid)  # P_v, b_bar
         elif self.method == "temde":
-            parts = (m.temde.sketch_image(im.tokens[flat].float()),)  # s_I
+            grid = im.grids[flat].float() if m.temde.cfg.inputs == "backbone" else None
+            parts = (m.temde.sketch_image(im.tokens[flat].float(), grid),)  # s_I
         elif self.method == "sm":
             parts = (m.sm.embed_image(im.tokens[flat].float()),)
         else:

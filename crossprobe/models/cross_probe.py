@@ -8,6 +8,14 @@ and the ranking logit is a learned fusion with the two-tower score.
 
 Per image, everything except the `layers` cross blocks is cached (P_v, b_bar):
 the request path pays only for (m + n) tokens x `layers` blocks per candidate.
+
+Inputs (`inputs`): "tower" reads the towers' d_in-wide tokens, "backbone" the frozen
+backbones' own features (MiniLM states below the fine-tuned layers, the raw Lite0
+grid), "both" the sum of the two projections. Why "backbone" exists: the towers fit
+the training split (their train loss is far below dev), so a reranker trained on
+their tokens of training images learns features that are better than they will be
+at test time and ends up deferring to the two-tower score. The frozen features are
+equally good on every split, which makes CP a second, independent view.
 """
 from __future__ import annotations
 
@@ -17,7 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models.layers import Block, Fusion, ProbePool, masked_mean
+from crossprobe.models import backbones as bb
+from crossprobe.models.layers import Block, Fusion, ProbePool, grid_positions, masked_mean
+
+INPUTS = ("tower", "backbone", "both")
 
 
 @dataclass
@@ -31,6 +42,19 @@ class CrossProbeConfig:
     dropout: float = 0.1
     attention: str = "standard"  # "standard" | "zodiac" in the cross layers (models/zodiac.py)
     zodiac_dropout: float = 0.2
+    inputs: str = "tower"  # "tower" | "backbone" | "both" (module docstring)
+
+    def __post_init__(self):
+        if self.inputs not in INPUTS:
+            raise ValueError(f"CrossProbeConfig.inputs must be one of {INPUTS}, got {self.inputs!r}")
+
+    @property
+    def uses_tower(self) -> bool:
+        return self.inputs in ("tower", "both")
+
+    @property
+    def uses_backbone(self) -> bool:
+        return self.inputs in ("backbone", "both")
 
 
 class CrossProbe(nn.Module):
@@ -38,8 +62,14 @@ class CrossProbe(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d
-        self.text_in = nn.Linear(cfg.d_in, d)
-        self.vision_in = nn.Linear(cfg.d_in, d)
+        if cfg.uses_tower:
+            self.text_in = nn.Linear(cfg.d_in, d)
+            self.vision_in = nn.Linear(cfg.d_in, d)
+        if cfg.uses_backbone:  # LayerNorm first: Lite0's ReLU6 grid and MiniLM states have very different scales
+            self.text_bb = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, d))
+            self.vision_bb = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, d))
+            # the raw grid has no positions (the vision tower adds its own to its tokens)
+            self.register_buffer("pos", grid_positions(bb.GRID, d), persistent=False)  # (49, d)
         self.text_probes = ProbePool(cfg.m, d, cfg.heads, cfg.dropout)
         self.vision_probes = ProbePool(cfg.n, d, cfg.heads, cfg.dropout)
         self.type_emb = nn.Parameter(torch.zeros(2, d))  # text / vision, so cross layers know which is which
@@ -50,15 +80,30 @@ class CrossProbe(nn.Module):
         self.fusion = Fusion()
 
     # --- per modality (cacheable) -------------------------------------------------
-    def encode_text(self, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, d_in), (B, T) -> P_t (B, m, d), w_bar (B, d)."""
-        x = self.text_in(tokens)
+    def encode_text(self, tokens: torch.Tensor | None, mask: torch.Tensor,
+                    states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, d_in) tower tokens and/or (B, T, 384) frozen MiniLM states, (B, T) mask
+        -> P_t (B, m, d), w_bar (B, d)."""
+        x = self._embed(tokens, states, "text_in", "text_bb")
         return self.text_probes(x, mask.bool()), masked_mean(x, mask.bool())
 
-    def encode_image(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, 49, d_in) -> P_v (B, n, d), b_bar (B, d)."""
-        x = self.vision_in(tokens)
+    def encode_image(self, tokens: torch.Tensor | None, grid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, 49, d_in) tower tokens and/or (B, 49, 1280) Lite0 grid -> P_v (B, n, d), b_bar (B, d)."""
+        x = self._embed(tokens, grid, "vision_in", "vision_bb")
+        if self.cfg.uses_backbone:
+            x = x + self.pos
         return self.vision_probes(x), x.mean(1)
+
+    def _embed(self, tokens, feats, tower_proj: str, backbone_proj: str) -> torch.Tensor:
+        """The configured inputs, each projected to d and summed: (B, T, d)."""
+        parts = []
+        if self.cfg.uses_tower:
+            parts.append(getattr(self, tower_proj)(tokens))
+        if self.cfg.uses_backbone:
+            if feats is None:
+                raise ValueError(f"CP with inputs={self.cfg.inputs!r} needs the backbone features")
+            parts.append(getattr(self, backbone_proj)(feats))
+        return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
     # --- per pair (the request path) ---------------------------------------------
     def score(self, p_t: torch.Tensor, w_bar: torch.Tensor, p_v: torch.Tensor, b_bar: torch.Tensor) -> torch.Tensor:

@@ -19,14 +19,18 @@ from crossprobe.models.text_tower import TextTower, TextTowerConfig
 from crossprobe.models.vision_tower import VisionTower, VisionTowerConfig
 
 RERANKERS = ("cp", "temde", "sm", "tv")
+TOWER_PREFIXES = ("text.", "vision.", "logit_scale")  # state-dict keys of stage 1
 
 
 @dataclass
 class ModelConfig:
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
     vision: VisionTowerConfig = field(default_factory=VisionTowerConfig)
-    cp: CrossProbeConfig = field(default_factory=CrossProbeConfig)
-    temde: TemdeConfig = field(default_factory=TemdeConfig)
+    # CP and T-EMDE read the frozen backbones' features, not the tower tokens (cross_probe.py,
+    # docs/rerank_experiments.md); the configs' own default stays "tower" so that checkpoints saved
+    # before the option load as they were trained
+    cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(inputs="backbone"))
+    temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
     tv: SingleStreamConfig = field(default_factory=SingleStreamConfig)
     init_temperature: float = 0.05
@@ -64,7 +68,7 @@ class SearchModel(nn.Module):
 
     def tower_state_dict(self) -> dict[str, torch.Tensor]:
         """The two towers' trained weights (stage 1), without the rerankers."""
-        return {k: v for k, v in self.trained_state_dict().items() if k.startswith(("text.", "vision.", "logit_scale"))}
+        return {k: v for k, v in self.trained_state_dict().items() if k.startswith(TOWER_PREFIXES)}
 
     def trained_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything except the frozen MiniLM bottom (which comes from its wheel)."""

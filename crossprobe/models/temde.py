@@ -7,6 +7,10 @@ tokens (or regions) and L2-normalises each partition, giving N*K numbers that
 are comparable across modalities because the centroids are shared.
 s_temde = <s_q, s_I> / N (in [-1, 1]); the ranking logit fuses it with the
 two-tower score, like the other rerankers.
+
+`inputs` as for CP (cross_probe.py): "tower" codes the towers' tokens, "backbone"
+the frozen MiniLM states and the raw Lite0 grid regions, features the towers have
+not fitted to the training split.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from crossprobe.models import backbones as bb
 from crossprobe.models.layers import Fusion
 
 
@@ -25,15 +30,20 @@ class TemdeConfig:
     N: int = 20  # partitions
     K: int = 8  # centroids per partition
     inner: int = 8  # coder dims per partition
+    inputs: str = "tower"  # "tower" | "backbone" (module docstring)
+
+    def __post_init__(self):
+        if self.inputs not in ("tower", "backbone"):
+            raise ValueError(f"TemdeConfig.inputs must be 'tower' or 'backbone', got {self.inputs!r}")
 
 
 class TemdeCoder(nn.Module):
-    """(B, T, d_in) -> (B, T, N, K) soft assignments (rows sum to 1 over K)."""
+    """(B, T, d_feat) -> (B, T, N, K) soft assignments (rows sum to 1 over K)."""
 
-    def __init__(self, cfg: TemdeConfig, centroids: nn.Parameter, log_tau: nn.Parameter):
+    def __init__(self, cfg: TemdeConfig, centroids: nn.Parameter, log_tau: nn.Parameter, d_feat: int):
         super().__init__()
         self.cfg = cfg
-        self.lin = nn.Linear(cfg.d_in, cfg.N * cfg.inner)
+        self.lin = nn.Linear(d_feat, cfg.N * cfg.inner)
         self.bn = nn.BatchNorm1d(cfg.N * cfg.inner)
         self.centroids = centroids  # shared (N, K, inner)
         self.log_tau = log_tau
@@ -51,8 +61,9 @@ class Temde(nn.Module):
         self.cfg = cfg
         self.centroids = nn.Parameter(torch.randn(cfg.N, cfg.K, cfg.inner))
         self.log_tau = nn.Parameter(torch.tensor(1.0).log())
-        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau)
-        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau)
+        backbone = cfg.inputs == "backbone"
+        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.TEXT_FEAT_DIM if backbone else cfg.d_in)
+        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.IMAGE_FEAT_DIM if backbone else cfg.d_in)
         self.fusion = Fusion()
 
     @staticmethod
@@ -67,13 +78,20 @@ class Temde(nn.Module):
         """(B, N, K) -> (B, N*K), unit L2 norm within each partition."""
         return F.normalize(raw, dim=-1).flatten(1)
 
-    def sketch_text(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, T, d_in), (B, T) -> s_q (B, N*K)."""
-        return self.normalize(self.raw_sketch(self.text_coder(tokens), mask.bool()))
+    def sketch_text(self, tokens: torch.Tensor | None, mask: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, d_in) tower tokens or (B, T, 384) frozen MiniLM states (per `inputs`), (B, T) -> s_q (B, N*K)."""
+        return self.normalize(self.raw_sketch(self.text_coder(self._pick(tokens, states)), mask.bool()))
 
-    def sketch_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, 49, d_in) -> s_I (B, N*K)."""
-        return self.normalize(self.raw_sketch(self.image_coder(tokens)))
+    def sketch_image(self, tokens: torch.Tensor | None, grid: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, 49, d_in) tower tokens or (B, 49, 1280) Lite0 grid (per `inputs`) -> s_I (B, N*K)."""
+        return self.normalize(self.raw_sketch(self.image_coder(self._pick(tokens, grid))))
+
+    def _pick(self, tokens, feats):
+        if self.cfg.inputs == "tower":
+            return tokens
+        if feats is None:
+            raise ValueError("T-EMDE with inputs='backbone' needs the backbone features")
+        return feats
 
     def score(self, s_q: torch.Tensor, s_i: torch.Tensor) -> torch.Tensor:
         """(..., N*K) x (..., N*K) -> (...) similarity in [-1, 1]."""

@@ -44,6 +44,7 @@ class TextOut:
     tokens: torch.Tensor  # (B, T, d) contextual token features
     mask: torch.Tensor  # (B, T) bool, True = real token
     g: torch.Tensor  # (B, d) unit-norm two-tower vector
+    states: torch.Tensor | None = None  # (B, T, 384) frozen MiniLM states below the trained layers (CP "backbone" input)
 
 
 class TextTower(nn.Module):
@@ -61,13 +62,13 @@ class TextTower(nn.Module):
 
     def forward_states(self, h: torch.Tensor, mask: torch.Tensor) -> TextOut:
         """(B, T, 384) cached bottom states, (B, T) mask -> TextOut."""
-        mask = mask.bool()
+        mask, states = mask.bool(), h
         bias = bb.bert_attention_bias(mask.long(), h.dtype)
         for layer in self.top:
             h = bb.bert_layer(layer, h, bias)
         tokens = self.proj(self.drop(h))  # (B, T, d)
         g = F.normalize(self.pool(tokens, mask), dim=-1)
-        return TextOut(tokens, mask, g)
+        return TextOut(tokens, mask, g, states)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextOut:
         """(B, T) ids, (B, T) mask -> TextOut (full stack, as served)."""

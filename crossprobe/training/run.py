@@ -21,7 +21,7 @@ import torch
 from crossprobe import checkpoint
 from crossprobe.evaluation.retrieval import split_banks
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
-from crossprobe.models.model import ModelConfig, SearchModel
+from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
 from crossprobe.training.frontier import SETTINGS as FRONTIER_SETTINGS
 from crossprobe.training.frontier import run_frontier
 from crossprobe.training.data import CachedData
@@ -43,7 +43,11 @@ class TrainConfig:
     rerank: RerankTrainConfig = field(default_factory=RerankTrainConfig)
     methods: tuple[str, ...] = ("cp", "temde", "sm", "tv")
     # the references are costlier per step; their budgets are fixed here and reported
-    epochs_by_method: dict = field(default_factory=lambda: {"cp": 2, "temde": 3, "sm": 1, "tv": 1})
+    epochs_by_method: dict = field(default_factory=lambda: {"cp": 3, "temde": 3, "sm": 1, "tv": 1})
+    # the served rerankers' recipe (docs/rerank_experiments.md): in-batch pretraining on their own score,
+    # then listwise training on their own score, the fusion weight chosen on dev (RerankTrainConfig.standalone)
+    pretrain_by_method: dict = field(default_factory=lambda: {"cp": 5, "temde": 5})
+    standalone_methods: tuple[str, ...] = ("cp", "temde")
     frontier: bool = True  # train several CP settings and keep the one chosen on dev (frontier.py)
     frontier_settings: list = field(default_factory=lambda: list(FRONTIER_SETTINGS))
 
@@ -60,7 +64,9 @@ def _jsonable(o):
 
 def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     """The training budget of one reranker (the ablation reuses it, so options train like the default)."""
-    rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs))
+    rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs),
+                               pretrain_epochs=cfg.pretrain_by_method.get(method, cfg.rerank.pretrain_epochs),
+                               standalone=method in cfg.standalone_methods or cfg.rerank.standalone)
     if method in ("sm", "tv"):  # joint layers over ~65 tokens per pair: a cheaper dev check
         rcfg = dataclasses.replace(rcfg, dev_k=min(20, rcfg.dev_k), dev_queries=300)
     if method == "tv":  # 4 joint layers per pair: fewer negatives per query
@@ -85,7 +91,10 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
     done = run / "towers.done.pt"
     if done.exists():
         st = torch.load(done, weights_only=False)
-        model.load_state_dict(st["weights"], strict=False)
+        # only the towers: a state saved by an older version also held the rerankers at their initialisation,
+        # whose shapes may differ from this config's (e.g. CP / T-EMDE reading the backbone features)
+        towers = {k: v for k, v in st["weights"].items() if k.startswith(TOWER_PREFIXES)}
+        model.load_state_dict(towers, strict=False)
         report["towers"] = st["report"]
     else:
         with timings.timer("towers"):

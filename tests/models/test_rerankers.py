@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from crossprobe.models.temde import Temde
@@ -75,3 +76,74 @@ def test_temde_sketches_are_additive_over_parts(small_model):
     mask = torch.ones(1, 10, dtype=torch.bool)
     mask[0, 7] = False
     assert torch.allclose(temde.raw_sketch(assign, mask), whole - assign[:, 7], atol=1e-5)
+
+
+def _cp(inputs: str):
+    from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
+
+    torch.manual_seed(0)
+    return CrossProbe(CrossProbeConfig(d_in=64, d=32, m=3, n=4, layers=1, heads=4, inputs=inputs)).eval()
+
+
+@pytest.mark.parametrize("inputs", ["backbone", "both"])
+def test_cross_probe_on_backbone_features(inputs):
+    """CP reading the frozen MiniLM states and the raw Lite0 grid: shapes, padding never
+    changes the query side, and the backbone features do change the result."""
+    cp = _cp(inputs)
+    tokens, mask = _text(2, 8, 64, 5)
+    states = torch.randn(2, 8, 384)
+    p_t, w_bar = cp.encode_text(tokens, mask, states)
+    assert p_t.shape == (2, 3, 32) and w_bar.shape == (2, 32)
+    states2 = torch.cat([states, torch.randn(2, 6, 384) * 10], 1)
+    tokens2 = torch.cat([tokens, torch.randn(2, 6, 64) * 10], 1)
+    mask2 = torch.cat([mask, torch.zeros(2, 6, dtype=torch.bool)], 1)
+    p_t2, w_bar2 = cp.encode_text(tokens2, mask2, states2)
+    assert torch.allclose(p_t, p_t2, atol=1e-5) and torch.allclose(w_bar, w_bar2, atol=1e-5)
+    other, _ = cp.encode_text(tokens, mask, states + torch.randn_like(states))
+    assert not torch.allclose(p_t, other, atol=1e-3)
+    grid = torch.rand(4, 49, 1280) * 6
+    p_v, b_bar = cp.encode_image(torch.randn(4, 49, 64), grid)
+    assert p_v.shape == (4, 4, 32) and b_bar.shape == (4, 32)
+    # positions are added to the grid: the same regions in another order are another image
+    tower = torch.randn(4, 49, 64)
+    assert not torch.allclose(cp.encode_image(tower, grid)[0], cp.encode_image(tower.flip(1), grid.flip(1))[0], atol=1e-4)
+    with pytest.raises(ValueError, match="backbone features"):
+        cp.encode_image(torch.randn(4, 49, 64))
+
+
+def test_cross_probe_backbone_ignores_tower_tokens():
+    cp = _cp("backbone")
+    _, mask = _text(2, 8, 64, 5)
+    states, grid = torch.randn(2, 8, 384), torch.rand(3, 49, 1280)
+    a = cp.encode_text(torch.randn(2, 8, 64), mask, states)[0]
+    b = cp.encode_text(None, mask, states)[0]
+    assert torch.equal(a, b)
+    assert torch.equal(cp.encode_image(None, grid)[0], cp.encode_image(torch.randn(3, 49, 64), grid)[0])
+
+
+def test_cross_probe_inputs_validated():
+    from crossprobe.models.cross_probe import CrossProbeConfig
+
+    with pytest.raises(ValueError, match="inputs"):
+        CrossProbeConfig(inputs="pixels")
+
+
+def test_temde_on_backbone_features():
+    """T-EMDE coding the frozen features: unit norm per partition, padding ignored, needs the features."""
+    from crossprobe.models.temde import Temde, TemdeConfig
+
+    torch.manual_seed(0)
+    te = Temde(TemdeConfig(d_in=64, N=4, K=4, inner=4, inputs="backbone")).eval()
+    _, mask = _text(2, 8, 64, 5)
+    states = torch.randn(2, 8, 384)
+    s_q = te.sketch_text(None, mask, states)
+    assert s_q.shape == (2, 16)
+    assert torch.allclose(s_q.view(2, 4, 4).norm(dim=-1), torch.ones(2, 4), atol=1e-5)
+    padded = torch.cat([states, torch.randn(2, 3, 384) * 10], 1)
+    mask2 = torch.cat([mask, torch.zeros(2, 3, dtype=torch.bool)], 1)
+    assert torch.allclose(s_q, te.sketch_text(None, mask2, padded), atol=1e-5)
+    assert te.sketch_image(None, torch.rand(3, 49, 1280)).shape == (3, 16)
+    with pytest.raises(ValueError, match="backbone features"):
+        te.sketch_image(torch.randn(3, 49, 64))
+    with pytest.raises(ValueError, match="inputs"):
+        TemdeConfig(inputs="both")

@@ -73,3 +73,34 @@ def test_inbatch_pretraining_lowers_the_loss_and_is_kept(tiny_data, small_cfg, b
     assert (tmp_path / f"{method}.pretrained.pt").exists()  # a rerun reuses it instead of pretraining again
     rep2 = train_reranker(model, method, train, dev, cfg, tmp_path / f"{method}.pt", seed=0, log=lambda *_: None)
     assert rep2["pretrain"] == rep["pretrain"]
+
+
+def test_standalone_reranker_on_backbone_features_gets_its_fusion_from_dev(tiny_data, small_cfg, bert, tmp_path):
+    """RerankTrainConfig.standalone: alpha stays out of training, the fusion weight is the
+    dev split's best, and the model as left scores exactly that on dev."""
+    import dataclasses
+    import math
+
+    from crossprobe.evaluation.encode import PairScorer
+    from crossprobe.evaluation.retrieval import reranked
+    from crossprobe.training.rerankers import FUSION_GRID
+
+    torch.manual_seed(0)
+    cfg_m = copy.deepcopy(small_cfg)
+    cfg_m.cp = dataclasses.replace(cfg_m.cp, inputs="backbone")
+    model = SearchModel(cfg_m, bert).eval()
+    train = split_banks(model, tiny_data, "train")
+    dev = split_banks(model, tiny_data, "dev")
+    cfg = RerankTrainConfig(epochs=3, queries=8, negatives=5, mine_k=10, lr=3e-3, dev_k=5, captions_per_image=2,
+                            pretrain_epochs=2, pretrain_batch=8, standalone=True)
+    rep = train_reranker(model, "cp", train, dev, cfg, tmp_path / "cp.pt", seed=0, log=lambda *_: None)
+    assert all(h["fusion_w"] in FUSION_GRID for h in rep["history"])
+    w, f = rep["fusion_w"], model.cp.fusion
+    if math.isinf(w):
+        assert f.alpha.item() == 0.0
+    else:
+        assert f.alpha.item() == 20.0 and math.isclose(f.beta.item(), 20.0 * w, rel_tol=1e-6)
+    assert rep["fusion_queries"] == len(dev[2])  # the mix is fit on every dev caption, not only the selection rows
+    text, images, gold = dev
+    as_left = reranked(PairScorer(model, "cp", text, images), (text.g @ images.g.T).numpy(), gold, 5, [5])[5]["t2i"]["R@1"]
+    assert as_left == rep["fusion_dev_t2i_R@1@5"]
