@@ -92,9 +92,10 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str) -> None:
     lines = [
         "# Cross-probe latency / accuracy frontier (selection on the dev split)", "",
         f"Command: `{out['command']}`  ", f"Machine: {machine}  ", f"Checkpoint: `{fingerprint}`", "",
-        "Every setting trained with the same recipe, budget (2 epochs, 6,000 queries each, 15 mined hard negatives) and seed "
-        "on the same frozen towers. dev R@1: text->image R@1 of the first caption of each of the 1,000 dev images after "
-        "reranking the two-tower top 50. Rerank time: one query against 100 cached candidates, 2 threads, median of 30, "
+        "Every setting trained with the same recipe, budget and seed on the same frozen towers: the CP recipe of "
+        "`crossprobe train` as the checkpoint's config.json records it (training.train_config; docs/rerank_experiments.md). "
+        "dev R@1: text->image R@1 of the first caption of each of the 1,000 dev images after "
+        "reranking the two-tower top 50 (at the best epoch's fusion). Rerank time: one query against 100 cached candidates, 2 threads, median of 30, "
         "measured right after each setting trained. Rule: most accurate within "
         f"{frontier['budget_ms']} ms and within {frontier['tolerance_R@1']} R@1 of the best.", "",
         "| setting (d, n, l; m=5) | dev R@1 | ONNX Runtime ms (K=100) | PyTorch ms (K=100) | chosen |", "|---|---|---|---|---|",
