@@ -89,7 +89,7 @@ class PairScorer:
             states = t.states[q].float() if m.cp.cfg.uses_backbone else None
             return m.cp.encode_text(t.tokens[q].float(), t.mask[q], states)  # P_t, w_bar
         if self.method == "temde":
-            states = t.states[q].float() if m.temde.cfg.inputs == "backbone" else None
+            states = t.states[q].float() if m.temde.cfg.uses_backbone else None
             return (m.temde.sketch_text(t.tokens[q].float(), t.mask[q], states),)  # s_q
         # joint scorers: trim padding to this batch's longest query (they pay per token per pair)
         mask = t.mask[q]
@@ -106,7 +106,7 @@ class PairScorer:
             grid = im.grids[flat].float() if m.cp.cfg.uses_backbone else None
             parts = m.cp.encode_image(im.tokens[flat].float(), grid)  # P_v, b_bar
         elif self.method == "temde":
-            grid = im.grids[flat].float() if m.temde.cfg.inputs == "backbone" else None
+            grid = im.grids[flat].float() if m.temde.cfg.uses_backbone else None
             parts = (m.temde.sketch_image(im.tokens[flat].float(), grid),)  # s_I
         elif self.method == "sm":
             parts = (m.sm.embed_image(im.tokens[flat].float()),)

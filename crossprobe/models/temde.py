@@ -36,6 +36,10 @@ class TemdeConfig:
         if self.inputs not in ("tower", "backbone"):
             raise ValueError(f"TemdeConfig.inputs must be 'tower' or 'backbone', got {self.inputs!r}")
 
+    @property
+    def uses_backbone(self) -> bool:  # same question as CrossProbeConfig.uses_backbone, so callers ask both alike
+        return self.inputs == "backbone"
+
 
 class TemdeCoder(nn.Module):
     """(B, T, d_feat) -> (B, T, N, K) soft assignments (rows sum to 1 over K)."""
@@ -61,9 +65,8 @@ class Temde(nn.Module):
         self.cfg = cfg
         self.centroids = nn.Parameter(torch.randn(cfg.N, cfg.K, cfg.inner))
         self.log_tau = nn.Parameter(torch.tensor(1.0).log())
-        backbone = cfg.inputs == "backbone"
-        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.TEXT_FEAT_DIM if backbone else cfg.d_in)
-        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.IMAGE_FEAT_DIM if backbone else cfg.d_in)
+        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.TEXT_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
+        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.IMAGE_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
         self.fusion = Fusion()
 
     @staticmethod
@@ -87,7 +90,7 @@ class Temde(nn.Module):
         return self.normalize(self.raw_sketch(self.image_coder(self._pick(tokens, grid))))
 
     def _pick(self, tokens, feats):
-        if self.cfg.inputs == "tower":
+        if not self.cfg.uses_backbone:
             return tokens
         if feats is None:
             raise ValueError("T-EMDE with inputs='backbone' needs the backbone features")

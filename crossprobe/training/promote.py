@@ -3,7 +3,7 @@ checkpoint of its own (issue 5: "saved as separate checkpoints only when they wi
 
 The ablation trains an option's towers only. A checkpoint the service can load also needs the
 rerankers it runs, so this trains CP (the default's frontier-chosen shape, no new frontier) and
-T-EMDE on the option's towers with the default reranker recipe and seed, saves
+T-EMDE (both in the default's config) on the option's towers with the default reranker recipe and seed, saves
 crossprobe/checkpoints/<option>/, measures TT / CP@100 / TEMDE@100 on Flickr8k test and writes
 the model card from those numbers. SM and TV are timing references the service never runs:
 they are not trained here, and the card says so.
@@ -42,7 +42,10 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
     out = Path(out or checkpoint.DEFAULT_CHECKPOINT.parent / option)
     run = cfg.run_dir / _dirname(option)
     mc = ModelConfig.from_dict(checkpoint.read_config(run / "checkpoint")["model"])
-    mc.cp = ModelConfig.from_dict(checkpoint.read_config(cfg.base)["model"]).cp  # the shape the default's frontier chose
+    # the served rerankers as the default has them: CP in the shape its frontier chose, and both reading the
+    # inputs the default's recipe uses (the option's run recorded the reranker configs of the day it trained)
+    default_mc = ModelConfig.from_dict(checkpoint.read_config(cfg.base)["model"])
+    mc.cp, mc.temde = default_mc.cp, default_mc.temde
     opt = cfg.options[option]
     tc = dataclasses.replace(cfg.template.towers, epochs=runner.tower_epochs)
     opt.apply(mc, tc)  # the option's recipe (recorded in the checkpoint; its towers are already trained with it)
