@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test train eval ablation export bench clean
+.PHONY: venv demo test train eval frontier ablation export bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -33,6 +33,11 @@ train: $(STAMP)
 ## make eval: the Flickr8k test protocol -> docs/flickr8k.md, docs/results/flickr8k.json
 eval: $(STAMP)
 	$(BIN)/crossprobe eval
+
+## make frontier: four CP settings trained on the committed towers, the default chosen on dev
+## -> docs/frontier.md, docs/results/frontier.json (resumable; ~50 min on 2 cores)
+frontier: $(STAMP)
+	$(BIN)/crossprobe frontier
 
 ## make ablation: SEAM / ACE-RPE / ZoDIAC / T-EMDE pooling trained and measured against the default
 ## -> docs/ablation.md, docs/results/ablation.json (resumable; ~3 h on 2 cores: tower options ~21 min each, TV rows up to 30)

@@ -1,8 +1,8 @@
 """Cross-probe latency/accuracy frontier on the Flickr8k test split.
 
 For each CP setting of crossprobe.training.frontier.SETTINGS: the variant trained
-by `crossprobe train` (runs/default/frontier_*.done.pt; trained here with the
-same recipe if missing) on the committed checkpoint's towers, its test R@1 after
+by `crossprobe frontier` (runs/default/frontier_*.done.pt; the frontier runs
+first if any is missing) on the committed checkpoint's towers, its test R@1 after
 reranking the two-tower top 100, and its rerank time per query for 100 and 1,000
 candidates (ONNX Runtime and PyTorch, 2 threads, median).
 
@@ -26,10 +26,8 @@ from crossprobe.evaluation.retrieval import reranked, shortlist_recall, split_ba
 from crossprobe.evaluation.timing import rerank_ms
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.training.data import CachedData
-from crossprobe.training.frontier import SETTINGS, name_of
-from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
+from crossprobe.training.frontier import SETTINGS, frontier, name_of
 from crossprobe.training.run import TrainConfig
-from crossprobe.training.state import atomic_save, seed_everything
 
 RUN = Path("runs/default")
 K = 100
@@ -45,22 +43,16 @@ def main() -> None:
     data = CachedData.build(Path("cache/flickr8k"), model.cfg.text.frozen_layers)
     text, images, gold = split_banks(model, data, "test")
     S = tt_scores(text, images)
-    defaults = TrainConfig()
     rows = []
+    missing = [name_of(s) for s in SETTINGS if not (RUN / f"frontier_{name_of(s)}.done.pt").exists()]
+    if missing:  # trained by the frontier itself, with the default recipe (resumable)
+        print(f"settings not trained yet: {missing}; running `crossprobe frontier` first", flush=True)
+        frontier(None, Path("docs"), "crossprobe frontier (run by benchmarks/cp_frontier.py)", TrainConfig(run_dir=RUN))
     for s in SETTINGS:
         name = name_of(s)
         cfg = dataclasses.replace(model.cfg.cp, **s)
         model.cp = CrossProbe(cfg)
-        done = RUN / f"frontier_{name}.done.pt"
-        if done.exists():
-            model.cp.load_state_dict(torch.load(done, weights_only=False)["weights"])
-        else:  # same recipe and seed as `crossprobe train`
-            seed_everything(defaults.seed)
-            model.cp = CrossProbe(cfg)
-            rcfg = dataclasses.replace(RerankTrainConfig(), epochs=defaults.epochs_by_method["cp"])
-            train_reranker(model, "cp", split_banks(model, data, "train"), split_banks(model, data, "dev"), rcfg,
-                           RUN / f"frontier_{name}.pt", defaults.seed)
-            atomic_save({"weights": model.cp.state_dict(), "row": {"name": name}}, done)
+        model.cp.load_state_dict(torch.load(RUN / f"frontier_{name}.done.pt", weights_only=False)["weights"])
         model.eval()
         r = reranked(PairScorer(model, "cp", text, images), S, gold, K, [K])[K]
         t = rerank_ms(model, methods=("cp",), ks=(100, 1000), repeats=30)

@@ -30,11 +30,24 @@ def fingerprint(tensors: dict[str, torch.Tensor], cfg: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def stored(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors as the checkpoint stores them (floating point in float16)."""
+    return {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+@torch.no_grad()
+def round_to_stored(model: SearchModel, prefixes: tuple[str, ...]) -> None:
+    """Round the weights under `prefixes` to what save() will keep (float16, back in float32), so that
+    what is trained on top of them (the rerankers over the towers) sees the weights that will be served."""
+    state = {k: v for k, v in model.trained_state_dict().items() if k.startswith(prefixes)}
+    model.load_state_dict({k: v.to(state[k].dtype) for k, v in stored(state).items()}, strict=False)
+
+
 def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
     """Write the checkpoint directory atomically (a temp dir renamed into place)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.trained_state_dict().items()}
+    tensors = stored(model.trained_state_dict())
     cfg = model.cfg.to_dict()
     fp = fingerprint(tensors, cfg)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".ckpt-"))

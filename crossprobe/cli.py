@@ -1,4 +1,4 @@
-"""`crossprobe` command line (typer): train, eval, ablate, export, demo, index, serve, demo-service."""
+"""`crossprobe` command line (typer): train, eval, frontier, ablate, export, demo, index, serve, demo-service."""
 from __future__ import annotations
 
 import os
@@ -79,16 +79,30 @@ def evaluate(
     res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
     j = report.write(res, docs, _command(), meta["fingerprint"])
     typer.echo(report.markdown(j))
-    frontier = meta.get("training", {}).get("cp", {}).get("frontier")
-    if frontier:
-        from crossprobe.training.frontier import write_doc
-
-        write_doc(frontier, docs, report.machine(), meta["fingerprint"])
     if ckpt is None and card:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.demo import run_demo
         from crossprobe.model_card import write_card
 
         write_card(checkpoint.DEFAULT_CHECKPOINT, j, run_demo(None, None, 3, None, echo=lambda *_: None))
+
+
+@app.command()
+def frontier(
+    ckpt: Path = CKPT,
+    run_dir: Path = typer.Option(Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/frontier.md and DOCS/results/frontier.json"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train the CP settings of the latency/accuracy frontier on a checkpoint's towers and choose on dev (~51 min)."""
+    _need_flickr()
+    from crossprobe.training.frontier import frontier as run_frontier
+    from crossprobe.training.run import TrainConfig
+
+    tcfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir)
+    res = run_frontier(ckpt, docs, _command(), tcfg, log=typer.echo)
+    typer.echo(f"chosen: {res['chosen']} -> {docs / 'frontier.md'}")
 
 
 @app.command()

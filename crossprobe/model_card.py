@@ -89,10 +89,13 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
     tw = tr.get("towers", {})
     if tw:
         lines += [f"Towers: best dev epoch {tw.get('best_epoch')} (dev rsum {tw.get('dev_rsum')}).", ""]
-    fr = tr.get("cp", {}).get("frontier")
+    fr = tr.get("cp", {}).get("frontier")  # checkpoints trained while the frontier was a stage of `crossprobe train`
     if fr:
         lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
                   f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
+    elif "cp" in tr:
+        lines += [f"CP shape d{m['cp']['d']}-n{m['cp']['n']}-l{m['cp']['layers']}: the setting `crossprobe frontier` chose on dev "
+                  "among four (docs/frontier.md), pinned in ModelConfig.cp and trained alone by `crossprobe train`.", ""]
     lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",

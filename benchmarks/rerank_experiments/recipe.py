@@ -6,7 +6,8 @@ DEV_STACK: fraction of dev images added to training (crossprobe/training/stackin
 EPOCHS: listwise epochs on mined negatives; PRETRAIN_EPOCHS: in-batch contrastive epochs first
 (RerankTrainConfig.pretrain_epochs); STANDALONE 1: train on the reranker's own score and fit the fusion weight on the
 selection split (RerankTrainConfig.standalone); INPUTS: tower | backbone (| both, CP only)
-(CrossProbeConfig.inputs / TemdeConfig.inputs, default tower). The module is re-initialised with the default seed; everything else is the
+(CrossProbeConfig.inputs / TemdeConfig.inputs, default tower). The module is re-initialised with seed SEED (environment,
+default 0: the default seed), which also orders the training data; everything else is the
 default reranker budget. Prints the learning curve, then R@1 (t2i, K=100) on the dev selection split and
 on test for logit = s_tt + w * s_rerank over a grid of w (w=1000 ~ the reranker alone), the dev-best w,
 and test R@1 at that w. Results of the runs made so far: docs/rerank_experiments.md.
@@ -60,20 +61,21 @@ def main() -> None:
     tr, dv = stacked(split_banks(base, data, "train"), split_banks(base, data, "dev"), frac)
     te = split_banks(base, data, "test")
     model = copy.deepcopy(base)
-    seed_everything(0)
+    seed = int(os.environ.get("SEED", 0))
+    seed_everything(seed)
     setattr(model, method, CrossProbe(dataclasses.replace(model.cfg.cp, inputs=inputs)) if method == "cp" else Temde(dataclasses.replace(model.cfg.temde, inputs=inputs)))
     mod = getattr(model, method)
     rcfg = dataclasses.replace(reranker_config(TrainConfig(), method), epochs=epochs, pretrain_epochs=pre, standalone=bool(alone))
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
-        rep = train_reranker(model, method, tr, dv, rcfg, Path(d) / "s.pt", 0)
+        rep = train_reranker(model, method, tr, dv, rcfg, Path(d) / "s.pt", seed)
     print("trained", rep["best_epoch"], rep["history"], rep["pretrain"], round(time.time() - t0), flush=True)
     model.eval()
     d, t = sweep(model, method, dv), sweep(model, method, te)
     best = max(d, key=d.get)
     print("dev", d)
     print("test", t)
-    print("RESULT", method, inputs, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
+    print("RESULT", method, inputs, "seed", seed, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
           "dev-best w", best, "test R@1", t[best], "TT", t[0], flush=True)
 
 

@@ -28,8 +28,9 @@ class ModelConfig:
     vision: VisionTowerConfig = field(default_factory=VisionTowerConfig)
     # CP and T-EMDE read the frozen backbones' features, not the tower tokens (cross_probe.py,
     # docs/rerank_experiments.md); the configs' own default stays "tower" so that checkpoints saved
-    # before the option load as they were trained
-    cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(inputs="backbone"))
+    # before the option load as they were trained. CP's shape (d, n, l) is the one `crossprobe frontier`
+    # chose on dev (docs/frontier.md): 4.7 ms per 100 candidates, the best dev R@1 of four settings.
+    cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(d=128, n=8, layers=1, inputs="backbone"))
     temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
     tv: SingleStreamConfig = field(default_factory=SingleStreamConfig)
@@ -52,7 +53,7 @@ class ModelConfig:
 class SearchModel(nn.Module):
     def __init__(self, cfg: ModelConfig, bert: nn.Module | None = None):
         super().__init__()
-        cfg = copy.deepcopy(cfg)  # the model owns its config (the CP frontier may change cfg.cp)
+        cfg = copy.deepcopy(cfg)  # the model owns its config (SearchModel sets the rerankers' d_in)
         for c in (cfg.cp, cfg.temde, cfg.sm):
             c.d_in = cfg.vision.d
         assert cfg.text.d == cfg.vision.d, "both towers must share the two-tower width"

@@ -185,7 +185,7 @@ class Runner:
             opt.apply(mc, tc)
         run = c.run_dir / _dirname(name)
         tcfg = TrainConfig(seed=c.seed, threads=c.threads, cache_dir=c.cache_dir, run_dir=run, out=run / "checkpoint",
-                           model=mc, towers=tc, methods=(), frontier=False)
+                           model=mc, towers=tc, methods=())
         t0 = time.time()
         fp = train(tcfg, log=self.log, data=self.data(mc.text.frozen_layers))  # one cache load for training and eval
         model, _ = checkpoint.load(run / "checkpoint")

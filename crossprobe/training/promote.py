@@ -52,7 +52,7 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
     t0 = time.time()
     # the run dir holds towers.done.pt: train() reuses the towers and trains only the service's rerankers
     tcfg = dataclasses.replace(cfg.template, seed=cfg.seed, threads=cfg.threads, cache_dir=cfg.cache_dir, run_dir=run,
-                               out=out, model=mc, towers=tc, methods=SERVICE_RERANKERS, frontier=False)
+                               out=out, model=mc, towers=tc, methods=SERVICE_RERANKERS)
     fp = train(tcfg, log=log, data=runner.data(mc.text.frozen_layers))
     model, _ = checkpoint.load(out)
     K = cfg.k

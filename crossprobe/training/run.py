@@ -3,7 +3,8 @@
   cache   frozen backbone features for all 8,091 images and 40,455 captions
   towers  two-tower training (stage 1), best epoch on dev
   banks   frozen tower outputs for train/dev (inputs of the rerankers)
-  cp, temde, sm, tv   reranker training on mined hard negatives (stage 2)
+  cp, temde, sm, tv   reranker training on mined hard negatives (stage 2); CP in the
+          shape pinned in ModelConfig.cp, which `crossprobe frontier` chose (frontier.py)
   save    checkpoint (safetensors + config.json with fingerprint)
 
 Every stage records its wall time in <run_dir>/timings.json.
@@ -20,11 +21,9 @@ import torch
 
 from crossprobe import checkpoint
 from crossprobe.evaluation.retrieval import split_banks
-from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
-from crossprobe.training.frontier import SETTINGS as FRONTIER_SETTINGS
-from crossprobe.training.frontier import run_frontier
 from crossprobe.training.data import CachedData
+from crossprobe.training.frontier import fresh_cp
 from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
 from crossprobe.training.stacking import stacked
 from crossprobe.training.state import Timings, atomic_save, seed_everything
@@ -48,8 +47,6 @@ class TrainConfig:
     # then listwise training on their own score, the fusion weight chosen on dev (RerankTrainConfig.standalone)
     pretrain_by_method: dict = field(default_factory=lambda: {"cp": 5, "temde": 5})
     standalone_methods: tuple[str, ...] = ("cp", "temde")
-    frontier: bool = True  # train several CP settings and keep the one chosen on dev (frontier.py)
-    frontier_settings: list = field(default_factory=lambda: list(FRONTIER_SETTINGS))
 
 
 def _jsonable(o):
@@ -101,6 +98,11 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             report["towers"] = train_towers(model, data, cfg.towers, run / "towers.pt", cfg.seed, log)
         atomic_save({"weights": model.tower_state_dict(), "report": report["towers"]}, done)
 
+    # The rerankers learn on the towers exactly as the checkpoint serves them: float16-rounded, and in eval
+    # mode (a model built here to reload towers.done.pt starts in training mode, and dropout in the banks
+    # below would give the rerankers noisy two-tower scores to mine from and to fit their fusion weight on).
+    checkpoint.round_to_stored(model, TOWER_PREFIXES)
+    model.eval()
     pending = [m for m in cfg.methods if not (run / f"{m}.done.pt").exists()]
     train_banks = dev_banks = None
     if pending:  # the rerankers' inputs: frozen tower outputs for train and dev
@@ -108,24 +110,17 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             train_banks = split_banks(model, data, "train")
             dev_banks = split_banks(model, data, "dev")
         train_banks, dev_banks = stacked(train_banks, dev_banks, cfg.rerank.dev_stack)
-    if "cp" in cfg.methods and cfg.frontier and not (run / "cp.done.pt").exists():
-        done = run / "cp.done.pt"
-        with timings.timer("cp_frontier"):
-            rcfg = reranker_config(cfg, "cp")
-            report["cp"] = {"frontier": run_frontier(model, train_banks, dev_banks, rcfg, run, cfg.seed, log, settings=cfg.frontier_settings)}
-        atomic_save({"weights": model.cp.state_dict(), "config": dataclasses.asdict(model.cfg.cp), "report": report["cp"]}, done)
     for method in cfg.methods:
         done = run / f"{method}.done.pt"
         if done.exists():
             st = torch.load(done, weights_only=False)
-            if "config" in st:  # the frontier may have changed CP's shape
-                model.cfg.cp = CrossProbeConfig(**st["config"])
-                model.cp = CrossProbe(model.cfg.cp)
             getattr(model, method).load_state_dict(st["weights"])
             report[method] = st["report"]
             continue
         rcfg = reranker_config(cfg, method)
         seed_everything(cfg.seed)
+        if method == "cp":  # initialised as the frontier initialises each setting: the default is its chosen run
+            model.cp = fresh_cp(model.cfg.cp, cfg.seed)
         with timings.timer(method):
             report[method] = train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log)
         atomic_save({"weights": getattr(model, method).state_dict(), "report": report[method]}, done)

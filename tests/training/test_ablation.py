@@ -26,7 +26,7 @@ def test_ablation_end_to_end_and_resume(corpus, small_cfg, tmp_path, monkeypatch
         cache_dir=tmp_path / "cache", run_dir=tmp_path / "base_run", out=tmp_path / "base", model=copy.deepcopy(small_cfg),
         towers=TowerTrainConfig(epochs=1, batch=8, warmup_steps=1),
         rerank=RerankTrainConfig(epochs=1, queries=4, negatives=3, mine_k=6, dev_k=3),
-        epochs_by_method={"cp": 1, "sm": 1, "tv": 1}, methods=("cp", "sm", "tv"), frontier=False,
+        epochs_by_method={"cp": 1, "sm": 1, "tv": 1}, methods=("cp", "sm", "tv"),
     )
     train(template, log=lambda *_: None)  # the "committed" default of this test
     cfg = AblationConfig(cache_dir=tmp_path / "cache", run_dir=tmp_path / "abl", base=tmp_path / "base",
