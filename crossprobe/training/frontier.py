@@ -90,8 +90,9 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
         rows.append(row)
     model.cp = keep
     chosen = choose(rows, budget_ms, tolerance)
+    caps = "all 5,000 dev captions" if rcfg.standalone else f"the first caption of {rcfg.dev_queries:,} dev images"
     return {"rows": rows, "chosen": chosen["name"], "budget_ms": budget_ms, "tolerance_R@1": tolerance,
-            "selection": "dev text->image R@1 after reranking the top 50 (1,000 dev captions)"}
+            "selection": f"dev text->image R@1 after reranking the top {rcfg.dev_k} ({caps}, at the fusion weight fit there)"}
 
 
 def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: dict, command: str) -> None:
@@ -108,8 +109,7 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
         f"Command: `{command}`  ", f"Machine: {machine}  ", f"Towers: checkpoint `{fingerprint}`", "",
         "Every setting trained with the same recipe, budget and seed on the same frozen towers: the CP recipe of "
         "`crossprobe train` (`reranker_config(TrainConfig(), \"cp\")`; docs/rerank_experiments.md). "
-        "dev R@1: text->image R@1 of the first caption of each of the 1,000 dev images after "
-        "reranking the two-tower top 50 (at the best epoch's fusion). Rerank time: one query against 100 cached candidates, "
+        f"dev R@1: {frontier['selection']}, at the best epoch. Rerank time: one query against 100 cached candidates, "
         "2 threads, median of 30, measured right after each setting trained. Train s: wall time of the setting's training "
         "(in-batch pretraining, listwise epochs, dev fits). Rule: most accurate within "
         f"{frontier['budget_ms']} ms and within {frontier['tolerance_R@1']} R@1 of the best.", "",

@@ -6,8 +6,8 @@ are its positive plus `negatives` images drawn from its top `mine_k` (the
 positive excluded), and the loss is listwise cross-entropy over the fused logit
 alpha * s_tt + beta * s_rerank. Model selection: dev text->image R@1 at K = dev_k.
 
-`standalone` trains the reranker's own score instead (alpha held at 0) and then
-chooses the fusion weight on the selection split (`fit_fusion`): on training
+`standalone` trains the reranker's own score instead (alpha held at 0) and
+chooses the epoch and the fusion weight together on the selection split (`fit_fusion`): on training
 captions the towers' score is near-perfect (they fit that split), so a fused
 logit learned there mostly learns to defer to it; dev shows the honest mix.
 """
@@ -47,7 +47,9 @@ class RerankTrainConfig:
     pretrain_epochs: int = 0  # in-batch contrastive epochs on the reranker's own score first (ALBEF's ITC before ITM)
     pretrain_batch: int = 64  # captions (of distinct images) per pretraining step: batch^2 pairs scored
     standalone: bool = False  # train the reranker's own score; the fusion weight is fit on the selection split
-    fusion_queries: int = 5000  # selection captions for the final fusion fit (all 5 per dev image: R@1 on 1,000 moves by ~1.3 points by chance)
+    # selection captions of a standalone reranker (epoch and fusion weight; all 5 per dev image): t2i R@1 on
+    # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch (docs/rerank_experiments.md §5)
+    fusion_queries: int = 5000
 
 
 # Candidate weights w of the reranker in logit = s_tt + w * s_rerank (fit_fusion); inf = the reranker alone.
@@ -122,8 +124,8 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
             total += _step(loss, params, opt, sched)
         module.eval()
         rec = {"epoch": epoch + 1, "loss": total / steps}
-        if cfg.standalone:
-            w, score = fit_fusion(model, method, dev, cfg)
+        if cfg.standalone:  # epoch and mix chosen together on fusion_queries dev captions
+            w, score = fit_fusion(model, method, dev, cfg, queries=cfg.fusion_queries)
             rec["fusion_w"] = w
         else:
             score = dev_score(model, method, dev, cfg)
@@ -137,10 +139,10 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
                      "best": best, "history": history, "rng": rng_state()}, state_path)
     module.load_state_dict(best["weights"])
     fusion = {}
-    if cfg.standalone:  # the epoch was chosen on dev_queries captions; the mix is fit on more of them
-        w, r1 = fit_fusion(model, method, dev, cfg, queries=cfg.fusion_queries)
+    if cfg.standalone:
+        w = best["fusion_w"]
         set_fusion(module.fusion, w)
-        fusion = {"fusion_w": w, f"fusion_dev_t2i_R@1@{cfg.dev_k}": r1,
+        fusion = {"fusion_w": w, f"fusion_dev_t2i_R@1@{cfg.dev_k}": best["score"],
                   "fusion_queries": int(min(len(dev[2]), cfg.fusion_queries))}
         log(f"{method} fusion {fusion}")
     for p in model.parameters():
