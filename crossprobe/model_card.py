@@ -84,8 +84,10 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
     ]
     t = tr.get("timings_s", {})
     if t:
-        lines += ["Wall time per stage (seconds, this machine): " + ", ".join(f"{k} {v}" for k, v in t.items())
-                  + f"; total {round(sum(t.values()) / 60, 1)} min.", ""]
+        lines += ["Wall time per stage (seconds, this machine; stages run in separate invocations add up): "
+                  + ", ".join(f"{k} {v}" for k, v in t.items()) + f"; total {round(sum(t.values()) / 60, 1)} min."
+                  + (" The cache stage only loaded features already on disk; building them from nothing is timed in "
+                     "docs/training_time.md." if t.get("cache", 0) < 60 else ""), ""]
     tw = tr.get("towers", {})
     if tw:
         lines += [f"Towers: best dev epoch {tw.get('best_epoch')} (dev rsum {tw.get('dev_rsum')}).", ""]
