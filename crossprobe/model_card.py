@@ -96,8 +96,8 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
                   f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
     elif "cp" in tr:
-        lines += [f"CP shape d{m['cp']['d']}-n{m['cp']['n']}-l{m['cp']['layers']}: the setting `crossprobe frontier` chose on dev "
-                  "among four (docs/frontier.md), pinned in ModelConfig.cp and trained alone by `crossprobe train`.", ""]
+        lines += [f"CP shape d{m['cp']['d']}-n{m['cp']['n']}-l{m['cp']['layers']}: pinned in ModelConfig.cp and trained alone by "
+                  "`crossprobe train`; `crossprobe frontier` compares it with three other shapes on dev (docs/frontier.md).", ""]
     lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",

@@ -28,8 +28,9 @@ class ModelConfig:
     vision: VisionTowerConfig = field(default_factory=VisionTowerConfig)
     # CP and T-EMDE read the frozen backbones' features, not the tower tokens (cross_probe.py,
     # docs/rerank_experiments.md); the configs' own default stays "tower" so that checkpoints saved
-    # before the option load as they were trained. CP's shape (d, n, l) is the one `crossprobe frontier`
-    # chose on dev (docs/frontier.md): 4.7 ms per 100 candidates, the best dev R@1 of four settings.
+    # before the option load as they were trained. CP's shape (d, n, l): the frontier's choice on
+    # the banks later found noisy (docs/rerank_experiments.md §5); re-run with the fix, `crossprobe frontier`
+    # prefers d64-n15-l2 by 0.3 dev R@1 (6.1 vs 3.7 ms per 100 candidates; docs/frontier.md): re-pinning pending.
     cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(d=128, n=8, layers=1, inputs="backbone"))
     temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)

@@ -12,8 +12,9 @@ benchmarks/cp_frontier.py, so the choice never looks at the test split.
 The frontier is a model-selection run of its own, not a stage of `crossprobe
 train`: with the in-batch pretraining recipe its four settings take ~51 min on
 2 cores, which put the default training run over its 90 min budget. Its choice
-is pinned in ModelConfig.cp (models/model.py), and `crossprobe train` trains
-that one shape, initialised as the frontier initialises it.
+is meant to be pinned in ModelConfig.cp (models/model.py; docs/frontier.md says
+when it is not), and `crossprobe train` trains that one shape, initialised as
+the frontier initialises it.
 """
 from __future__ import annotations
 
@@ -119,11 +120,16 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
     for r in frontier["rows"]:
         lines.append(f"| {r['name']} | {r['dev_R@1']:.1f} | {r['ort_ms_100']} | {r['torch_ms_100']} | {r.get('train_s', '-')} | "
                      f"{'yes' if r['name'] == frontier['chosen'] else ''} |")
-    agree = "is" if pinned == frontier["chosen"] else f"is NOT (it is `{pinned}`)"
-    lines += ["", f"The default CP shape pinned in `ModelConfig.cp` {agree} the chosen setting; `crossprobe train` trains "
-              "that shape alone, with the same recipe and initialisation. Test-split numbers of the default are in "
-              "docs/flickr8k.md (CP@K rows); `make bench` re-measures every setting on the test split "
-              "(docs/frontier_test.md).", ""]
+    if pinned == frontier["chosen"]:
+        agree = f"The default CP shape pinned in `ModelConfig.cp`, `{pinned}`, is the chosen setting"
+    else:
+        row = next((r for r in frontier["rows"] if r["name"] == pinned), None)
+        agree = (f"The default CP shape pinned in `ModelConfig.cp`, `{pinned}`, is NOT the chosen setting `{frontier['chosen']}`"
+                 + (f" (dev R@1 {row['dev_R@1']:.1f} vs {max(r['dev_R@1'] for r in frontier['rows']):.1f}, "
+                    f"{row['ort_ms_100']} ms)" if row else "") + ": re-pin it to follow this frontier")
+    lines += ["", agree + "; `crossprobe train` trains the pinned shape alone, with the same recipe and initialisation. "
+              "Test-split numbers of the default are in docs/flickr8k.md (CP@K rows); `make bench` re-measures every "
+              "setting on the test split (docs/frontier_test.md).", ""]
     (docs / "frontier.md").write_text("\n".join(lines))
 
 

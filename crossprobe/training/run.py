@@ -4,7 +4,7 @@
   towers  two-tower training (stage 1), best epoch on dev
   banks   frozen tower outputs for train/dev (inputs of the rerankers)
   cp, temde, sm, tv   reranker training on mined hard negatives (stage 2); CP in the
-          shape pinned in ModelConfig.cp, which `crossprobe frontier` chose (frontier.py)
+          shape pinned in ModelConfig.cp (`crossprobe frontier` compares shapes: frontier.py)
   save    checkpoint (safetensors + config.json with fingerprint)
 
 Every stage records its wall time in <run_dir>/timings.json.
