@@ -7,12 +7,25 @@ parts are computed once (that is what the index caches for CP and T-EMDE), and
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from crossprobe.models.model import SearchModel
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module):
+    """Banks are the towers' inference outputs: dropout off whatever mode the caller left the model in
+    (a model built to reload saved towers starts in training mode), the caller's mode restored after."""
+    was = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was)
 
 
 def _batches(n: int, size: int):
@@ -43,10 +56,11 @@ def encode_texts(model: SearchModel, states: np.ndarray, masks: np.ndarray, rows
     m = m[:, :T]
     st = torch.from_numpy(np.ascontiguousarray(states[rows][:, :T]))
     toks, gs = [], []
-    for sl in _batches(len(rows), batch):
-        out = model.text.forward_states(st[sl].float(), m[sl])
-        toks.append(out.tokens.half())
-        gs.append(out.g)
+    with _eval_mode(model.text) as tower:
+        for sl in _batches(len(rows), batch):
+            out = tower.forward_states(st[sl].float(), m[sl])
+            toks.append(out.tokens.half())
+            gs.append(out.g)
     return TextBank(torch.cat(toks), m, torch.cat(gs), st)
 
 
@@ -55,10 +69,11 @@ def encode_images(model: SearchModel, grids: np.ndarray, rows, batch: int = 256)
     rows = np.asarray(rows)
     gr = torch.from_numpy(np.ascontiguousarray(grids[rows]))
     toks, gs = [], []
-    for sl in _batches(len(rows), batch):
-        out = model.vision(gr[sl].float())
-        toks.append(out.tokens.half())
-        gs.append(out.g)
+    with _eval_mode(model.vision) as tower:
+        for sl in _batches(len(rows), batch):
+            out = tower(gr[sl].float())
+            toks.append(out.tokens.half())
+            gs.append(out.g)
     return ImageBank(torch.cat(toks), torch.cat(gs), gr)
 
 

@@ -98,11 +98,9 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             report["towers"] = train_towers(model, data, cfg.towers, run / "towers.pt", cfg.seed, log)
         atomic_save({"weights": model.tower_state_dict(), "report": report["towers"]}, done)
 
-    # The rerankers learn on the towers exactly as the checkpoint serves them: float16-rounded, and in eval
-    # mode (a model built here to reload towers.done.pt starts in training mode, and dropout in the banks
-    # below would give the rerankers noisy two-tower scores to mine from and to fit their fusion weight on).
+    # The rerankers learn on the towers exactly as the checkpoint serves them: float16-rounded (and without
+    # dropout: split_banks encodes in eval mode whatever mode this freshly built model is in).
     checkpoint.round_to_stored(model, TOWER_PREFIXES)
-    model.eval()
     pending = [m for m in cfg.methods if not (run / f"{m}.done.pt").exists()]
     train_banks = dev_banks = None
     if pending:  # the rerankers' inputs: frozen tower outputs for train and dev
