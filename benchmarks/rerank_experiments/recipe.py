@@ -38,8 +38,8 @@ from crossprobe.training.state import seed_everything
 WEIGHTS = (0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 1e3)
 
 
-def sweep(model, method: str, banks) -> dict:
-    """R@1 of s_tt + w * s_rerank on the top 100, for each w (the module's own fusion divided out)."""
+def sweep(model, method: str, banks, extra: tuple = ()) -> dict:
+    """R@1 of s_tt + w * s_rerank on the top 100, for each w of WEIGHTS + extra (the module's own fusion divided out)."""
     text, images, gold = banks
     S = tt_scores(text, images)
     cand = M.topk(S, 100)
@@ -49,7 +49,7 @@ def sweep(model, method: str, banks) -> dict:
         getattr(own, method).fusion.alpha.zero_()
         getattr(own, method).fusion.beta.fill_(1.0)
     srr = PairScorer(own, method, text, images).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
-    return {w: round(M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, stt + w * srr), gold))["R@1"], 2) for w in WEIGHTS}
+    return {w: round(M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, stt + w * srr), gold))["R@1"], 2) for w in (*WEIGHTS, *extra)}
 
 
 def main() -> None:
@@ -71,11 +71,12 @@ def main() -> None:
         rep = train_reranker(model, method, tr, dv, rcfg, Path(d) / "s.pt", seed)
     print("trained", rep["best_epoch"], rep["history"], rep["pretrain"], round(time.time() - t0), flush=True)
     model.eval()
-    d, t = sweep(model, method, dv), sweep(model, method, te)
+    trained_w = round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3)  # the w a checkpoint would carry
+    d, t = sweep(model, method, dv), sweep(model, method, te, (trained_w,))
     best = max(d, key=d.get)
     print("dev", d)
     print("test", t)
-    print("RESULT", method, inputs, "seed", seed, frac, epochs, pre, alone, "as trained w", round(float(mod.fusion.beta) / max(1e-6, float(mod.fusion.alpha)), 3),
+    print("RESULT", method, inputs, "seed", seed, frac, epochs, pre, alone, "as trained w", trained_w, "test R@1 there", t[trained_w],
           "dev-best w", best, "test R@1", t[best], "TT", t[0], flush=True)
 
 
