@@ -63,20 +63,32 @@ def choose(rows: list[dict], budget_ms: float, tolerance: float) -> dict:
     return min(close, key=lambda r: r["ort_ms_100"])
 
 
+def recipe_budget(rcfg: RerankTrainConfig) -> dict:
+    """The part of the CP recipe a finished setting must share with the others to be compared."""
+    return {"pretrain_epochs": rcfg.pretrain_epochs, "epochs": rcfg.epochs}
+
+
 def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run_dir, seed: int, log=print,
                  settings=SETTINGS, budget_ms: float = 10.0, tolerance: float = 1.0) -> dict:
     """Train every setting (resumable per setting: run_dir/frontier_<name>.done.pt), time it, choose.
     banks() -> (train banks, dev banks), called only if some setting still needs training.
     model.cp is left as it was."""
     base, keep = model.cfg.cp, model.cp
+    budget = recipe_budget(rcfg)
     rows, got = [], None
     for s in settings:
         name = name_of(s)
         done = Path(run_dir) / f"frontier_{name}.done.pt"
         cfg = dataclasses.replace(base, **s)
-        if done.exists():
-            row = torch.load(done, weights_only=False)["row"]
-        else:
+        row = torch.load(done, weights_only=False)["row"] if done.exists() else None
+        if row is not None and row.get("budget") != budget:
+            # a setting finished under another recipe (the CP budget changed since): its weights and states
+            # would be compared with settings trained differently, so it trains again from scratch
+            log(f"frontier {name}: trained with {row.get('budget', 'an unrecorded budget')}, the recipe is now {budget}: retraining")
+            for f in (done, Path(run_dir) / f"frontier_{name}.pt", Path(run_dir) / f"frontier_{name}.pretrained.pt"):
+                f.unlink(missing_ok=True)
+            row = None
+        if row is None:
             got = got or banks()
             t0 = time.time()
             model.cp = fresh_cp(cfg, seed)
@@ -84,7 +96,7 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
             train_s = round(time.time() - t0, 1)
             t = rerank_ms(model, methods=("cp",), ks=(100,), repeats=30)
             row = {"name": name, "config": dataclasses.asdict(cfg), "dev_R@1": rep["dev_score"], "best_epoch": rep["best_epoch"],
-                   "fusion_w": rep.get("fusion_w"), "train_s": train_s,
+                   "fusion_w": rep.get("fusion_w"), "train_s": train_s, "budget": budget,
                    "ort_ms_100": t["onnxruntime"]["cp"]["100"], "torch_ms_100": t["pytorch"]["cp"]["100"]}
             atomic_save({"weights": model.cp.state_dict(), "row": row}, done)
         log(f"frontier {row}")
@@ -96,9 +108,11 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
             "selection": f"dev text->image R@1 after reranking the top {rcfg.dev_k} ({caps}, at the fusion weight fit there)"}
 
 
-def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: dict, command: str) -> None:
+def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: dict, command: str,
+              current_budget: dict | None = None) -> None:
     """docs/frontier.md + docs/results/frontier.json (dev numbers and timings measured when each setting trained).
-    default_cp: ModelConfig().cp as a dict, to say whether the pinned default is the frontier's choice."""
+    default_cp: ModelConfig().cp as a dict, to say whether the pinned default is the frontier's choice;
+    current_budget: recipe_budget of today's CP recipe, to say when the rows were trained under another."""
     docs = Path(docs)
     (docs / "results").mkdir(parents=True, exist_ok=True)
     pinned = name_of(default_cp)
@@ -114,6 +128,7 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
         "2 threads, median of 30, measured right after each setting trained. Train s: wall time of the setting's training "
         "(in-batch pretraining, listwise epochs, dev fits). Rule: most accurate within "
         f"{frontier['budget_ms']} ms and within {frontier['tolerance_R@1']} R@1 of the best.", "",
+        *_budget_lines(frontier["rows"], current_budget),
         "| setting (d, n, l; m=5) | dev R@1 | ONNX Runtime ms (K=100) | PyTorch ms (K=100) | train s | chosen |",
         "|---|---|---|---|---|---|",
     ]
@@ -131,6 +146,18 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
               "Test-split numbers of the default are in docs/flickr8k.md (CP@K rows); `make bench` re-measures every "
               "setting on the test split (docs/frontier_test.md).", ""]
     (docs / "frontier.md").write_text("\n".join(lines))
+
+
+def _budget_lines(rows: list[dict], current: dict | None) -> list[str]:
+    budgets = {json.dumps(r.get("budget"), sort_keys=True) for r in rows}
+    if len(budgets) != 1 or rows[0].get("budget") is None:
+        return ["Budget: not recorded for every setting (trained before budgets were recorded).", ""]
+    b = rows[0]["budget"]
+    out = [f"Budget per setting: {b['pretrain_epochs']} in-batch pretraining + {b['epochs']} listwise epochs."]
+    if current is not None and current != b:
+        out.append(f"**The CP recipe of `crossprobe train` is now {current['pretrain_epochs']} + {current['epochs']} epochs: "
+                   "these rows compare the shapes under the older budget; `crossprobe frontier` retrains them under the new one.**")
+    return [" ".join(out), ""]
 
 
 def frontier(ckpt, docs, command: str, tcfg=None, log=print, settings=SETTINGS) -> dict:
@@ -157,6 +184,7 @@ def frontier(ckpt, docs, command: str, tcfg=None, log=print, settings=SETTINGS) 
         return stacked(tr, dv, tcfg.rerank.dev_stack)  # as `crossprobe train` builds them
 
     Path(tcfg.run_dir).mkdir(parents=True, exist_ok=True)
-    res = run_frontier(model, banks, reranker_config(tcfg, "cp"), tcfg.run_dir, tcfg.seed, log, settings)
-    write_doc(res, docs, machine(), meta["fingerprint"], {k: getattr(default_cp, k) for k in SHAPE}, command)
+    rcfg = reranker_config(tcfg, "cp")
+    res = run_frontier(model, banks, rcfg, tcfg.run_dir, tcfg.seed, log, settings)
+    write_doc(res, docs, machine(), meta["fingerprint"], {k: getattr(default_cp, k) for k in SHAPE}, command, recipe_budget(rcfg))
     return res

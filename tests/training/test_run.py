@@ -55,7 +55,15 @@ def test_train_end_to_end_frontier_and_resume(corpus, small_cfg, tmp_path, monke
     # resumable: every setting done, nothing trains again (no banks, same rows)
     log = []
     again = frontier(tmp_path / "ckpt", docs, "crossprobe frontier", fcfg, log=log.append, settings=settings)
-    assert again["rows"] == res["rows"] and not any("pretrain" in str(m) or "epoch" in str(m).split("{")[0] for m in log)
+    assert again["rows"] == res["rows"] and not any(str(m).startswith("cp ") for m in log)  # train_reranker logs "cp ..."
+    assert "Budget per setting: 1 in-batch pretraining + 1 listwise epochs." in (docs / "frontier.md").read_text()
+    # the CP recipe's budget changed since: a finished setting is retrained under it, never reused
+    log = []
+    longer = dataclasses.replace(fcfg, epochs_by_method={**fcfg.epochs_by_method, "cp": 2})
+    res2 = frontier(tmp_path / "ckpt", docs, "crossprobe frontier", longer, log=log.append, settings=settings[1:])
+    assert any("retraining" in str(m) for m in log)
+    assert res2["rows"][0]["budget"] == {"pretrain_epochs": 1, "epochs": 2} and len(res2["rows"][0]) == len(res["rows"][1])
+    assert "1 in-batch pretraining + 2 listwise epochs" in (docs / "frontier.md").read_text()
 
     # CP retrained in a later invocation, on towers reloaded from towers.done.pt (a model built in training
     # mode: the banks must still be computed without dropout): the same weights, the same checkpoint
