@@ -37,13 +37,17 @@ def reranker_lines(ckpt: Path, meta: dict) -> list[str]:
         inputs = meta["model"][module].get("inputs", "tower")
         standalone = module in tc.get("standalone_methods", [])
         pre = tc.get("pretrain_by_method", {}).get(module, 0)
+        epochs = tc.get("epochs_by_method", {}).get(module)
+        best = meta["training"][module].get("best_epoch")
+        budget = (f"{epochs} epochs of " if epochs else "") + "listwise training"
+        kept = f" (kept: epoch {best}, best on dev)" if epochs and best else ""
         a, b = _fusion(ckpt / "model.safetensors", module)
         mix = (f"ranking logit = s_tt + {b / a:.2f} x s_{module}" if a else f"ranked by s_{module} alone")
         lines.append(
             f"- {name}: reads {READS[inputs]}; "
             + (f"{pre} epochs of in-batch contrastive pretraining, then " if pre else "")
-            + ("listwise training on its own score over mined hard negatives, the fusion weight chosen on dev" if standalone
-               else "listwise training of the fused logit over mined hard negatives")
+            + (f"{budget} on its own score over mined hard negatives{kept}, the fusion weight chosen on dev" if standalone
+               else f"{budget} of the fused logit over mined hard negatives{kept}")
             + f"; {mix}.")
     return lines + ([""] if lines else [])
 

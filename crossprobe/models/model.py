@@ -30,7 +30,9 @@ class ModelConfig:
     # docs/rerank_experiments.md); the configs' own default stays "tower" so that checkpoints saved
     # before the option load as they were trained. CP's shape (d, n, l): the frontier's choice on
     # the banks later found noisy (docs/rerank_experiments.md §5); re-run with the fix, `crossprobe frontier`
-    # prefers d64-n15-l2 by 0.3 dev R@1 (6.1 vs 3.7 ms per 100 candidates; docs/frontier.md): re-pinning pending.
+    # prefers d64-n15-l2 by 0.3 dev R@1 (6.1 vs 3.7 ms per 100 candidates; docs/frontier.md), which test does
+    # not confirm (22.16 vs 22.44, docs/frontier_test.md): the four shapes are within the noise of one seed,
+    # so the faster d128-n8-l1 stays pinned until a frontier under the 6-epoch recipe says otherwise.
     cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(d=128, n=8, layers=1, inputs="backbone"))
     temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
