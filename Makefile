@@ -48,7 +48,8 @@ export: $(STAMP)
 	$(BIN)/crossprobe export
 
 ## make bench: the speed targets, each written to docs/ with its machine and command (Flickr8k needed; CPU idle):
-## CP frontier on test -> docs/frontier_test.md; ONNX Runtime thread pools -> docs/ort_threading.md;
+## CP frontier on test -> docs/frontier_test.md (first runs `crossprobe frontier` for settings not trained
+## under the current CP recipe: ~20 min each); ONNX Runtime thread pools -> docs/ort_threading.md;
 ## the search service, 8,091 and 100K items -> docs/latency.md
 bench: $(STAMP)
 	$(BIN)/python benchmarks/cp_frontier.py
