@@ -75,7 +75,6 @@ def main() -> None:
     write_doc(out)
 
 
-
 def write_doc(out: dict) -> None:
     """docs/frontier_test.md from the test rows, beside the dev numbers and choice of docs/results/frontier.json."""
     dev = json.loads(Path("docs/results/frontier.json").read_text())
