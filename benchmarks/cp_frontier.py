@@ -26,7 +26,7 @@ from crossprobe.evaluation.retrieval import reranked, shortlist_recall, split_ba
 from crossprobe.evaluation.timing import rerank_ms
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.training.data import CachedData
-from crossprobe.training.frontier import SETTINGS, frontier, name_of, recipe_budget
+from crossprobe.training.frontier import SETTINGS, finished_row, frontier, name_of, recipe_budget
 from crossprobe.training.run import TrainConfig, reranker_config
 
 RUN = Path("runs/default")
@@ -45,12 +45,7 @@ def main() -> None:
     S = tt_scores(text, images)
     rows = []
     budget = recipe_budget(reranker_config(TrainConfig(), "cp"))
-
-    def current(s) -> bool:  # finished under today's CP recipe (the frontier retrains the others)
-        done = RUN / f"frontier_{name_of(s)}.done.pt"
-        return done.exists() and torch.load(done, weights_only=False)["row"].get("budget") == budget
-
-    missing = [name_of(s) for s in SETTINGS if not current(s)]
+    missing = [name_of(s) for s in SETTINGS if finished_row(RUN, name_of(s), budget) is None]  # the frontier retrains them
     if missing:  # trained by the frontier itself, with the default recipe (resumable)
         print(f"settings not trained under the current recipe {budget}: {missing}; running `crossprobe frontier` first", flush=True)
         frontier(None, Path("docs"), "crossprobe frontier (run by benchmarks/cp_frontier.py)", TrainConfig(run_dir=RUN))

@@ -68,6 +68,13 @@ def recipe_budget(rcfg: RerankTrainConfig) -> dict:
     return {"pretrain_epochs": rcfg.pretrain_epochs, "epochs": rcfg.epochs}
 
 
+def finished_row(run_dir, name: str, budget: dict) -> dict | None:
+    """The row of a setting finished under `budget` (run_dir/frontier_<name>.done.pt), else None."""
+    done = Path(run_dir) / f"frontier_{name}.done.pt"
+    row = torch.load(done, weights_only=False)["row"] if done.exists() else None
+    return row if row is not None and row.get("budget") == budget else None
+
+
 def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run_dir, seed: int, log=print,
                  settings=SETTINGS, budget_ms: float = 10.0, tolerance: float = 1.0) -> dict:
     """Train every setting (resumable per setting: run_dir/frontier_<name>.done.pt), time it, choose.
@@ -80,14 +87,14 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
         name = name_of(s)
         done = Path(run_dir) / f"frontier_{name}.done.pt"
         cfg = dataclasses.replace(base, **s)
-        row = torch.load(done, weights_only=False)["row"] if done.exists() else None
-        if row is not None and row.get("budget") != budget:
+        row = finished_row(run_dir, name, budget)
+        if row is None and done.exists():
             # a setting finished under another recipe (the CP budget changed since): its weights and states
             # would be compared with settings trained differently, so it trains again from scratch
-            log(f"frontier {name}: trained with {row.get('budget', 'an unrecorded budget')}, the recipe is now {budget}: retraining")
+            old = torch.load(done, weights_only=False)["row"].get("budget", "an unrecorded budget")
+            log(f"frontier {name}: trained with {old}, the recipe is now {budget}: retraining")
             for f in (done, Path(run_dir) / f"frontier_{name}.pt", Path(run_dir) / f"frontier_{name}.pretrained.pt"):
                 f.unlink(missing_ok=True)
-            row = None
         if row is None:
             got = got or banks()
             t0 = time.time()
