@@ -39,13 +39,22 @@ def train(
     cache_dir: Path = typer.Option(Path("cache/flickr8k"), help="frozen-backbone feature cache"),
     tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
     methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
+    reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
+    reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
     seed: int = 0,
     threads: int = 2,
 ):
     """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted)."""
     _need_flickr()
     from crossprobe import checkpoint
-    from crossprobe.training.run import TrainConfig, train as run_train
+    from crossprobe.training.run import TrainConfig, seed_from_checkpoint, train as run_train
+
+    stages = tuple(s for s in reuse.split(",") if s)
+    if stages:
+        if reuse_from is None:
+            typer.echo("--reuse needs --reuse-from CHECKPOINT", err=True)
+            raise typer.Exit(2)
+        seed_from_checkpoint(reuse_from, run_dir, tuple(s for s in stages if not (run_dir / f"{s}.done.pt").exists()))
     from crossprobe.training.towers import TowerTrainConfig
 
     cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,

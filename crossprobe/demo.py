@@ -65,7 +65,7 @@ def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Pat
     names = list(gallery)
     pixels = torch.from_numpy(np.stack([bb.load_image(gallery[n]) for n in names]))
     grids = bb.ImageBackbone()(pixels)  # (G, 49, 1280)
-    v = model.vision(grids)
+    v = model.image(grids)  # bridged g_I, as the index stores it
     p_v, b_bar = model.cp.encode_image(v.tokens, grids)
     tok = bb.load_tokenizer()
     queries = queries or QUERIES

@@ -45,7 +45,7 @@ class ImageGraph(nn.Module):
         self.m = model
 
     def forward(self, grid):
-        v = self.m.vision(grid)
+        v = self.m.image(grid)  # g_i bridged with the ImageNet labels when the checkpoint has a bridge
         p_v, b_bar = self.m.cp.encode_image(v.tokens, grid)
         return v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens, grid)
 

@@ -18,6 +18,7 @@ def bert():
 @pytest.fixture(scope="session")
 def small_cfg():
     """A small but complete model config (real MiniLM text backbone, small heads)."""
+    from crossprobe.models.bridge import BridgeConfig
     from crossprobe.models.cross_probe import CrossProbeConfig
     from crossprobe.models.model import ModelConfig
     from crossprobe.models.single_stream import SingleStreamConfig
@@ -33,7 +34,17 @@ def small_cfg():
         temde=TemdeConfig(N=4, K=4, inner=4),
         sm=SplitMergeConfig(d=32, layers=1, heads=4),
         tv=SingleStreamConfig(d=32, layers=2, heads=4),
+        bridge=BridgeConfig(beta=0.5, top_t=5),  # the label bridge on, as in the default checkpoint
     )
+
+
+def random_labels(model):
+    """Give a fresh model's label bridge random unit class embeddings (training computes them from the text
+    tower), so that tests of everything downstream see a bridge that moves g_I."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model.bridge.class_emb.copy_(torch.nn.functional.normalize(torch.randn(model.bridge.class_emb.shape, generator=g), dim=-1))
+    return model
 
 
 @pytest.fixture()
@@ -43,4 +54,4 @@ def small_model(small_cfg, bert):
     from crossprobe.models.model import SearchModel
 
     torch.manual_seed(0)
-    return SearchModel(copy.deepcopy(small_cfg), bert).eval()
+    return random_labels(SearchModel(copy.deepcopy(small_cfg), bert)).eval()

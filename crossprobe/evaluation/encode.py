@@ -69,9 +69,9 @@ def encode_images(model: SearchModel, grids: np.ndarray, rows, batch: int = 256)
     rows = np.asarray(rows)
     gr = torch.from_numpy(np.ascontiguousarray(grids[rows]))
     toks, gs = [], []
-    with _eval_mode(model.vision) as tower:
+    with _eval_mode(model.vision), _eval_mode(model.bridge):
         for sl in _batches(len(rows), batch):
-            out = tower(gr[sl].float())
+            out = model.image(gr[sl].float())  # g: the bridged g_I, as the index stores it
             toks.append(out.tokens.half())
             gs.append(out.g)
     return ImageBank(torch.cat(toks), torch.cat(gs), gr)

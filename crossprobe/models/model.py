@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from crossprobe.models.bridge import BridgeConfig, LabelBridge
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
 from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
 from crossprobe.models.temde import Temde, TemdeConfig
 from crossprobe.models.text_tower import TextTower, TextTowerConfig
-from crossprobe.models.vision_tower import VisionTower, VisionTowerConfig
+from crossprobe.models.vision_tower import VisionOut, VisionTower, VisionTowerConfig
 
 RERANKERS = ("cp", "temde", "sm", "tv")
 TOWER_PREFIXES = ("text.", "vision.", "logit_scale")  # state-dict keys of stage 1
@@ -37,6 +38,10 @@ class ModelConfig:
     temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
     tv: SingleStreamConfig = field(default_factory=SingleStreamConfig)
+    # the label bridge (bridge.py); chosen on the two dev sets by benchmarks/bridge_sweep.py (docs/bridge.md): two-tower
+    # R@1 f8k-dev 19.40 -> 20.98, coco-mini-dev among the 1,000 f8k dev images 15.75 -> 30.75. BridgeConfig's own
+    # default is off, so that checkpoints saved before the bridge load as they were trained.
+    bridge: BridgeConfig = field(default_factory=lambda: BridgeConfig(beta=0.5, top_t=20, temperature=1.0, templates=["{}"]))
     init_temperature: float = 0.05
 
     def to_dict(self) -> dict:
@@ -47,9 +52,10 @@ class ModelConfig:
         kinds = {f.name: f.type for f in dataclasses.fields(cls)}
         sub = {
             "text": TextTowerConfig, "vision": VisionTowerConfig, "cp": CrossProbeConfig,
-            "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig,
+            "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig, "bridge": BridgeConfig,
         }
         kw = {k: (sub[k](**v) if k in sub else v) for k, v in d.items() if k in kinds}
+        kw.setdefault("bridge", BridgeConfig())  # saved before the label bridge existed: it stays off
         return cls(**kw)
 
 
@@ -69,6 +75,13 @@ class SearchModel(nn.Module):
         self.temde = Temde(cfg.temde)
         self.sm = SplitMerge(cfg.sm)
         self.tv = SingleStream(cfg.tv)
+        self.bridge = LabelBridge(cfg.bridge, cfg.vision.d)
+
+    def image(self, grid: torch.Tensor) -> VisionOut:
+        """The served image side: (B, 49, 1280) grid -> region tokens and the bridged g_I that FAISS stores
+        (the vision tower's own g_I when the bridge is off). Tower training uses self.vision alone."""
+        v = self.vision(grid)
+        return VisionOut(v.tokens, self.bridge(grid, v.g))
 
     def tower_state_dict(self) -> dict[str, torch.Tensor]:
         """The two towers' trained weights (stage 1), without the rerankers."""

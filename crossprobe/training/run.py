@@ -2,7 +2,8 @@
 
   cache   frozen backbone features for all 8,091 images and 40,455 captions
   towers  two-tower training (stage 1), best epoch on dev
-  banks   frozen tower outputs for train/dev (inputs of the rerankers)
+  bridge  the label bridge's class embeddings (text tower over the 1,000 ImageNet class names; seconds)
+  banks   frozen tower outputs for train/dev (inputs of the rerankers; g_I bridged)
   cp, temde, sm, tv   reranker training on mined hard negatives (stage 2); CP in the
           shape pinned in ModelConfig.cp (`crossprobe frontier` compares shapes: frontier.py)
   save    checkpoint (safetensors + config.json with fingerprint)
@@ -72,6 +73,30 @@ def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     return rcfg
 
 
+def seed_from_checkpoint(ckpt: Path, run_dir: Path, stages: tuple[str, ...]) -> None:
+    """Start a run from a checkpoint's trained stages (e.g. its towers) instead of training them again:
+    each stage's weights, report and recorded wall time go where `train` would have left them, so the
+    checkpoint it writes reports the full cost. Used to add the label bridge to towers trained before it."""
+    meta = checkpoint.read_config(ckpt)
+    from safetensors.torch import load_file
+
+    tensors = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(Path(ckpt) / "model.safetensors")).items()}
+    tr = meta.get("training", {})
+    run_dir = Path(run_dir)
+    timings = Timings(run_dir)
+    for stage in stages:
+        if stage == "towers":
+            weights = {k: v for k, v in tensors.items() if k.startswith(TOWER_PREFIXES)}
+        elif stage in ("cp", "temde", "sm", "tv"):
+            weights = {k[len(stage) + 1:]: v for k, v in tensors.items() if k.startswith(stage + ".")}
+        else:
+            raise ValueError(f"cannot seed stage {stage!r} from a checkpoint")
+        atomic_save({"weights": weights, "report": {**tr.get(stage, {}), "from_checkpoint": meta["fingerprint"]}},
+                    run_dir / f"{stage}.done.pt")
+        if stage in tr.get("timings_s", {}) and stage not in timings.data:
+            timings.add(stage, tr["timings_s"][stage])
+
+
 def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
     """data: the feature cache already in memory (the ablation trains many configs on one)."""
     torch.set_num_threads(cfg.threads)
@@ -102,6 +127,10 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
     # The rerankers learn on the towers exactly as the checkpoint serves them: float16-rounded (and without
     # dropout: split_banks encodes in eval mode whatever mode this freshly built model is in).
     checkpoint.round_to_stored(model, TOWER_PREFIXES)
+    if model.cfg.bridge.enabled:  # the label bridge's class embeddings: the (stored) text tower over the class names
+        with timings.timer("bridge"):
+            model.bridge.set_class_embeddings(model.text)
+            checkpoint.round_to_stored(model, ("bridge.",))
     pending = [m for m in cfg.methods if not (run / f"{m}.done.pt").exists()]
     train_banks = dev_banks = None
     if pending:  # the rerankers' inputs: frozen tower outputs for train and dev

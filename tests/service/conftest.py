@@ -16,6 +16,7 @@ import pytest
 from crossprobe.indexer import build
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.service.server import wait_ready
+from tests.conftest import random_labels
 from tests.indexer.conftest import make_images, models_dir, redis_server, redis_url  # noqa: F401 (fixtures)
 
 
@@ -28,7 +29,7 @@ def svc_ckpt(small_cfg, bert, tmp_path_factory) -> Path:
 
     torch.manual_seed(0)  # as tests/conftest.py's small_model, at session scope
     path = tmp_path_factory.mktemp("svc-ckpt") / "ck"
-    checkpoint.save(SearchModel(copy.deepcopy(small_cfg), bert).eval(), path)
+    checkpoint.save(random_labels(SearchModel(copy.deepcopy(small_cfg), bert)).eval(), path)
     return path
 
 
