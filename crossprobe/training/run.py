@@ -25,7 +25,7 @@ from crossprobe.evaluation.retrieval import split_banks
 from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
 from crossprobe.training.data import CachedData
 from crossprobe.training.frontier import fresh_cp
-from crossprobe.training.rerankers import RerankTrainConfig, train_reranker
+from crossprobe.training.rerankers import RerankTrainConfig, fit_fusion, set_fusion, train_reranker
 from crossprobe.training.stacking import stacked
 from crossprobe.training.state import Timings, atomic_save, seed_everything
 from crossprobe.training.towers import TowerTrainConfig, train_towers
@@ -49,6 +49,9 @@ class TrainConfig:
     # then listwise training on their own score, the fusion weight chosen on dev (RerankTrainConfig.standalone)
     pretrain_by_method: dict = field(default_factory=lambda: {"cp": 5, "temde": 5})
     standalone_methods: tuple[str, ...] = ("cp", "temde")
+    # rerankers taken from another checkpoint (--reuse) whose fusion weight w is fit again on this run's dev banks:
+    # their two-tower score s_tt changes when g_I does (e.g. the label bridge), the reranker's own score does not
+    refit_fusion: tuple[str, ...] = ()
 
 
 def _jsonable(o):
@@ -133,7 +136,7 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             checkpoint.round_to_stored(model, ("bridge.",))
     pending = [m for m in cfg.methods if not (run / f"{m}.done.pt").exists()]
     train_banks = dev_banks = None
-    if pending:  # the rerankers' inputs: frozen tower outputs for train and dev
+    if pending or cfg.refit_fusion:  # the rerankers' inputs: frozen tower outputs for train and dev
         with timings.timer("banks"):
             train_banks = split_banks(model, data, "train")
             dev_banks = split_banks(model, data, "dev")
@@ -144,6 +147,13 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             st = torch.load(done, weights_only=False)
             getattr(model, method).load_state_dict(st["weights"])
             report[method] = st["report"]
+            if method in cfg.refit_fusion:
+                with timings.timer(f"{method}_refit"):
+                    rcfg = reranker_config(cfg, method)
+                    w, r1 = fit_fusion(model, method, dev_banks, rcfg, queries=rcfg.fusion_queries)
+                    set_fusion(getattr(model, method).fusion, w)
+                report[method] = {**st["report"], "refit_fusion": {"w": w, "dev_R@1": round(r1, 2)}}
+                log(f"{method}: fusion weight refit on this run's dev banks: w {w}, dev R@1 {r1:.2f}")
             continue
         rcfg = reranker_config(cfg, method)
         seed_everything(cfg.seed)
