@@ -66,8 +66,11 @@ class SearchResponse(BaseModel):
     model: ModelRef
     rerank: Rerank
     timings_ms: dict[str, float] = Field(description="per stage: queue, encode, ann, fetch, rerank, metadata; total")
-    degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason)")
-    degraded_reason: str | None = None
+    degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason); "
+                           "also said by the X-Crossprobe-Degraded header (the codes)")
+    degraded_reason: str | None = Field(None, description="'code: message' per skipped part, '; ' separated; codes: "
+                                        "feature_store_unavailable (Redis down: ANN order, no metadata), "
+                                        "features_missing, fetch_failed, metadata_failed")
 
 
 class ErrorBody(BaseModel):
