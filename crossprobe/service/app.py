@@ -21,6 +21,7 @@ from starlette.routing import Match
 
 from crossprobe.service import errors, metrics
 from crossprobe.service.batcher import Overloaded
+from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.errors import ApiError
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
@@ -243,6 +244,8 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
                   "T-EMDE reranking", version="0.1.0", lifespan=lifespan)
     app.state.svc = state
     errors.install(app)
+    # innermost of the three: its 413 / 422 answers still get CORS headers and are counted by MetricsMiddleware
+    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
     if settings.cors_list:
         # clip-retrieval's front-end runs on another origin; X-Admin-Key is deliberately not an allowed header
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],

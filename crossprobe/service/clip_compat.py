@@ -38,26 +38,33 @@ from pydantic import ValidationError
 from crossprobe.service.app import degraded_headers, read_metadata, run_search, svc
 from crossprobe.service.errors import ApiError, validation_error
 from crossprobe.service.pipeline import public_metadata
-from crossprobe.service.schemas import KnnRequest, MetadataRequest
+from crossprobe.service.schemas import KnnRequest, MetadataRequest, is_invisible
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
 
 router = APIRouter(tags=["clip-retrieval"])
-MAX_BODY = 1 << 20  # 1 MiB: a text query and its options fit many times over
 
 
 async def _json(request: Request) -> Any:
+    """The body as JSON. Its size (Settings.max_body_bytes) and nesting depth were checked by BodyGuard
+    before this route ran (body_guard.py); RecursionError is still a 422 should a parser recurse anyway."""
     raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, "too_large", f"body of {len(raw)} bytes; the limit is {MAX_BODY}")
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(422, "invalid_request", f"invalid request: body is not valid JSON ({e})") from None
 
 
 def _image_url(request: Request, index: str, item_id: str) -> str:
-    # absolute: the front-end runs on another origin and uses it as <img src>
-    base = str(request.base_url).rstrip("/")
+    """<CROSSPROBE_PUBLIC_BASE_URL>/v1/items/<id>/image (absolute: clip-retrieval's front-end runs on another
+    origin and uses it as <img src>); unset: root-relative. The request's Host header only with
+    CROSSPROBE_URLS_FROM_HOST_HEADER: a client chooses it, and these URLs end up in pages and caches."""
+    s = svc(request).settings
+    if s.public_base_url:
+        base = s.public_base_url.rstrip("/")
+    elif s.urls_from_host_header:
+        base = str(request.base_url).rstrip("/")
+    else:
+        base = ""
     return f"{base}/v1/items/{quote(item_id, safe='/')}/image?index={quote(index, safe='')}"
 
 
@@ -85,7 +92,7 @@ async def knn_service(request: Request) -> JSONResponse:
     if req.modality != "image":
         raise ApiError(422, "unsupported", "there is no text index here; use \"modality\": \"image\" "
                        "(text-to-image search)")
-    if not req.text or not req.text.strip():
+    if not req.text or is_invisible(req.text):  # only whitespace / NUL / zero-width characters: nothing to search
         raise ApiError(422, "invalid_request", "invalid request: text: send a non-blank \"text\" query")
     state.require_ready()
     k = min(req.num_images, MAX_K)

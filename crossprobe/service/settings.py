@@ -17,6 +17,7 @@ Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
 MAX_SHORTLIST = 1000
 MAX_QUERY_CHARS = 512
+MAX_JSON_DEPTH = 32  # request bodies nest 2 levels; deeper ones are refused before any (recursive) JSON parser
 
 
 class Settings(BaseSettings):
@@ -96,6 +97,14 @@ class Settings(BaseSettings):
     image_quality: int = Field(85, ge=1, le=95)
     image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
     expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
+    # /knn-service and /metadata image URLs: <public_base_url>/v1/items/<id>/image. Unset: root-relative
+    # (/v1/items/...), never the request's Host header, which any client chooses (a poisoned cache or an
+    # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    urls_from_host_header: bool = False
+
+    # -- request bodies ----------------------------------------------------------
+    max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
 
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
