@@ -21,6 +21,8 @@ from starlette.routing import Match
 
 from crossprobe.service import errors, metrics
 from crossprobe.service.batcher import Overloaded
+from crossprobe.service.body_guard import BodyGuard
+from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.errors import ApiError
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
 from crossprobe.service.pipeline import Outcome, public_metadata
@@ -37,6 +39,15 @@ def svc(request: Request) -> ServiceState:
 
 def server_timing(timings_ms: dict[str, float]) -> str:
     return ", ".join(f"{k};dur={v:.3f}" for k, v in timings_ms.items())
+
+
+# Response header on degraded answers: the degraded codes, comma separated (e.g. feature_store_unavailable).
+# A header because /knn-service must keep clip_back's body (a bare list); /v1/search sends it too.
+DEGRADED_HEADER = "X-Crossprobe-Degraded"
+
+
+def degraded_headers(out: Outcome) -> dict[str, str]:
+    return {DEGRADED_HEADER: ",".join(out.degraded_codes)} if out.degraded else {}
 
 
 async def run_search(state: ServiceState, plan) -> Outcome:
@@ -70,9 +81,9 @@ async def search(body: SearchRequest, request: Request) -> Response:
         "rerank": body.rerank or state.settings.default_rerank,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
-        "degraded_reason": "; ".join(out.degraded) or None,
+        "degraded_reason": out.degraded_reason,
     }
-    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})
+    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings), **degraded_headers(out)})
 
 
 @router.get("/v1/indexes")
@@ -94,6 +105,15 @@ def _item(state: ServiceState, item_id: str, index: str | None):
     return handle
 
 
+async def read_metadata(state: ServiceState, handle, ids: list[str], op: str) -> list[dict | None]:
+    """One MGET of metadata through the breaker; Redis down -> 503 feature_store_unavailable (at once while
+    the breaker is open). Off the event loop: even a bounded Redis wait must not stall other requests."""
+    try:
+        return await asyncio.to_thread(state.feature_store.call, op, handle.reader.metadata, ids)
+    except FeatureStoreUnavailable as e:
+        raise errors.feature_store_unavailable(e, state.feature_store.retry_after_s) from None
+
+
 # declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
 @router.get("/v1/items/{item_id:path}/image", responses={200: {"content": {"image/jpeg": {}}}, **ERROR_RESPONSES})
 async def item_image(request: Request, item_id: str,
@@ -103,7 +123,7 @@ async def item_image(request: Request, item_id: str,
     """The indexed file of an indexed item, resized to fit `size` (default CROSSPROBE_IMAGE_MAX_SIDE)."""
     state = svc(request)
     handle = _item(state, item_id, index)
-    meta = (await asyncio.to_thread(handle.reader.metadata, [item_id]))[0]
+    meta = (await read_metadata(state, handle, [item_id], "item"))[0]
     if not meta or not meta.get("uri"):
         raise ApiError(404, "image_unavailable", f"{item_id!r} has no file recorded in {handle.name}/{handle.version}")
     s = state.settings
@@ -120,7 +140,7 @@ async def item(request: Request, item_id: str, index: Annotated[str | None, Quer
     """Metadata of one indexed item (as the indexer stored it)."""
     state = svc(request)
     handle = _item(state, item_id, index)
-    meta = (await asyncio.to_thread(handle.reader.metadata, [item_id]))[0]
+    meta = (await read_metadata(state, handle, [item_id], "item"))[0]
     return {"id": item_id, "index": {"name": handle.name, "version": handle.version},
             "metadata": public_metadata(meta, state.settings.expose_uri)}
 
@@ -133,13 +153,22 @@ async def healthz() -> dict:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: models loaded, at least one index served, warm-up query done."""
+    """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
+    Redis is usable (the circuit breaker's state). Redis down: still ready with "status": "degraded"
+    (searches answer from the ANN stage), or 503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS."""
     state = svc(request)
+    fs = state.feature_store.health()
     if not state.ready:
-        return JSONResponse(errors.body("not_ready", state.why_not_ready()), 503, headers={"Retry-After": "1"})
-    return JSONResponse({"status": "ready", "model": state.models.fingerprint,
+        return JSONResponse(errors.body("not_ready", state.why_not_ready(), {"feature_store": fs}), 503,
+                            headers={"Retry-After": "1"})
+    if not fs["up"] and state.settings.readyz_requires_redis:
+        return JSONResponse(errors.body("feature_store_unavailable", f"Redis is down ({fs['last_error']})",
+                                        {"feature_store": fs}), 503,
+                            headers={"Retry-After": str(state.feature_store.retry_after_s)})
+    return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
                          "query_precision": state.models.query_precision,
-                         "indexes": {n: h.version for n, h in state.registry.handles.items()}})
+                         "indexes": {n: h.version for n, h in state.registry.handles.items()},
+                         "feature_store": fs})
 
 
 @router.get("/metrics")
@@ -215,10 +244,12 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
                   "T-EMDE reranking", version="0.1.0", lifespan=lifespan)
     app.state.svc = state
     errors.install(app)
+    # innermost of the three: its 413 / 422 answers still get CORS headers and are counted by MetricsMiddleware
+    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
     if settings.cors_list:
         # clip-retrieval's front-end runs on another origin; X-Admin-Key is deliberately not an allowed header
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type"], expose_headers=["Server-Timing"])
+                           allow_headers=["Content-Type"], expose_headers=["Server-Timing", DEGRADED_HEADER])
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
     from crossprobe.service.clip_compat import router as clip_router

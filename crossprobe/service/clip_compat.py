@@ -16,40 +16,55 @@ the server's default rerank is "none"); image and embedding queries and a text
 index are refused with 422 "unsupported"; num_images is capped at 200 and
 num_result_ids at 1000; deduplicate, safety, violence and aesthetic options are
 accepted and not applied.
+
+Redis down (issue 16): /knn-service still answers clip_back's list, from the ANN
+stage: ANN order, "similarity" is then the two-tower cosine (not the reranker's
+logit; both are "higher is better", which is all clip_back clients read), and
+only "url" and an empty "caption" beside id and similarity. The response says so
+in a header clients ignore safely, `X-Crossprobe-Degraded: feature_store_unavailable`
+(exposed to browsers through CORS). /metadata has nothing to answer without
+Redis: 503 feature_store_unavailable with Retry-After.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from crossprobe.service.app import run_search, svc
+from crossprobe.service.app import degraded_headers, read_metadata, run_search, svc
 from crossprobe.service.errors import ApiError, validation_error
 from crossprobe.service.pipeline import public_metadata
-from crossprobe.service.schemas import KnnRequest, MetadataRequest
+from crossprobe.service.schemas import KnnRequest, MetadataRequest, is_invisible
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
 
 router = APIRouter(tags=["clip-retrieval"])
-MAX_BODY = 1 << 20  # 1 MiB: a text query and its options fit many times over
 
 
 async def _json(request: Request) -> Any:
+    """The body as JSON. Its size (Settings.max_body_bytes) and nesting depth were checked by BodyGuard
+    before this route ran (body_guard.py); RecursionError is still a 422 should a parser recurse anyway."""
     raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, "too_large", f"body of {len(raw)} bytes; the limit is {MAX_BODY}")
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ApiError(422, "invalid_request", f"invalid request: body is not valid JSON ({e})") from None
 
 
 def _image_url(request: Request, index: str, item_id: str) -> str:
-    # absolute: the front-end runs on another origin and uses it as <img src>
-    base = str(request.base_url).rstrip("/")
+    """<CROSSPROBE_PUBLIC_BASE_URL>/v1/items/<id>/image (absolute: clip-retrieval's front-end runs on another
+    origin and uses it as <img src>); unset: root-relative. The request's Host header only with
+    CROSSPROBE_URLS_FROM_HOST_HEADER: a client chooses it, and these URLs end up in pages and caches."""
+    s = svc(request).settings
+    if s.public_base_url:
+        base = s.public_base_url.rstrip("/")
+    elif s.urls_from_host_header:
+        base = str(request.base_url).rstrip("/")
+    else:
+        base = ""
     return f"{base}/v1/items/{quote(item_id, safe='/')}/image?index={quote(index, safe='')}"
 
 
@@ -69,7 +84,7 @@ async def _parse(request: Request, model):
 
 
 @router.post("/knn-service")
-async def knn_service(request: Request) -> list[dict]:
+async def knn_service(request: Request) -> JSONResponse:
     state = svc(request)
     req = await _parse(request, KnnRequest)
     if req.image or req.image_url or req.embedding_input:
@@ -77,7 +92,7 @@ async def knn_service(request: Request) -> list[dict]:
     if req.modality != "image":
         raise ApiError(422, "unsupported", "there is no text index here; use \"modality\": \"image\" "
                        "(text-to-image search)")
-    if not req.text or not req.text.strip():
+    if not req.text or is_invisible(req.text):  # only whitespace / NUL / zero-width characters: nothing to search
         raise ApiError(422, "invalid_request", "invalid request: text: send a non-blank \"text\" query")
     state.require_ready()
     k = min(req.num_images, MAX_K)
@@ -88,7 +103,10 @@ async def knn_service(request: Request) -> list[dict]:
     expose = state.settings.expose_uri
     results = [{**_flat(request, name, h.id, h.metadata, expose), "id": h.id, "similarity": h.score}
                for h in out.hits]
-    return results + [{"id": h.id, "similarity": h.score} for h in out.tail]
+    # degraded (Redis down): the same list, ANN order, similarity = the two-tower cosine, no metadata fields
+    # beyond url / caption ""; said by a header only, since clip_back clients read a bare list
+    return JSONResponse(results + [{"id": h.id, "similarity": h.score} for h in out.tail],
+                        headers=degraded_headers(out))
 
 
 @router.get("/indices-list")
@@ -105,6 +123,6 @@ async def metadata(request: Request) -> list[dict]:
     handle = state.registry.get(req.indice_name)
     ids = [str(i) for i in req.ids]
     known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
-    metas = dict(zip(known, await asyncio.to_thread(handle.reader.metadata, known))) if known else {}
+    metas = dict(zip(known, await read_metadata(state, handle, known, "metadata"))) if known else {}
     return [{"id": i, "metadata": _flat(request, handle.name, i, metas[i], state.settings.expose_uri)
              if metas.get(i) is not None else None} for i in ids]

@@ -9,6 +9,9 @@ Clients branch on `code`, never on the message. Codes:
   unauthorized 401, admin_disabled 403                   (/admin/*)
   overloaded 429        the admission queue is full; retry after Retry-After seconds
   not_ready 503         models or indexes still loading   index_unavailable 503  index refused (see message)
+  feature_store_unavailable 503  Redis (features, metadata) is down or paused: routes that need it
+                        (items, images, /metadata; searches with CROSSPROBE_REDIS_DOWN_SEARCH=fail) answer
+                        this at once while the circuit breaker is open; retry after Retry-After seconds
   internal 500          a bug: never the answer to bad input
 """
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any, Iterable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crossprobe.service import metrics
@@ -61,6 +66,12 @@ def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("bo
     return ApiError(422, "invalid_request", f"invalid request: {summary}", details)
 
 
+def feature_store_unavailable(e: Exception, retry_after_s: int = 1) -> ApiError:
+    """Redis down / paused (breaker.FeatureStoreUnavailable, or any redis connection error or timeout)."""
+    return ApiError(503, "feature_store_unavailable", str(e) or type(e).__name__,
+                    headers={"Retry-After": str(retry_after_s)})
+
+
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
@@ -78,6 +89,13 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return await _api_error(request, ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers))
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+        # a Redis failure that no route turned into an answer is still the feature store's, never a 500
+        fs = getattr(getattr(request.app.state, "svc", None), "feature_store", None)
+        return await _api_error(request, feature_store_unavailable(exc, fs.retry_after_s if fs else 1))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -32,6 +32,15 @@ BATCH_SIZE = Histogram("crossprobe_batch_size", "Queries per query-tower run (mi
 IN_FLIGHT = Gauge("crossprobe_searches_in_flight", "Searches admitted and not yet answered", registry=REGISTRY)
 RELOADS = Counter("crossprobe_reloads", "Index version switches and failed attempts", ["index", "outcome"],
                   registry=REGISTRY)
+# the feature store (Redis) and its circuit breaker (crossprobe/service/breaker.py)
+FEATURE_STORE_UP = Gauge("crossprobe_feature_store_up", "1 while the feature store (Redis) is usable (circuit "
+                         "closed); 0 while the breaker is open or half-open", registry=REGISTRY)
+FEATURE_STORE_ERRORS = Counter("crossprobe_feature_store_errors", "Redis calls that failed to reach Redis, by kind "
+                               "(timeout | connection), after redis-py's retries", ["kind"], registry=REGISTRY)
+FEATURE_STORE_SKIPPED = Counter("crossprobe_feature_store_skipped", "Redis calls skipped at once because the circuit "
+                                "was open, by operation (fetch | metadata | item | ...)", ["op"], registry=REGISTRY)
+FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transitions", "Circuit breaker state changes, "
+                                    "by the state entered (open | half_open | closed)", ["to"], registry=REGISTRY)
 
 _served: dict[str, tuple[str, str]] = {}  # index -> (version, fingerprint) currently exported as info
 

@@ -12,7 +12,11 @@ for Flat and HNSW, which store full vectors; approximate under IVF-PQ).
 
 Failures that are not the client's fault degrade instead of failing: if the
 feature fetch fails the shortlist keeps its ANN order; if metadata cannot be
-read the results come without it. The response then says degraded: true and why.
+read the results come without it. The response then says degraded: true and why
+(Outcome.degraded: (code, message) pairs). Both Redis calls go through the
+feature store's circuit breaker (breaker.py): while Redis is down they are skipped
+at once (code feature_store_unavailable), or, with CROSSPROBE_REDIS_DOWN_SEARCH=fail,
+the search answers 503 feature_store_unavailable.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from redis.exceptions import RedisError
 from crossprobe.service import metrics
 from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Registry
 from crossprobe.service.batcher import QueryBatcher
+from crossprobe.service.breaker import FeatureStore, FeatureStoreUnavailable
+from crossprobe.service.errors import feature_store_unavailable
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
@@ -72,13 +78,22 @@ class Outcome:
     handle: IndexHandle
     timings_ms: dict[str, float]
     batch_size: int = 1
-    degraded: list[str] = field(default_factory=list)
+    degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
+
+    @property
+    def degraded_codes(self) -> list[str]:
+        return list(dict.fromkeys(code for code, _ in self.degraded))
+
+    @property
+    def degraded_reason(self) -> str | None:
+        return "; ".join(f"{code}: {msg}" for code, msg in self.degraded) or None
 
 
 class Searcher:
     def __init__(self, settings: Settings, models: Models, registry: Registry, batcher: QueryBatcher,
-                 pool: Executor):
+                 pool: Executor, feature_store: FeatureStore):
         self.settings, self.models, self.registry, self.batcher, self.pool = settings, models, registry, batcher, pool
+        self.fs = feature_store
 
     def plan(self, query: str, k: int, rerank: str | None = None, shortlist: int | None = None,
              index: str | None = None, min_score: float | None = None, tail: int = 0) -> Plan:
@@ -103,7 +118,7 @@ class Searcher:
     def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
                       retried: bool = False) -> Outcome:
         reader = handle.reader
-        degraded: list[str] = []
+        degraded: list[tuple[str, str]] = []
         with clock.stage("ann"):
             found, scores = reader.search(q.g_q[None], plan.shortlist)
         ids = found[0]
@@ -113,7 +128,10 @@ class Searcher:
         if plan.rerank != "none" and ids:
             try:
                 with clock.stage("fetch"):
-                    feats = reader.features(ids)  # one MGET
+                    feats = self.fs.call("fetch", reader.features, ids)  # one MGET
+            except FeatureStoreUnavailable as e:
+                self._redis_down(e)
+                degraded.append(("feature_store_unavailable", f"rerank skipped, ANN order kept: {e}"))
             except KeyError as e:
                 newer = self.registry.current(handle.name)
                 if not retried and newer is not None and newer is not handle:
@@ -121,10 +139,10 @@ class Searcher:
                     metrics.error("version_gone_retried")
                     return self._after_encode(q, newer, plan, clock, retried=True)
                 metrics.error("fetch_missing")
-                degraded.append(f"rerank skipped, features missing in Redis: {e}")
-            except (RedisError, ValueError) as e:  # Redis down / a value of the wrong size
+                degraded.append(("features_missing", f"rerank skipped, features missing in Redis: {e}"))
+            except (RedisError, ValueError) as e:  # an error reply / a value of the wrong size
                 metrics.error("fetch_failed")
-                degraded.append(f"rerank skipped, feature fetch failed: {type(e).__name__}: {e}")
+                degraded.append(("fetch_failed", f"rerank skipped, feature fetch failed: {type(e).__name__}: {e}"))
             else:
                 with clock.stage("rerank"):
                     logits = np.asarray(self.models.rerank(plan.rerank, q, feats, ann), np.float32)
@@ -140,14 +158,24 @@ class Searcher:
 
         with clock.stage("metadata"):
             try:
-                metas = reader.metadata([h.id for h in hits])
+                metas = self.fs.call("metadata", reader.metadata, [h.id for h in hits]) if hits else []
+            except FeatureStoreUnavailable as e:
+                self._redis_down(e)
+                degraded.append(("feature_store_unavailable", f"metadata omitted: {e}"))
+                metas = [None] * len(hits)
             except RedisError as e:
                 metrics.error("metadata_failed")
-                degraded.append(f"metadata unavailable: {type(e).__name__}: {e}")
+                degraded.append(("metadata_failed", f"metadata unavailable: {type(e).__name__}: {e}"))
                 metas = [None] * len(hits)
         for h, m in zip(hits, metas):
             h.metadata = public_metadata(m, self.settings.expose_uri)
         return Outcome(hits, tail, handle, clock.ms, degraded=degraded)
+
+    def _redis_down(self, e: FeatureStoreUnavailable) -> None:
+        """Redis is down: count it; with CROSSPROBE_REDIS_DOWN_SEARCH=fail the search answers 503 (else it degrades)."""
+        if self.settings.redis_down_search == "fail":
+            raise feature_store_unavailable(e, self.fs.retry_after_s) from None  # counted by its error handler
+        metrics.error("feature_store_unavailable")
 
 
 def public_metadata(meta: dict | None, expose_uri: bool) -> dict | None:

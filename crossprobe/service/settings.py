@@ -17,6 +17,7 @@ Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
 MAX_SHORTLIST = 1000
 MAX_QUERY_CHARS = 512
+MAX_JSON_DEPTH = 32  # request bodies nest 2 levels; deeper ones are refused before any (recursive) JSON parser
 
 
 class Settings(BaseSettings):
@@ -50,6 +51,32 @@ class Settings(BaseSettings):
     indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
     default_index: str | None = None  # for requests without "index"; default: the first served name
 
+    # -- Redis faults (README "Service", docs/reliability.md) ---------------------
+    # One Redis call waits at most ~max(socket, connect timeout) + a fast-failing try + its backoff: with these
+    # defaults ~250 ms on a dead or paused Redis (redis-py's defaults: 3.5-4 s per call, issue 16). A timeout is
+    # not retried (it already waited its whole budget); a refused / dropped connection is, once, on a fresh one
+    # (a restarted Redis, a pooled connection the server closed). 200 ms leaves room for one MGET of a
+    # 1000-candidate shortlist (~3 MB) on a busy host; raise it if the breaker opens under load alone.
+    redis_socket_timeout_s: float = Field(0.2, gt=0, le=60)
+    redis_connect_timeout_s: float = Field(0.2, gt=0, le=60)
+    redis_retries: int = Field(1, ge=0, le=5)
+    redis_backoff_base_s: float = Field(0.01, ge=0, le=5)  # backoff before retry n: min(cap, base * 2^n)
+    redis_backoff_cap_s: float = Field(0.05, ge=0, le=5)
+    redis_health_check_interval_s: float = Field(5.0, ge=0)  # PING a pooled connection idle this long before use
+    # circuit breaker (breaker.py): open after this many consecutive connection failures (or one timeout) ...
+    redis_breaker_failures: int = Field(3, ge=1, le=100)
+    redis_breaker_cooldown_s: float = Field(1.0, gt=0, le=600)  # ... and let one probing call through after this
+    # background PING: closes the breaker within this interval of Redis coming back (without waiting for traffic)
+    # and opens it when Redis dies while idle, so /readyz and the metrics say so. 0: no background PING
+    redis_probe_interval_s: float = Field(0.5, ge=0, le=60)
+    # searches while Redis is down: "degrade" = answer at once from the ANN stage (no rerank, no metadata),
+    # degraded: true with the reason; "fail" = 503 feature_store_unavailable with Retry-After
+    redis_down_search: Literal["degrade", "fail"] = "degrade"
+    # /readyz while Redis is down. Default false: still ready (detail says degraded), because every replica
+    # shares the one Redis: taking them all out of the load balancer would turn degraded answers into none.
+    # true: 503 feature_store_unavailable (for deployments that prefer another region / a failover)
+    readyz_requires_redis: bool = False
+
     # -- request defaults --------------------------------------------------------
     default_rerank: Rerank = "cp"
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
@@ -70,6 +97,14 @@ class Settings(BaseSettings):
     image_quality: int = Field(85, ge=1, le=95)
     image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
     expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
+    # /knn-service and /metadata image URLs: <public_base_url>/v1/items/<id>/image. Unset: root-relative
+    # (/v1/items/...), never the request's Host header, which any client chooses (a poisoned cache or an
+    # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    urls_from_host_header: bool = False
+
+    # -- request bodies ----------------------------------------------------------
+    max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
 
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
@@ -88,4 +123,9 @@ class Settings(BaseSettings):
         from crossprobe.indexer.redis_conn import Settings as IndexSettings
 
         return IndexSettings(redis_url=self.redis_url, root=self.index_root, embedded_db=self.index_embedded_db,
-                             key_prefix=self.index_key_prefix, progress=False)
+                             key_prefix=self.index_key_prefix, progress=False,
+                             redis_socket_timeout_s=self.redis_socket_timeout_s,
+                             redis_connect_timeout_s=self.redis_connect_timeout_s, redis_retries=self.redis_retries,
+                             redis_backoff_base_s=self.redis_backoff_base_s,
+                             redis_backoff_cap_s=self.redis_backoff_cap_s,
+                             redis_health_check_interval_s=self.redis_health_check_interval_s)

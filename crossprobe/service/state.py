@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from crossprobe.service import metrics
 from crossprobe.service.backend import Models, Registry
 from crossprobe.service.batcher import Limiter, QueryBatcher
+from crossprobe.service.breaker import FeatureStore
 from crossprobe.service.errors import ApiError
 from crossprobe.service.pipeline import Searcher
 from crossprobe.service.settings import Settings
@@ -31,6 +32,8 @@ class ServiceState:
         self.searcher: Searcher | None = None
         self.limiter = Limiter(settings.queue_size)
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="stage")
+        # every Redis call of the request path goes through its circuit breaker (breaker.py)
+        self.feature_store = FeatureStore(settings.redis_breaker_failures, settings.redis_breaker_cooldown_s, log=log)
         self.warmed = False
         self.failure: str | None = None  # why start-up failed (readyz says it)
         self._tasks: list[asyncio.Task] = []
@@ -65,7 +68,7 @@ class ServiceState:
             self.batcher = QueryBatcher(lambda texts: self.models.encode(texts), s.batch_max, s.batch_wait_ms / 1000,
                                         s.batching, busy=lambda n: self.limiter.in_flight > n)
             self.batcher.start()
-            self.searcher = Searcher(s, self.models, self.registry, self.batcher, self.pool)
+            self.searcher = Searcher(s, self.models, self.registry, self.batcher, self.pool, self.feature_store)
             await self.warmup()
         except Exception as e:  # noqa: BLE001 - readyz reports it; the process stays up for inspection
             log.exception("start-up failed")
@@ -74,6 +77,8 @@ class ServiceState:
             return
         if self.settings.reload_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._poll(), name="index-poller"))
+        if self.settings.redis_probe_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._probe_redis(), name="redis-probe"))
         log.info("ready: model %s, indexes %s, providers %s", self.models.fingerprint,
                  {n: h.version for n, h in self.registry.handles.items()}, self.models.providers)
 
@@ -105,6 +110,18 @@ class ServiceState:
                 await self.reload()
             except Exception:  # noqa: BLE001 - keep polling; the registry already logged and counted it
                 log.exception("index poll failed")
+
+    async def _probe_redis(self) -> None:
+        """PING Redis every redis_probe_interval_s through the breaker: recovery within one interval of Redis
+        coming back, whether or not searches arrive; a Redis that dies while idle is noticed too (/readyz)."""
+        r = self.registry.store.r  # the client (and pool) every reader of the registry uses
+        while True:
+            await asyncio.sleep(self.settings.redis_probe_interval_s)
+            try:
+                # not the stage pool: a paused Redis must not take a search's thread, even for 200 ms
+                await asyncio.to_thread(self.feature_store.probe, r.ping)
+            except Exception:  # noqa: BLE001 - keep probing; FeatureStore counted and logged it
+                log.exception("Redis probe failed")
 
     async def stop(self) -> None:
         for t in self._tasks:

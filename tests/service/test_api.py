@@ -289,3 +289,85 @@ def test_clip_lists_metadata_and_refusals(client, built):
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     r = client.post("/knn-service", content=json.dumps({**KNN, "indice_name": "nope"}))
     assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found"
+
+
+# ---- input limits (issue 16, item 3) ------------------------------------------------------
+@pytest.mark.parametrize("value", [False, True, "1e2", "0.5", [1], {"v": 1}])
+def test_min_score_is_a_strict_number(client, value):
+    r = _search(client, query="a photo", min_score=value)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert "min_score" in r.json()["error"]["message"]
+
+
+def test_min_score_accepts_json_numbers(client):
+    for value in (0, -1, 0.25):
+        assert _search(client, query="a photo", k=2, min_score=value).status_code == 200
+
+
+@pytest.mark.parametrize("text", ["\x00", "\x00\x00\x00", "\u200b\u200c\u200d\ufeff", "\u2060\u00ad ", "\u3164\u115f",
+                                  " \t\u3000\u2028", "\u202e\u202d"])
+def test_invisible_queries_are_blank(client, text):
+    r = _search(client, query=text)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert "blank" in r.json()["error"]["message"]
+    r = client.post("/knn-service", content=json.dumps({**KNN, "text": text}))
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+
+
+def test_visible_text_with_invisible_characters_is_searched(client):
+    assert _search(client, query="a\u200bdog\x00", k=2).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/knn-service", "/metadata", "/v1/search"])
+@pytest.mark.parametrize("depth", [33, 1000, 100_000])
+def test_deeply_nested_json_is_a_4xx_never_a_500(client, path, depth):
+    for raw in ("[" * depth + "]" * depth, '{"ids":' + "[" * depth + "]" * depth + "}", "[" * depth):
+        r = client.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (path, depth, r.text[:200])
+        assert "nested deeper" in r.json()["error"]["message"]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(client):
+    r = client.post("/knn-service", content=json.dumps({**KNN, "text": "[" * 400 + "a red square"}))
+    assert r.status_code == 200, r.text
+
+
+def test_body_limit_and_public_urls(built, svc_ckpt, artifacts):
+    """CROSSPROBE_MAX_BODY_BYTES on every route (413 too_large); /knn-service and /metadata image URLs come
+    from CROSSPROBE_PUBLIC_BASE_URL, never from the request's Host header."""
+    from fastapi.testclient import TestClient
+
+    from crossprobe.service.app import create_app
+    from crossprobe.service.server import wait_ready
+    from tests.service.conftest import service_settings
+
+    s = service_settings(built, svc_ckpt, artifacts, max_body_bytes=2048, warmup=False,
+                         public_base_url="https://search.example.com/cp/")
+    with TestClient(create_app(s)) as c:
+        wait_ready(c)
+        big = json.dumps({"query": "a" * 10, "pad": "x" * 4000})
+        for path in ("/v1/search", "/knn-service", "/metadata", "/admin/reload", "/v1/indexes"):
+            r = c.request("GET" if path == "/v1/indexes" else "POST", path, content=big.encode(),
+                          headers={"Content-Type": "application/json", "X-Admin-Key": "s3cret"})
+            assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", (path, r.text)
+
+        def chunks():  # no Content-Length: counted while it arrives
+            for _ in range(10):
+                yield b" " * 500
+
+        r = c.post("/knn-service", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+
+        r = c.post("/knn-service", content=json.dumps(KNN), headers={"Host": "evil.example.net"})
+        assert r.status_code == 200, r.text
+        urls = [x["url"] for x in r.json() if "url" in x]
+        assert urls and all(u.startswith("https://search.example.com/cp/v1/items/") for u in urls), urls
+        r = c.post("/metadata", content=json.dumps({"ids": built.ids[:1], "indice_name": "photos"}),
+                   headers={"Host": "evil.example.net"})
+        assert r.json()[0]["metadata"]["url"].startswith("https://search.example.com/cp/v1/items/")
+
+
+def test_urls_never_come_from_the_host_header_by_default(client):
+    r = client.post("/knn-service", content=json.dumps(KNN), headers={"Host": "evil.example.net"})
+    urls = [x["url"] for x in r.json() if "url" in x]
+    assert urls and all(u.startswith("/v1/items/") for u in urls), urls  # root-relative
