@@ -41,6 +41,7 @@ def train(
     methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
     reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
     reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
+    refit_fusion: str = typer.Option("", help="reused rerankers whose fusion weight is fit again on this run's dev banks"),
     seed: int = 0,
     threads: int = 2,
 ):
@@ -59,7 +60,7 @@ def train(
 
     cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
                       out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs),
-                      methods=tuple(m for m in methods.split(",") if m))
+                      methods=tuple(m for m in methods.split(",") if m), refit_fusion=tuple(m for m in refit_fusion.split(",") if m))
     run_train(cfg, log=typer.echo)
 
 
@@ -72,27 +73,62 @@ def evaluate(
     cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
     timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
     card: bool = typer.Option(True, help="rewrite the committed checkpoint's MODEL_CARD.md from these results"),
+    flickr: bool = typer.Option(True, help="the Flickr8k test protocol (--no-flickr: only the out-of-domain part)"),
+    ood: bool = typer.Option(True, help="out-of-domain: coco-mini-dev among the Flickr8k dev images -> DOCS/ood.md"),
+    baseline: Path = typer.Option(Path(__file__).resolve().parent / "checkpoints" / "pre-bridge",
+                                  help="checkpoint the out-of-domain rows compare with (measured in the same run)"),
     threads: int = 2,
 ):
-    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text)."""
+    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text) and out of domain (coco-mini-dev)."""
     _need_flickr()
     import torch
 
     from crossprobe import checkpoint
+    from crossprobe.demo import run_demo
     from crossprobe.evaluation import report
     from crossprobe.training.data import CachedData
 
     torch.set_num_threads(threads)
     model, meta = checkpoint.load(ckpt)
     data = CachedData.build(cache_dir, model.cfg.text.frozen_layers)
-    res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
-    j = report.write(res, docs, _command(), meta["fingerprint"])
-    typer.echo(report.markdown(j))
-    if ckpt is None and card:  # the committed checkpoint's card carries these metrics and the demo's answers
-        from crossprobe.demo import run_demo
+    j = None
+    if flickr:
+        res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
+        j = report.write(res, docs, _command(), meta["fingerprint"])
+        typer.echo(report.markdown(j))
+    demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None)
+    o = _eval_ood(model, meta, data, baseline, demo, docs) if ood else None
+    if ckpt is None and card and j is not None:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.model_card import write_card
 
-        write_card(checkpoint.DEFAULT_CHECKPOINT, j, run_demo(None, None, 3, None, echo=lambda *_: None))
+        write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o)
+
+
+def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path) -> dict | None:
+    from crossprobe import checkpoint
+    from crossprobe.data.captioned import CaptionedFolder, coco_root
+    from crossprobe.demo import EXPECTED, run_demo
+    from crossprobe.evaluation import ood
+    from crossprobe.evaluation.report import machine
+    from crossprobe.service.settings import Settings
+
+    if not CaptionedFolder.available(coco_root()):
+        typer.echo(f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True)
+        return None
+    base_model, base_meta = checkpoint.load(baseline)
+    feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), Path("cache/coco-mini-dev"), model.cfg.text.frozen_layers,
+                            data.grids[data.split_images("dev")])
+    base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None)
+    served = Settings.model_fields["default_rerank"].default
+    j = ood.to_json(
+        ood.evaluate(base_model, feats), ood.evaluate(model, feats),
+        "TT" if served == "none" else f"{served.upper()}@100",
+        {"baseline_top1": ood.gallery_top1(base_demo, EXPECTED), "top1": ood.gallery_top1(demo, EXPECTED), "queries": len(EXPECTED)},
+        _command(), machine(), {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
+    )
+    ood.write(j, docs)
+    typer.echo(ood.markdown(j))
+    return j
 
 
 @app.command()

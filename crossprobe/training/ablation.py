@@ -360,6 +360,8 @@ def write_docs(out: dict, docs: Path) -> None:
         "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)", "",
         f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ",
         f"Baseline checkpoint (towers of every reranker row, row `default`): `{out.get('default', {}).get('fingerprint')}`", "",
+        "Every row was measured before the label bridge (docs/bridge.md): the options were trained and scored on "
+        "un-bridged two-tower vectors; none has been re-measured with the bridge on.", "",
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
         tower_budget_line(out),
         "- reranker options: trained on the committed checkpoint's towers with the default reranker budget and seed, "
