@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.service.server import free_port
+from service_bench import start_server  # benchmarks/ is sys.path[0] when run as a script
 
 INDEX = "faults"
 QUERIES = ["a dog running on the beach", "a red car", "two people on a bench", "a city at night", "snow"]
@@ -115,25 +116,6 @@ def ensure_index(url: str, workdir: Path, n_images: int, ckpt: Path | None) -> N
     build(INDEX, images=gallery, settings=ixs, ckpt=ckpt, log=lambda *_: None)
 
 
-def start_service(env: dict, port: int, log: Path) -> subprocess.Popen:
-    import httpx
-
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600  # the first run exports the ONNX graphs
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if http.get("/readyz").status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"service did not become ready; see {log}:\n{log.read_text()[-3000:]}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
@@ -165,7 +147,7 @@ def main() -> None:
                "CROSSPROBE_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
         if args.ckpt:
             env["CROSSPROBE_CKPT"] = str(args.ckpt)
-        proc = start_service(env, port, args.workdir / "server.log")
+        proc = start_server(env, port, args.workdir / "server.log")
         res = run_load(f"http://127.0.0.1:{port}", server, args)
     finally:
         if proc is not None:

@@ -97,14 +97,14 @@ def evaluate(
         j = report.write(res, docs, _command(), meta["fingerprint"])
         typer.echo(report.markdown(j))
     demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None)
-    o = _eval_ood(model, meta, data, baseline, demo, docs) if ood else None
+    o = _eval_ood(model, meta, data, baseline, demo, docs, cache_dir.parent / "coco-mini-dev") if ood else None
     if ckpt is None and card and j is not None:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.model_card import write_card
 
         write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o)
 
 
-def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path) -> dict | None:
+def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, cache: Path) -> dict | None:
     from crossprobe import checkpoint
     from crossprobe.data.captioned import CaptionedFolder, coco_root
     from crossprobe.demo import EXPECTED, run_demo
@@ -116,7 +116,7 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path) -
         typer.echo(f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True)
         return None
     base_model, base_meta = checkpoint.load(baseline)
-    feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), Path("cache/coco-mini-dev"), model.cfg.text.frozen_layers,
+    feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), cache, model.cfg.text.frozen_layers,
                             data.grids[data.split_images("dev")])
     base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None)
     served = Settings.model_fields["default_rerank"].default
