@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe import checkpoint
-from crossprobe.data.captioned import CaptionedFolder, coco_root
-from crossprobe.data.flickr8k import available
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import encode_images, encode_texts
-from crossprobe.evaluation.ood import OodFeatures
-from crossprobe.evaluation.report import machine
+from crossprobe.models import checkpoint
+from crossprobe.models.data.captioned import CaptionedFolder, coco_root
+from crossprobe.models.data.flickr8k import available
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import encode_images, encode_texts
+from crossprobe.models.evaluation.ood import OodFeatures
+from crossprobe.models.evaluation.report import machine
 from crossprobe.models.bridge import BridgeConfig, LabelBridge
-from crossprobe.training.data import CachedData
+from crossprobe.models.training.data import CachedData
 
 TEXTS = {  # name -> (templates, lemmas)
     "plain": (["{}"], 1),

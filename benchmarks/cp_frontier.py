@@ -1,6 +1,6 @@
 """Cross-probe latency/accuracy frontier on the Flickr8k test split.
 
-For each CP setting of crossprobe.training.frontier.SETTINGS: the variant trained
+For each CP setting of crossprobe.models.training.frontier.SETTINGS: the variant trained
 by `crossprobe frontier` (runs/default/frontier_*.done.pt; the frontier runs
 first if any is missing) on the committed checkpoint's towers, its test R@1 after
 reranking the two-tower top 100, and its rerank time per query for 100 and 1,000
@@ -17,17 +17,17 @@ from pathlib import Path
 
 import torch
 
-from crossprobe import checkpoint
-from crossprobe.data.flickr8k import available, dataset_root
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import PairScorer
-from crossprobe.evaluation.report import machine
-from crossprobe.evaluation.retrieval import reranked, shortlist_recall, split_banks, tt_scores
-from crossprobe.evaluation.timing import rerank_ms
+from crossprobe.models import checkpoint
+from crossprobe.models.data.flickr8k import available, dataset_root
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import PairScorer
+from crossprobe.models.evaluation.report import machine
+from crossprobe.models.evaluation.retrieval import reranked, shortlist_recall, split_banks, tt_scores
+from crossprobe.models.evaluation.timing import rerank_ms
 from crossprobe.models.cross_probe import CrossProbe
-from crossprobe.training.data import CachedData
-from crossprobe.training.frontier import SETTINGS, finished_row, frontier, name_of, recipe_budget
-from crossprobe.training.run import TrainConfig, reranker_config
+from crossprobe.models.training.data import CachedData
+from crossprobe.models.training.frontier import SETTINGS, finished_row, frontier, name_of, recipe_budget
+from crossprobe.models.training.run import TrainConfig, reranker_config
 
 RUN = Path("runs/default")
 K = 100

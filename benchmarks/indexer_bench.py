@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe import checkpoint
-from crossprobe.data.flickr8k import dataset_root
+from crossprobe.models import checkpoint
+from crossprobe.models.data.flickr8k import dataset_root
 from crossprobe.indexer import Settings, build, connect, open_index
 from crossprobe.indexer.redis_conn import close_embedded
 from crossprobe.indexer.store import Store
@@ -38,7 +38,7 @@ from crossprobe.indexer.store import Store
 
 def machine() -> str:
     """The shared machine description plus the load at start (this bench is sensitive to it)."""
-    from crossprobe.evaluation.report import machine as describe
+    from crossprobe.models.evaluation.report import machine as describe
 
     return f"{describe()}, load average {os.getloadavg()[0]:.2f} at start"
 
@@ -59,8 +59,8 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     """The image-tower head on the same grids: PyTorch eager vs ONNX Runtime, median of 5 passes."""
     import torch
 
-    from crossprobe.data.features import image_backbone_session
-    from crossprobe.export import ImageGraph, session
+    from crossprobe.models.data.features import image_backbone_session
+    from crossprobe.models.export import ImageGraph, session
     from crossprobe.indexer.encoder import Encoder
     from crossprobe.models import backbones as bb
 

@@ -29,15 +29,15 @@ import onnx
 import torch
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from crossprobe import checkpoint
-from crossprobe import export as ex
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import encode_images
-from crossprobe.evaluation.report import machine
-from crossprobe.evaluation.timing import median_ms
+from crossprobe.models import checkpoint
+from crossprobe.models import export as ex
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import encode_images
+from crossprobe.models.evaluation.report import machine
+from crossprobe.models.evaluation.timing import median_ms
 from crossprobe.models import backbones as bb
-from crossprobe.runtime import session
-from crossprobe.training.data import CachedData
+from crossprobe.models.runtime import session
+from crossprobe.models.training.data import CachedData
 
 CAPTION = "a black dog is running through the grass with a ball in its mouth"
 

@@ -92,7 +92,7 @@ class RedisServer:
 def ensure_index(url: str, workdir: Path, n_images: int, ckpt: Path | None) -> None:
     from PIL import Image
 
-    from crossprobe import checkpoint
+    from crossprobe.models import checkpoint
     from crossprobe.indexer import build
     from crossprobe.indexer.redis_conn import Settings as IndexSettings
     from crossprobe.indexer.redis_conn import connect
@@ -157,7 +157,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         server.stop()
-    from crossprobe.evaluation.report import machine
+    from crossprobe.models.evaluation.report import machine
 
     res = {"command": command, "machine": f"{machine()}, load average {load_at_start:.2f} at start",
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,5 +1,5 @@
 """Issue 2 experiment: do CP and T-EMDE beat the two-tower score when trained on
-realistic shortlists? (crossprobe/training/stacking.py explains why they might.)
+realistic shortlists? (models/training/stacking.py explains why they might.)
 
 For each dev_stack fraction: the committed checkpoint's towers stay; CP (its
 committed shape) and T-EMDE are re-initialised with the default seed and trained
@@ -26,18 +26,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe import checkpoint
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import PairScorer
-from crossprobe.evaluation.report import machine
-from crossprobe.evaluation.retrieval import reranked, split_banks, tt_scores
+from crossprobe.models import checkpoint
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import PairScorer
+from crossprobe.models.evaluation.report import machine
+from crossprobe.models.evaluation.retrieval import reranked, split_banks, tt_scores
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.temde import Temde
-from crossprobe.training.data import CachedData
-from crossprobe.training.rerankers import train_reranker
-from crossprobe.training.run import TrainConfig, reranker_config
-from crossprobe.training.stacking import stacked
-from crossprobe.training.state import seed_everything
+from crossprobe.models.training.data import CachedData
+from crossprobe.models.training.rerankers import train_reranker
+from crossprobe.models.training.run import TrainConfig, reranker_config
+from crossprobe.models.training.stacking import stacked
+from crossprobe.models.training.state import seed_everything
 
 
 def main() -> None:

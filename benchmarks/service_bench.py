@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.data.flickr8k import Flickr8k, available, dataset_root
+from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer import faiss_io
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
@@ -46,7 +46,7 @@ RERANKS = ("none", "temde", "cp")
 
 def ensure_ckpt(ckpt: Path | None, workdir: Path) -> tuple[Path, bool]:
     """-> (checkpoint dir, weights are random)."""
-    from crossprobe import checkpoint
+    from crossprobe.models import checkpoint
 
     path = Path(ckpt or checkpoint.DEFAULT_CHECKPOINT)
     if (path / "config.json").exists():
@@ -138,7 +138,7 @@ def synthesize(ixs: IndexSettings, total: int, seed: int = 0) -> str:
 
 def start_server(env: dict, port: int, log: Path) -> subprocess.Popen:
     out = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)], env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     import httpx
 

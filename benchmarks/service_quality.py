@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from crossprobe.data.flickr8k import Flickr8k, available, dataset_root
-from crossprobe.evaluation.report import machine
+from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
+from crossprobe.models.evaluation.report import machine
 from crossprobe.indexer import build
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.service.server import running, wait_ready

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from crossprobe import checkpoint
-from crossprobe.data.flickr8k import available, dataset_root
-from crossprobe.evaluation.report import machine
+from crossprobe.models import checkpoint
+from crossprobe.models.data.flickr8k import available, dataset_root
+from crossprobe.models.evaluation.report import machine
 from crossprobe.models.model import ModelConfig
-from crossprobe.training.data import CachedData
+from crossprobe.models.training.data import CachedData
 
 BUDGET_MIN = 90
 

@@ -1,4 +1,4 @@
-"""Write crossprobe/models/data/imagenet_classes.tsv once, from the class lists timm ships.
+"""Write models/data/imagenet_classes.tsv once, from the class lists timm ships.
 
     pip download --no-deps timm -d /tmp/timm && python scripts/write_imagenet_classes.py /tmp/timm/timm-*.whl
 

@@ -7,11 +7,11 @@ trained, w=1000 ~ the reranker alone) on the dev and test splits, K=100, text->i
 Results: docs/rerank_experiments.md."""
 import numpy as np, torch
 from pathlib import Path
-from crossprobe import checkpoint
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import PairScorer
-from crossprobe.evaluation.retrieval import split_banks, tt_scores
-from crossprobe.training.data import CachedData
+from crossprobe.models import checkpoint
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import PairScorer
+from crossprobe.models.evaluation.retrieval import split_banks, tt_scores
+from crossprobe.models.training.data import CachedData
 torch.set_num_threads(2)
 model, meta = checkpoint.load(None)
 data = CachedData.build(Path("cache/flickr8k"), model.cfg.text.frozen_layers)

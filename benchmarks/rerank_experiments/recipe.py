@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/rerank_experiments/recipe.py DEV_STACK METHOD EPOCHS PRETRAIN_EPOCHS STANDALONE [INPUTS]
 
-DEV_STACK: fraction of dev images added to training (crossprobe/training/stacking.py); METHOD cp | temde;
+DEV_STACK: fraction of dev images added to training (models/training/stacking.py); METHOD cp | temde;
 EPOCHS: listwise epochs on mined negatives; PRETRAIN_EPOCHS: in-batch contrastive epochs first
 (RerankTrainConfig.pretrain_epochs); STANDALONE 1: train on the reranker's own score and fit the fusion weight on the
 selection split (RerankTrainConfig.standalone); INPUTS: tower | backbone (| both, CP only)
@@ -23,17 +23,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe import checkpoint
-from crossprobe.evaluation import metrics as M
-from crossprobe.evaluation.encode import PairScorer
-from crossprobe.evaluation.retrieval import split_banks, tt_scores
+from crossprobe.models import checkpoint
+from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.evaluation.encode import PairScorer
+from crossprobe.models.evaluation.retrieval import split_banks, tt_scores
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.temde import Temde
-from crossprobe.training.data import CachedData
-from crossprobe.training.rerankers import train_reranker
-from crossprobe.training.run import TrainConfig, reranker_config
-from crossprobe.training.stacking import stacked
-from crossprobe.training.state import seed_everything
+from crossprobe.models.training.data import CachedData
+from crossprobe.models.training.rerankers import train_reranker
+from crossprobe.models.training.run import TrainConfig, reranker_config
+from crossprobe.models.training.stacking import stacked
+from crossprobe.models.training.state import seed_everything
 
 WEIGHTS = (0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 1e3)
 

@@ -63,7 +63,7 @@ def env(settings) -> dict:
 
 @pytest.fixture()
 def ckpt(small_model, tmp_path) -> Path:
-    from crossprobe import checkpoint
+    from crossprobe.models import checkpoint
 
     checkpoint.save(small_model, tmp_path / "ck")
     return tmp_path / "ck"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from crossprobe import checkpoint
+from crossprobe.models import checkpoint
 from crossprobe.indexer import FingerprintMismatch, add, build, open_index
 from crossprobe.indexer.store import Store
 from crossprobe.models import backbones as bb
@@ -14,8 +14,8 @@ from crossprobe.models import backbones as bb
 
 def _model_outputs(model, models_dir, paths):
     """Reference: the checkpoint's own image tower in PyTorch on the same pixels."""
-    from crossprobe.data.features import image_backbone_session
-    from crossprobe.export import ImageGraph
+    from crossprobe.models.data.features import image_backbone_session
+    from crossprobe.models.export import ImageGraph
 
     pixels = np.stack([bb.load_image(p) for p in paths])
     grid = image_backbone_session(models_dir).run(None, {"pixels": pixels})[0]

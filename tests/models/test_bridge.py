@@ -22,7 +22,7 @@ def test_class_file_is_imagenet_in_logit_order():
 
 def test_probabilities_come_from_the_grid_alone():
     """fc(mean of the grid) is EfficientNet-Lite0's own classifier: the bridge needs no second backbone run."""
-    from crossprobe.demo import sample_gallery
+    from crossprobe.models.demo import sample_gallery
 
     backbone = bb.ImageBackbone()
     bridge = LabelBridge(BridgeConfig(beta=1.0), 8)
@@ -78,7 +78,7 @@ def test_class_embeddings_are_the_text_towers_vectors(small_model):
 def test_checkpoint_stores_the_class_embeddings(small_model, bert, tmp_path):
     """The class table is in the checkpoint and its fingerprint: changing it changes the fingerprint;
     a checkpoint without a bridge (older ones) loads with the bridge off."""
-    from crossprobe import checkpoint
+    from crossprobe.models import checkpoint
     from crossprobe.models.model import ModelConfig
 
     assert small_model.cfg.bridge.enabled

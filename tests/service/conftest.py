@@ -24,7 +24,7 @@ from tests.indexer.conftest import make_images, models_dir, redis_server, redis_
 def svc_ckpt(small_cfg, bert, tmp_path_factory) -> Path:
     import torch
 
-    from crossprobe import checkpoint
+    from crossprobe.models import checkpoint
     from crossprobe.models.model import SearchModel
 
     torch.manual_seed(0)  # as tests/conftest.py's small_model, at session scope

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from crossprobe import checkpoint
+from crossprobe.models import checkpoint
 
 
 def _search(client, **body):
@@ -83,7 +83,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
     """The service's ann and rerank scores equal the PyTorch model on the indexed features (fp32 query graph)."""
     import torch
 
-    from crossprobe.export import CPScorer, QueryGraph, TemdeScorer
+    from crossprobe.models.export import CPScorer, QueryGraph, TemdeScorer
     from crossprobe.indexer import open_index
     from crossprobe.models import backbones as bb
 

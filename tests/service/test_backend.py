@@ -1,10 +1,10 @@
-"""The service's Models: one shared ONNX Runtime pool by default (crossprobe/runtime.py)."""
+"""The service's Models: one shared ONNX Runtime pool by default (models/runtime.py)."""
 import pytest
 
-from tests.test_runtime import run_fresh
+from tests.models.test_runtime import run_fresh
 
 BODY = """
-    from crossprobe import runtime
+    from crossprobe.models import runtime
     from crossprobe.service.backend import Models
     from crossprobe.service.settings import Settings
     m = Models(Settings(query_precision="fp32", threads=2))

@@ -1,4 +1,4 @@
-"""The circuit breaker's state machine (crossprobe/service/breaker.py) on a fake clock; tests/service/
+"""The circuit breaker's state machine (service/breaker.py) on a fake clock; tests/service/
 test_redis_faults.py drives the same code against a real Redis server that is paused and killed."""
 from __future__ import annotations
 

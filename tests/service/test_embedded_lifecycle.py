@@ -54,7 +54,7 @@ def test_serve_stops_the_embedded_redis_it_started(embedded, svc_ckpt, artifacts
            "CROSSPROBE_THREADS": "1", "CROSSPROBE_WARMUP": "false", "CROSSPROBE_ACCESS_LOG": "false"}
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1", "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1", "--port",
                                  str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
     pid, gone = None, False
     try:

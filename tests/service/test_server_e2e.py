@@ -25,7 +25,7 @@ def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
            "HF_HUB_OFFLINE": "1"}
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1", "--port",
+        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1", "--port",
                                  str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:

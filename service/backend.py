@@ -1,0 +1,274 @@
+"""Backend: the models (ONNX Runtime) and the served index versions (FAISS + Redis).
+
+Layering as in text-embeddings-inference: router (app.py, FastAPI routes) ->
+queue/batcher (batcher.py) -> backend (this file). Nothing here knows HTTP.
+
+Models: query_tower / cp_scorer / temde_scorer graphs of one checkpoint, exported
+once into <artifacts_dir>/<fingerprint>/ (a temp dir renamed into place, so a
+killed export never leaves half a graph) and run with ONNX Runtime (CUDA
+provider when present). When the graphs already exist nothing imports the
+PyTorch model, so a restart takes seconds.
+
+Registry: name -> IndexHandle (one pinned version: FAISS index, ids, Redis keys).
+A new version is loaded completely beside the old one, then the dict is
+replaced by a new dict in one assignment: a request that already took a handle
+finishes on its version; the next request sees the new one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from crossprobe.models import runtime
+from crossprobe.indexer.reader import FingerprintMismatch, IndexReader, open_index
+from crossprobe.indexer.redis_conn import connect
+from crossprobe.indexer.store import NAME_RE, Store
+from crossprobe.service import metrics
+from crossprobe.service.errors import ApiError
+from crossprobe.service.settings import Settings
+
+log = logging.getLogger("crossprobe.service")
+
+GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
+# crossprobe.models.checkpoint.DEFAULT_CHECKPOINT, without importing torch just to know a path
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "checkpoints" / "default"  # the sibling package
+
+
+def checkpoint_fingerprint(ckpt: Path | None) -> str:
+    path = Path(ckpt or DEFAULT_CHECKPOINT)
+    cfg = path / "config.json"
+    if not cfg.exists():
+        raise FileNotFoundError(f"no checkpoint at {path} (train one with `crossprobe train`, or set CROSSPROBE_CKPT)")
+    return json.loads(cfg.read_text())["fingerprint"]
+
+
+def ensure_onnx(artifacts: Path, ckpt: Path | None, bert=None) -> Path:
+    """<artifacts>/<fingerprint>/ holding the three graphs, exported now if missing (atomically)."""
+    fp = checkpoint_fingerprint(ckpt)
+    final = Path(artifacts) / fp
+    if all((final / f"{g}.onnx").exists() for g in GRAPHS):
+        return final
+    from crossprobe.models import checkpoint
+    from crossprobe.models.export import export_all
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log.info("exporting ONNX graphs of checkpoint %s into %s", fp, final)
+    model, meta = checkpoint.load(ckpt, bert)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".export-"))
+    try:
+        export_all(model, tmp, meta["fingerprint"], names=GRAPHS)
+        if final.exists():  # an incomplete directory (a graph deleted by hand): set it aside, then replace
+            aside = final.with_name(f".{fp}.old-{os.getpid()}")
+            os.replace(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process finished first: its graphs are as good as ours
+            if not all((final / f"{g}.onnx").exists() for g in GRAPHS):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def ensure_int8_query(graphs: Path) -> Path:
+    """<graphs>/query_tower.int8.onnx, quantized from the fp32 graph once (atomically)."""
+    path = graphs / "query_tower.int8.onnx"
+    if not path.exists():
+        from crossprobe.models.export import quantize_query_tower
+
+        log.info("quantizing the query tower to int8 into %s", path)
+        quantize_query_tower(graphs / "query_tower.onnx", path)
+    return path
+
+
+@dataclass(frozen=True)
+class QueryVectors:
+    """The query tower's outputs for one query."""
+    g_q: np.ndarray  # (d,) unit norm: the ANN query
+    p_t: np.ndarray  # (m, dc) text probes (CP)
+    w_bar: np.ndarray  # (dc,) mean text token (CP)
+    s_q: np.ndarray  # (nk,) T-EMDE sketch
+
+
+class Models:
+    def __init__(self, settings: Settings, bert=None):
+        from crossprobe.models import backbones as bb
+
+        self.fingerprint = checkpoint_fingerprint(settings.ckpt)
+        graphs = ensure_onnx(settings.artifacts_dir, settings.ckpt, bert)
+        self._bb = bb
+        self.tokenizer = bb.load_tokenizer()
+        self.query_precision = settings.query_precision
+        query_graph = graphs / "query_tower.onnx"
+        if settings.query_precision == "int8":
+            query_graph = ensure_int8_query(graphs)
+        if settings.ort_shared_pool:  # one pool for all graphs (models/runtime.py says why)
+            runtime.share_thread_pool(settings.threads or 0)
+        spin = settings.ort_spinning
+        self.query = runtime.session(query_graph, settings.threads, spin)
+        self.scorers = {"cp": runtime.session(graphs / "cp_scorer.onnx", settings.threads, spin),
+                        "temde": runtime.session(graphs / "temde_scorer.onnx", settings.threads, spin)}
+        self.providers = self.query.get_providers()
+
+    def encode(self, texts: list[str]) -> list[QueryVectors]:
+        """A batch of queries -> query vectors. fp32: one run for the batch (padding is masked, so
+        batching does not change results). int8: one unpadded run per query, because dynamic
+        quantization scales activations by the min/max of the whole input tensor, so batch-mates
+        and padding would change a query's vectors."""
+        groups = [texts] if self.query_precision == "fp32" else [[t] for t in texts]
+        out: list[QueryVectors] = []
+        for group in groups:
+            ids, mask = self._bb.tokenize(self.tokenizer, group)
+            g, p_t, w_bar, s_q = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
+            out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i]) for i in range(len(group))]
+        return out
+
+    def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
+        """One query against its K candidates in one scorer run -> fused logits (K,)."""
+        s_tt = np.ascontiguousarray(s_tt, np.float32)
+        if kind == "cp":
+            feed = {"p_t": q.p_t[None], "w_bar": q.w_bar[None], "p_v": feats["p_v"], "b_bar": feats["b_bar"],
+                    "s_tt": s_tt}
+        elif kind == "temde":
+            feed = {"s_q": q.s_q[None], "s_i": feats["s_i"], "s_tt": s_tt}
+        else:
+            raise ValueError(f"unknown reranker {kind!r}")
+        return self.scorers[kind].run(None, feed)[0]
+
+
+class IndexHandle:
+    """One loaded, immutable version of an index."""
+
+    def __init__(self, reader: IndexReader):
+        self.reader = reader
+        self.name, self.version = reader.name, reader.version
+        self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
+        self.loaded_at = time.time()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def info(self) -> dict:
+        m = self.reader.manifest
+        return {"name": self.name, "version": self.version, "count": len(self), "fingerprint": m["fingerprint"],
+                "factory": m.get("factory"), "created": m.get("created")}
+
+
+class Registry:
+    def __init__(self, settings: Settings, fingerprint: str):
+        self.settings = settings
+        self.ixs = settings.indexer_settings()
+        self.store = Store(self.ixs, connect(self.ixs))
+        self.fingerprint = fingerprint
+        self.handles: dict[str, IndexHandle] = {}  # replaced, never mutated: readers may hold the old dict
+        self.problems: dict[str, str] = {}  # name -> why its active version is not served (old one may be)
+        self._refused: dict[str, str] = {}  # name -> active version that failed to load
+        self._lock = threading.Lock()  # one refresh at a time (poller and /admin/reload)
+        if settings.threads:
+            import faiss
+
+            faiss.omp_set_num_threads(settings.threads)  # process-wide: FAISS and ORT share the same cores
+
+    # ---- lookups (request path) ------------------------------------------------
+    def default_name(self) -> str | None:
+        if self.settings.default_index:
+            return self.settings.default_index
+        return min(self.handles) if self.handles else None
+
+    def get(self, name: str | None) -> IndexHandle:
+        name = name or self.default_name()
+        if name is None:
+            raise ApiError(503, "not_ready", "no index is being served yet", headers={"Retry-After": "1"})
+        h = self.handles.get(name)
+        if h is not None:
+            return h
+        if name in self.problems:
+            raise ApiError(503, "index_unavailable", f"index {name!r} cannot be served: {self.problems[name]}")
+        raise ApiError(404, "index_not_found", f"no index {name!r} here; served: {sorted(self.handles)}")
+
+    def current(self, name: str) -> IndexHandle | None:
+        return self.handles.get(name)
+
+    # ---- loading (background) --------------------------------------------------
+    def wanted(self) -> list[str]:
+        if self.settings.index_names:
+            return self.settings.index_names
+        return [n for n in self.store.names() if NAME_RE.match(n) and self.store.active(n)]
+
+    def load(self, name: str, version: str) -> IndexHandle:
+        reader = open_index(name, self.fingerprint, self.ixs, version=version, store=self.store)
+        h = IndexHandle(reader)
+        if len(h):  # touch what a query touches (pages of the FAISS index, one MGET) before going live
+            reader.search(np.zeros((1, reader.index.d), np.float32), 1)
+            reader.features(reader.ids[:1])
+        return h
+
+    def refresh(self, force: bool = False) -> dict[str, dict]:
+        """Serve each wanted index's active version; load changed ones fully, then swap. -> per-name outcome.
+        A version that failed to load is not retried on every poll (a big index is costly to read), only
+        when `active` moves again or with force (POST /admin/reload)."""
+        with self._lock:
+            out: dict[str, dict] = {}
+            try:
+                names = self.wanted()
+            except Exception as e:  # noqa: BLE001 - Redis down: keep serving what is loaded, retry next poll
+                metrics.error("reload_redis")
+                log.warning("cannot list indexes: %s", e)
+                return {n: {"version": h.version, "changed": False, "error": str(e)} for n, h in self.handles.items()}
+            for name in names:
+                cur = self.handles.get(name)
+                try:
+                    active = self.store.active(name)
+                except Exception as e:  # noqa: BLE001 - Redis down: keep serving what is loaded
+                    out[name] = self._failed(name, cur, None, f"cannot read the active version: {e}", "redis")
+                    continue
+                if active is None:
+                    out[name] = self._failed(name, cur, None, "no active version (never built, or its key was "
+                                             "deleted)", "no_active")
+                    continue
+                if cur is not None and cur.version == active:
+                    self.problems.pop(name, None)  # e.g. a refused version was rolled back
+                    out[name] = {"version": active, "changed": False}
+                    continue
+                if not force and self._refused.get(name) == active:
+                    out[name] = {"version": cur.version if cur else None, "changed": False,
+                                 "error": self.problems.get(name)}
+                    continue
+                try:
+                    h = self.load(name, active)
+                except FingerprintMismatch as e:
+                    out[name] = self._failed(name, cur, active, str(e), "fingerprint_mismatch")
+                    continue
+                except Exception as e:  # noqa: BLE001 - a bad version never takes down the served one
+                    out[name] = self._failed(name, cur, active, f"{type(e).__name__}: {e}", "load_failed")
+                    continue
+                self.handles = {**self.handles, name: h}  # the swap: one reference assignment
+                self.problems.pop(name, None)
+                self._refused.pop(name, None)
+                metrics.index_served(name, h.version, h.reader.fingerprint, len(h))
+                metrics.RELOADS.labels(name, "switched" if cur else "loaded").inc()
+                log.info("index %s: serving version %s (%d items)%s", name, h.version, len(h),
+                         f", was {cur.version}" if cur else "")
+                out[name] = {"version": h.version, "changed": True, "previous": cur.version if cur else None}
+            return out
+
+    def _failed(self, name: str, cur: IndexHandle | None, version: str | None, why: str, kind: str) -> dict:
+        """Record why `name` could not be (re)loaded; the served version, if any, stays."""
+        if self.problems.get(name) != why:  # count and log a problem once, not once per poll
+            metrics.RELOADS.labels(name, kind).inc()
+            metrics.error(f"reload_{kind}")
+            log.warning("index %s: %s%s", name, why, f" (still serving {cur.version})" if cur else "")
+        self.problems[name] = why
+        if version is not None:
+            self._refused[name] = version
+        return {"version": cur.version if cur else None, "changed": False, "error": why}

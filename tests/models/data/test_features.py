@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+from PIL import Image
+
+from crossprobe.models.data.features import ChunkedCache
+from crossprobe.models import backbones as bb
+
+
+def test_chunked_cache_resumes_after_a_kill(tmp_path):
+    path = tmp_path / "x.npy"
+    c = ChunkedCache(path, (10, 3), np.float32)
+    c.commit(0, np.ones((4, 3)))
+    del c  # "killed": a new process opens the same cache
+    c2 = ChunkedCache(path, (10, 3), np.float32)
+    assert c2.done == 4 and not c2.complete
+    c2.commit(4, 2 * np.ones((6, 3)))
+    assert c2.complete
+    arr = np.load(path)
+    assert (arr[:4] == 1).all() and (arr[4:] == 2).all()
+
+
+def test_chunked_cache_refuses_another_shape(tmp_path):
+    ChunkedCache(tmp_path / "x.npy", (10, 3), np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        ChunkedCache(tmp_path / "x.npy", (11, 3), np.float32)
+
+
+def test_load_image_honours_exif_orientation_and_converts_to_rgb(tmp_path):
+    # left half red, right half blue; EXIF orientation 3 = rotated 180 degrees
+    arr = np.zeros((40, 80, 3), np.uint8)
+    arr[:, :40] = (255, 0, 0)
+    arr[:, 40:] = (0, 0, 255)
+    img = Image.fromarray(arr)
+    exif = Image.Exif()
+    exif[0x0112] = 3
+    img.save(tmp_path / "rot.jpg", exif=exif.tobytes(), quality=95)
+    x = bb.load_image(tmp_path / "rot.jpg")
+    assert x.shape == (3, 224, 224) and x.dtype == np.float32
+    # after honouring the tag, blue is on the left
+    assert x[2, :, :100].mean() > x[0, :, :100].mean()
+    Image.fromarray(arr[:, :, 0]).save(tmp_path / "gray.png")  # grayscale -> 3 channels
+    assert bb.load_image(tmp_path / "gray.png").shape == (3, 224, 224)
