@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv demo test train eval frontier ablation export bench clean
+.PHONY: venv system demo test train eval frontier ablation export bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -18,12 +18,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## make system: the real components the tests use, from Debian's packages when missing
+## (prometheus + promtool, prometheus-pushgateway, docker-compose): scripts/system-deps.sh
+system:
+	scripts/system-deps.sh
+
 ## make demo [IMAGES=dir]: index a small gallery, serve it (embedded Redis), query it over HTTP, stop
 demo: $(STAMP)
 	$(BIN)/crossprobe demo-service $(if $(IMAGES),--images $(IMAGES),)
 
 ## make test: the fast test suite (no shared data needed)
-test: $(STAMP)
+test: $(STAMP) system
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 ## make train: the default training run on ../shared/datasets/flickr8k (resumable)
