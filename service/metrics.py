@@ -5,6 +5,13 @@ p50/p95/p99 from the buckets). Metrics live at module level, created once per
 process: several apps in one process (the tests) share them, which is what
 prometheus-client expects. One uvicorn worker process per service instance:
 with several workers each would expose only its own numbers.
+
+Searches are timed twice on purpose: crossprobe_stage_seconds{stage} (every
+stage of every caller, the explain route's own stage names included) and, with
+the rerank mode the search ran, crossprobe_search_stage_seconds{stage, rerank}
+and crossprobe_search_seconds{rerank}: cp costs a few ms more than none, so
+percentiles over all modes move with the traffic mix; per mode they move only
+when the service does (deploy/'s dashboard and the p99 alert read these).
 """
 from __future__ import annotations
 
@@ -42,13 +49,58 @@ FEATURE_STORE_SKIPPED = Counter("crossprobe_feature_store_skipped", "Redis calls
 FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transitions", "Circuit breaker state changes, "
                                     "by the state entered (open | half_open | closed)", ["to"], registry=REGISTRY)
 
+# -- by rerank mode (the request's mode: a degraded search that skipped its rerank keeps the mode it asked for) --
+RERANK_MODES = ("cp", "temde", "none")  # settings.Rerank
+SEARCH_STAGES = ("queue", "encode", "ann", "fetch", "rerank", "metadata")  # pipeline.py; fetch + rerank: not none
+DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed")  # pipeline.py
+SEARCH_SECONDS = Histogram("crossprobe_search_seconds", "Search latency inside the service (the pipeline from "
+                           "queue to metadata: the timings_ms total) by rerank mode", ["rerank"], buckets=_BUCKETS,
+                           registry=REGISTRY)
+SEARCH_STAGE_SECONDS = Histogram("crossprobe_search_stage_seconds", "Time per search stage (queue, encode, ann, "
+                                 "fetch, rerank, metadata) by rerank mode", ["stage", "rerank"], buckets=_BUCKETS,
+                                 registry=REGISTRY)
+DEGRADED = Counter("crossprobe_degraded_answers", "Searches answered degraded (part of the path skipped), by rerank "
+                   "mode and reason code; an answer with two reasons counts once under each",
+                   ["rerank", "reason"], registry=REGISTRY)
+INDEXES_SERVED = Gauge("crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)",
+                       registry=REGISTRY)
+
+# Every known label combination exists from the start at 0 (Prometheus' advice for labelled metrics): a rate
+# over a series that appeared mid-window misses its first increments, and a panel or alert over "no series"
+# says "no data" instead of 0.
+for _mode in RERANK_MODES:
+    SEARCH_SECONDS.labels(_mode)
+    for _stage in SEARCH_STAGES:
+        if _mode != "none" or _stage not in ("fetch", "rerank"):  # none never fetches features nor reranks
+            SEARCH_STAGE_SECONDS.labels(_stage, _mode)
+    for _reason in DEGRADED_REASONS:
+        DEGRADED.labels(_mode, _reason)
+
 _served: dict[str, tuple[str, str]] = {}  # index -> (version, fingerprint) currently exported as info
 
 
+class SearchTimings(dict):
+    """A search's stage -> ms (what the response's timings_ms and Server-Timing show), carrying the labels its
+    metrics need: the rerank mode and the degraded codes (the pipeline sets both). The observer of a search
+    (app.py's run_search, which leaves out the warm-up searches) hands over only the timings, so they travel
+    with them; a plain dict (e.g. the explain route's stages) is observed without a mode."""
+
+    rerank: str | None = None
+    degraded: tuple[str, ...] = ()
+
+
 def observe_stages(timings_ms: dict[str, float]) -> None:
+    mode = getattr(timings_ms, "rerank", None)
     for stage, ms in timings_ms.items():
-        if stage != "total":
-            STAGE_SECONDS.labels(stage).observe(ms / 1000.0)
+        if stage == "total":
+            if mode is not None:
+                SEARCH_SECONDS.labels(mode).observe(ms / 1000.0)
+            continue
+        STAGE_SECONDS.labels(stage).observe(ms / 1000.0)
+        if mode is not None:
+            SEARCH_STAGE_SECONDS.labels(stage, mode).observe(ms / 1000.0)
+    for code in getattr(timings_ms, "degraded", ()):
+        DEGRADED.labels(mode or "unknown", code).inc()
 
 
 def observe_request(endpoint: str, status: int, seconds: float) -> None:
@@ -71,6 +123,7 @@ def index_served(name: str, version: str, fingerprint: str, items: int) -> None:
     _served[name] = (version, fingerprint)
     INDEX_VERSION.labels(name, version, fingerprint).set(1)
     INDEX_ITEMS.labels(name).set(items)
+    INDEXES_SERVED.set(len(_served))  # a loaded index is never unloaded (backend.Registry keeps serving it)
 
 
 def render() -> tuple[bytes, str]:

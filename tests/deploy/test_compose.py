@@ -1,0 +1,247 @@
+"""docker-compose.yml, read by the real docker-compose (`config` validates and interpolates it without an
+engine), then checked against the repo: every bind-mounted file exists, every port and URL agrees with what
+the service listening there uses (the Settings default or the env the file sets), every CROSSPROBE_* /
+REDIS_URL variable is a field of the service's or the indexer's Settings (their pydantic-settings fields and
+env names) and validates there, and every command line parses with the real `crossprobe` CLI."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.deploy.conftest import DASHBOARD, DEPLOY, PROMETHEUS_YML, REPO, compose_config, load_yaml, run, tool
+
+# Where the upstream images listen unless their command / environment says otherwise (their documented
+# defaults); the api's port comes from service/settings.py instead.
+UPSTREAM_PORTS = {"redis": ("--port", 6379), "prometheus": ("--web.listen-address", 9090),
+                  "pushgateway": ("--web.listen-address", 9091), "grafana": ("GF_SERVER_HTTP_PORT", 3000)}
+OWN_VARS = re.compile(r"^(CROSSPROBE_\w+|REDIS_URL)$")
+
+
+@pytest.fixture(scope="module")
+def images_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("user-images")  # what a user passes as IMAGES
+
+
+@pytest.fixture(scope="module")
+def cfg(images_dir) -> dict:
+    """The batch profile's view of the file (every service), as docker-compose renders it."""
+    p, out = compose_config({"IMAGES": str(images_dir)}, "--profile", "batch")
+    assert p.returncode == 0 and out, p.stderr
+    assert "WARNING" not in p.stderr, p.stderr  # e.g. a variable without a default
+    return out
+
+
+def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg):
+    p, plain = compose_config({})  # no IMAGES: its default applies
+    assert p.returncode == 0 and plain, p.stderr
+    assert "WARNING" not in p.stderr, p.stderr
+    profiles = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config", "--profiles"],
+                   cwd=REPO)
+    assert profiles.returncode == 0 and profiles.stdout.split() == ["batch"], profiles.stdout + profiles.stderr
+    batch = {n for n, s in cfg["services"].items() if "batch" in s.get("profiles", [])}
+    assert batch == {"indexer", "reindex"}
+    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "prometheus", "pushgateway", "grafana"}
+
+
+def _binds(service: dict) -> list[tuple[str, str]]:
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):  # long syntax
+            out.append((v["type"], v.get("source", ""), v["target"]))
+            continue
+        src, dst = v.split(":")[:2]
+        out.append(("bind" if src.startswith(("/", ".")) else "volume", src, dst))
+    return out
+
+
+def test_every_mount_source_exists(cfg, images_dir):
+    declared = set(cfg.get("volumes", {}))
+    for name, svc in cfg["services"].items():
+        for kind, src, dst in _binds(svc):
+            if kind == "volume":
+                assert src in declared, f"{name}: volume {src} not declared"
+                continue
+            if Path(src) == images_dir:  # the user's photos (IMAGES): read-only, never a repo path
+                assert dst == "/images", (name, dst)
+                continue
+            path = Path(src)
+            assert path.is_relative_to(REPO) and path.exists(), f"{name}: bind mount {src} missing from the repo"
+
+
+def _listen_port(name: str, svc: dict) -> int:
+    env = svc.get("environment") or {}
+    if name in ("api", "indexer", "reindex"):
+        from crossprobe.service.settings import Settings
+
+        return int(env.get("CROSSPROBE_PORT", Settings.model_fields["port"].default))
+    flag, default = UPSTREAM_PORTS[name]
+    if flag in env:
+        return int(env[flag])
+    cmd = svc.get("command") or []
+    cmd = cmd.split() if isinstance(cmd, str) else cmd
+    for i, arg in enumerate(cmd):
+        if arg.startswith(flag + "="):
+            return int(arg.rsplit(":", 1)[-1])
+        if arg == flag:
+            return int(cmd[i + 1].rsplit(":", 1)[-1])
+    return default
+
+
+def test_every_port_and_url_matches_what_listens_there(cfg):
+    services = cfg["services"]
+    listen = {n: _listen_port(n, s) for n, s in services.items()}
+    # the image's own default agrees with the Settings default (compose may leave CROSSPROBE_PORT out)
+    from crossprobe.service.settings import Settings
+
+    assert f"CROSSPROBE_PORT={Settings.model_fields['port'].default}" in (REPO / "Dockerfile").read_text()
+
+    for name, svc in services.items():
+        for spec in svc.get("ports", []):
+            target = int(str(spec.get("target") if isinstance(spec, dict) else spec.split("/")[0].split(":")[-1]))
+            assert target == listen[name], f"{name} publishes {spec} but listens on {listen[name]}"
+    assert services["api"].get("ports"), "the api must be reachable from the host"
+    assert "redis" not in {n for n, s in services.items() if s.get("ports")}  # Redis stays on the compose network
+
+    def check_url(where: str, url: str, want_host: str) -> None:
+        u = urlparse(url if "//" in url else f"//{url}")
+        assert u.hostname == want_host and u.port == listen[want_host], f"{where}: {url} (listens on {listen[want_host]})"
+
+    for name, svc in services.items():
+        env = svc.get("environment") or {}
+        if "REDIS_URL" in env:
+            check_url(f"{name} REDIS_URL", env["REDIS_URL"], "redis")
+        if "CROSSPROBE_PUSHGATEWAY_URL" in env:
+            check_url(f"{name} CROSSPROBE_PUSHGATEWAY_URL", env["CROSSPROBE_PUSHGATEWAY_URL"], "pushgateway")
+    jobs = {j["job_name"]: j for j in load_yaml(PROMETHEUS_YML)["scrape_configs"]}
+    for job, host in (("crossprobe-api", "api"), ("pushgateway", "pushgateway")):
+        (target,) = [t for sc in jobs[job]["static_configs"] for t in sc["targets"]]
+        check_url(f"prometheus.yml job {job}", target, host)
+    assert jobs["pushgateway"].get("honor_labels") is True  # keeps the pushed job / index labels
+    (ds,) = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    check_url("grafana datasource", ds["url"], "prometheus")
+
+
+def _settings_env_names() -> dict[str, list[type]]:
+    """Env variable -> the Settings classes that read it, from the pydantic-settings models themselves."""
+    from pydantic import AliasChoices
+
+    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.service.settings import Settings as ServiceSettings
+
+    names: dict[str, list[type]] = {}
+    for cls in (ServiceSettings, IndexSettings):
+        assert not cls.model_config.get("case_sensitive")  # env names compare upper-cased below
+        prefix = cls.model_config.get("env_prefix", "")
+        for field, info in cls.model_fields.items():
+            alias = info.validation_alias
+            if isinstance(alias, AliasChoices):  # pydantic-settings reads each string choice as an env name
+                envs = [c for c in alias.choices if isinstance(c, str)]
+            elif isinstance(alias, str):
+                envs = [alias]
+            else:
+                envs = []
+            if not envs or cls.model_config.get("populate_by_name"):  # then it reads <prefix><field> too
+                envs.append(prefix + field)
+            for e in envs:
+                names.setdefault(e.upper(), []).append(cls)
+    return names
+
+
+def test_every_crossprobe_variable_is_a_settings_field_and_validates(cfg, monkeypatch):
+    known = _settings_env_names()
+    assert {"REDIS_URL", "CROSSPROBE_PORT", "CROSSPROBE_INDEX_ROOT"} <= set(known)  # the reading itself works
+    seen = set()
+    for name, svc in cfg["services"].items():
+        env = {k: str(v) for k, v in (svc.get("environment") or {}).items() if OWN_VARS.match(k)}
+        for var in env:
+            assert var in known, f"{name}: {var} is not a field of the service's or the indexer's Settings"
+        seen |= set(env)
+        # the values parse where they are read (a port that is not a number, a bool that is not one...)
+        for k in list(os.environ):
+            if OWN_VARS.match(k):
+                monkeypatch.delenv(k)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        for cls in {c for var in env for c in known[var]}:
+            cls()
+    assert {"REDIS_URL", "CROSSPROBE_PUSHGATEWAY_URL", "CROSSPROBE_INDEX_ROOT"} <= seen
+
+
+def _parse_cli(argv: list[str]):
+    """Resolve argv with the real `crossprobe` click tree and parse every option (types, choices, required)
+    without running the command."""
+    from typer.main import get_command
+
+    from crossprobe.service.cli import app
+
+    assert argv[0] == "crossprobe", argv
+    cmd, name = get_command(app), "crossprobe"
+    ctx = cmd.make_context(name, list(argv[1:]))
+    while hasattr(cmd, "resolve_command"):  # a group (typer ships its own click: no isinstance on click's)
+        rest = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        name, cmd, rest = cmd.resolve_command(ctx, rest)
+        ctx = cmd.make_context(name, rest, parent=ctx)
+    return name, ctx.params
+
+
+def test_every_command_line_parses_with_the_cli(cfg):
+    svcs = cfg["services"]
+    assert "command" not in svcs["api"]  # the image's CMD: crossprobe serve
+    cmd_line = next(line for line in (REPO / "Dockerfile").read_text().splitlines() if line.startswith("CMD "))
+    assert _parse_cli(json.loads(cmd_line[4:]))[0] == "serve"
+    name, params = _parse_cli(svcs["indexer"]["command"])
+    assert name == "build" and params["name"] == "photos" and str(params["images"]) == "/images"
+    name, params = _parse_cli(svcs["reindex"]["command"])
+    assert name == "reindex" and params["all_"] is True
+
+
+def test_services_are_wired_as_documented(cfg):
+    s = cfg["services"]
+    assert s["redis"]["image"].startswith("redis:")
+    assert s["redis"]["command"][-2:] == ["--appendonly", "yes"]
+    assert "redis-cli" in s["redis"]["healthcheck"]["test"] and "ping" in s["redis"]["healthcheck"]["test"]
+    assert any(dst == "/data" and kind == "volume" for kind, _, dst in _binds(s["redis"]))
+    for name in ("api", "indexer", "reindex"):
+        assert s[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+        assert s[name]["build"]["context"] == str(REPO) and s[name]["image"] == s["api"]["image"]
+        from crossprobe.indexer.redis_conn import Settings as IndexSettings
+
+        root = s[name]["environment"]["CROSSPROBE_INDEX_ROOT"]
+        assert ("volume", "indexes", root) in _binds(s[name]), name  # one index volume, shared
+        assert IndexSettings.model_fields["root"].default != Path(root)  # i.e. the env really moves it
+    assert s["indexer"]["environment"]["CROSSPROBE_PUSHGATEWAY_URL"] == \
+        s["reindex"]["environment"]["CROSSPROBE_PUSHGATEWAY_URL"]
+    assert s["pushgateway"]["image"].startswith("prom/pushgateway:")
+
+    # prometheus: its config and rules files from deploy/prometheus/, where the config expects them
+    prom = s["prometheus"]
+    assert prom["image"].startswith("prom/prometheus:")
+    mounts = {dst: Path(src) for kind, src, dst in _binds(prom) if kind == "bind"}
+    config_path = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--config.file="))
+    assert mounts[config_path] == PROMETHEUS_YML
+    for rule_file in load_yaml(PROMETHEUS_YML)["rule_files"]:
+        inside = str(Path(config_path).parent / rule_file)
+        assert mounts[inside] == PROMETHEUS_YML.parent / rule_file
+
+    # grafana: provisioning and dashboards from deploy/grafana/, anonymous viewers, no clicks
+    g = s["grafana"]
+    assert g["image"].startswith("grafana/grafana")
+    mounts = {dst: Path(src) for kind, src, dst in _binds(g) if kind == "bind"}
+    assert mounts["/etc/grafana/provisioning"] == DEPLOY / "grafana/provisioning"
+    (provider,) = load_yaml(DEPLOY / "grafana/provisioning/dashboards/crossprobe.yml")["providers"]
+    dash_dir = provider["options"]["path"]
+    assert mounts[dash_dir] == DASHBOARD.parent
+    home = g["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert Path(home).parent == Path(dash_dir) and (DASHBOARD.parent / Path(home).name).is_file()
+    assert g["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert g["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    (ds,) = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    dash = json.loads(DASHBOARD.read_text())
+    uids = {p["datasource"]["uid"] for p in dash["panels"] if "datasource" in p}
+    uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p.get("targets", [])}
+    assert uids == {ds["uid"]}
