@@ -1,6 +1,8 @@
-"""`crossprobe index ...`: build | add | delete | list | activate | gc.
+"""`crossprobe index ...`: build | add | delete | reindex | list | activate | gc.
 
-Options left unset fall back to Settings (env REDIS_URL, CROSSPROBE_INDEX_*).
+Options left unset fall back to Settings (env REDIS_URL, CROSSPROBE_INDEX_*, CROSSPROBE_PUSHGATEWAY_*);
+--ckpt falls back to CROSSPROBE_CKPT, the variable the service reads, so an index and the service that
+serves it name the same checkpoint by default. Exit status: 0 done, 1 the job failed, 2 bad usage.
 Heavy imports stay inside the commands so `crossprobe --help` stays instant.
 """
 from __future__ import annotations
@@ -13,7 +15,8 @@ index_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata)")
 
 _ROOT = typer.Option(None, help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")
-_CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
+_CKPT = typer.Option(None, envvar="CROSSPROBE_CKPT", show_envvar=True,
+                     help="checkpoint directory (default: the committed one)")
 
 
 def _settings(**overrides):
@@ -22,9 +25,9 @@ def _settings(**overrides):
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception | str, code: int = 1) -> None:
     typer.echo(f"error: {e}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt: Path | None, **opts) -> None:
@@ -97,6 +100,69 @@ def delete_cmd(
     typer.echo(res.summary())
     if res.extra.get("not_found"):
         typer.echo(f"not in the index: {', '.join(res.extra['not_found'][:20])}")
+
+
+@index_app.command("reindex")
+def reindex_cmd(
+    names: list[str] = typer.Argument(None, help="indexes to re-encode", show_default=False),
+    all_: bool = typer.Option(False, "--all", help="every index under the root that has an active version"),
+    ckpt: Path = _CKPT,
+    root: Path = _ROOT,
+    max_lost: float = typer.Option(None, min=0, max=1, help="refuse to activate when more than this fraction of "
+                                   "the items is lost (default 0.01, env CROSSPROBE_INDEX_REINDEX_MAX_LOST)"),
+    quantization: str = typer.Option(None, help="float16 | int8 (default: the old version's layout)"),
+    workers: int = typer.Option(None),
+    batch_size: int = typer.Option(None),
+    factory: str = typer.Option(None),
+    max_pixels: int = typer.Option(None),
+    threads: int = typer.Option(None),
+    head: str = typer.Option(None),
+    throttle: float = typer.Option(None),
+):
+    """Re-encode every item of an index from its recorded sources with the current checkpoint into a new
+    version and activate it (how an index moves to a new model; run again to resume after a kill). The old
+    version stays until `crossprobe index gc`."""
+    from redis.exceptions import RedisError
+
+    from crossprobe.indexer import jobs
+    from crossprobe.indexer.redis_conn import connect
+    from crossprobe.indexer.store import Store, check_name
+
+    s = _settings(root=root, reindex_max_lost=max_lost, workers=workers, batch_size=batch_size, factory=factory,
+                  max_pixels=max_pixels, threads=threads, head=head, throttle_s=throttle)
+    if bool(names) == all_:
+        _fail("give index names or --all (not both)", 2)
+    if quantization not in (None, "float16", "int8"):
+        _fail(f"--quantization {quantization!r}: float16 or int8", 2)
+    try:
+        store = Store(s, connect(s))
+        served = [n for n in store.names() if store.active(n)]
+    except RedisError as e:
+        _fail(f"cannot read the indexes' active versions from Redis: {e}")
+    if all_:
+        names = served
+        if not names:
+            _fail(f"no index with an active version under {s.root.resolve()}", 2)
+    for n in names:  # every name checked before the first job starts: a typo fails at once, not after hours
+        try:
+            check_name(n)
+        except ValueError as e:
+            _fail(e, 2)
+        if n not in served:
+            _fail(f"no index {n!r} with an active version under {s.root.resolve()} "
+                  f"(indexes there: {', '.join(served) or 'none'})", 2)
+    failed = []
+    for n in names:
+        try:
+            res = jobs.reindex(n, settings=s, ckpt=ckpt, quantization=quantization, log=typer.echo)
+        except (ValueError, LookupError, RuntimeError, OSError, RedisError) as e:  # TooManyLost: a RuntimeError
+            typer.echo(f"error: {e}", err=True)
+            failed.append(n)
+            continue
+        typer.echo(res.summary())
+    if failed:
+        typer.echo(f"reindex failed for {', '.join(failed)} ({len(names) - len(failed)} of {len(names)} done)", err=True)
+        raise typer.Exit(1)
 
 
 @index_app.command("list")

@@ -1,16 +1,23 @@
-"""Build, add and delete: each produces a new version, then flips `active` once.
+"""Build, add, delete and reindex: each produces a new version, then flips `active` once.
 
-build   encode every item of a folder/manifest.
-add     the active version's items (vectors from its vectors.npy, Redis values
-        copied server-side with COPY) plus newly encoded items; an item whose id
-        is already there is replaced when the new file decodes.
-delete  the active version minus some ids (no encoding at all).
+build    encode every item of a folder/manifest.
+add      the active version's items (vectors from its vectors.npy, Redis values
+         copied server-side with COPY) plus newly encoded items; an item whose id
+         is already there is replaced when the new file decodes.
+delete   the active version minus some ids (no encoding at all).
+reindex  re-encode every item of the active version from the source it recorded
+         (its metadata value: uri, caption, tags) with the current checkpoint: how
+         an index moves to a new model, since the service refuses an index of
+         another fingerprint. Items whose source vanished or went bad are skips,
+         reported as a build reports them; more than Settings.reindex_max_lost of
+         the old count lost and the new version is not activated.
 Never editing the live version in place is what keeps FAISS and Redis in
 agreement for every reader: a reader sees the old version or the new one, whole.
 
-All three are resumable: the spec of a job (kind, source, base version,
+All four are resumable: the spec of a job (kind, source, base version,
 fingerprint, layout...) names its journal, so running the same command after a
-kill finds the unfinished version and continues it (journal.py).
+kill finds the unfinished version and continues it (journal.py). Build and
+reindex push their progress to a Pushgateway when one is configured (push.py).
 """
 from __future__ import annotations
 
@@ -30,9 +37,10 @@ from crossprobe.indexer.decode import Decoded, decode_batch
 from crossprobe.indexer.encoder import Dims, Encoder, identify
 from crossprobe.indexer.journal import Journal
 from crossprobe.indexer.pipeline import StageTimes, progress, run_overlapped
+from crossprobe.indexer.push import JOB_NAMES, JobMetrics
 from crossprobe.indexer.reader import FingerprintMismatch
 from crossprobe.indexer.redis_conn import Settings, connect
-from crossprobe.indexer.sources import Item, Skip, read_source
+from crossprobe.indexer.sources import Item, Skip, read_source, recorded_items
 from crossprobe.indexer.store import Store, atomic_write, check_name, new_version
 
 
@@ -55,10 +63,16 @@ class Result:
         sk = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
         st = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages_s.items())
         rate = self.encoded / self.seconds if self.seconds else 0.0
+        was = (f"\nwas {self.extra['base']}: {self.extra['base_count']} items, {self.extra['lost']} lost "
+               f"(old version kept until `crossprobe index gc {self.name}`)") if self.kind == "reindex" else ""
         return (f"{self.kind} {self.name}/{self.version}: {self.count} items active ({self.factory}); "
                 f"encoded {self.encoded} in {self.seconds:.1f}s ({rate:.1f} img/s), "
                 f"{self.reused_batches} batches reused from an interrupted run\n"
-                f"skipped: {sk}   (details: {self.report})\nstages: {st}")
+                f"skipped: {sk}   (details: {self.report}){was}\nstages: {st}")
+
+
+class TooManyLost(RuntimeError):
+    """A reindex lost more items than Settings.reindex_max_lost allows; its version is complete, not active."""
 
 
 def build(name: str, images: Path | None = None, manifest: Path | None = None, settings: Settings | None = None,
@@ -77,7 +91,16 @@ def delete(name: str, ids: list[str], settings: Settings | None = None, log: Cal
     return _run("delete", name, settings or Settings(), ids=ids, log=log)
 
 
-_CHANGE_KEYS = ("added", "replaced", "deleted", "not_found")
+def reindex(name: str, settings: Settings | None = None, ckpt: Path | None = None, model=None, bert=None,
+            quantization: str | None = None, log: Callable[[str], None] = print) -> Result:
+    """Re-encode the active version's items from their recorded sources with this checkpoint into a new
+    version; activate it unless more than settings.reindex_max_lost of them were lost (TooManyLost).
+    quantization: the feature layout of the new version (default: the old version's)."""
+    return _run("reindex", name, settings or Settings(), ckpt=ckpt, model=model, bert=bert,
+                quantization=quantization, log=log)
+
+
+_CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost")
 
 
 def dims_of(manifest: dict) -> Dims:
@@ -103,14 +126,14 @@ def _find_resumable(store: Store, name: str, spec: dict) -> str | None:
 
 
 def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None, ckpt=None, model=None, bert=None,
-         log=print) -> Result:
+         quantization=None, log=print) -> Result:
     check_name(name)
     t0 = time.perf_counter()
     times = StageTimes()
     r = connect(s)
     store = Store(s, r)
     base = base_manifest = None
-    if kind in ("add", "delete"):
+    if kind in ("add", "delete", "reindex"):
         base = store.active(name)
         if base is None or (base_manifest := store.read_manifest(name, base)) is None:
             raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
@@ -121,11 +144,19 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
         quant = base_manifest["layout"]["quantization"]
         spec = {"kind": kind, "name": name, "base": base, "factory": s.factory,
                 "ids_sha": hashlib.sha256(json.dumps(sorted(set(ids))).encode()).hexdigest()[:16]}
+    elif kind == "reindex":  # another fingerprint than the base's is the point (or the same: a re-encode)
+        fingerprint, dims = identify(ckpt, model)
+        quant = quantization or base_manifest["layout"]["quantization"]
+        # no source in the spec: the items are the base version's, which `base` names exactly
+        spec = {"kind": kind, "name": name, "base": base, "fingerprint": fingerprint, "quantization": quant,
+                "batch_size": s.batch_size, "max_pixels": s.max_pixels, "factory": s.factory}
     else:
         fingerprint, dims = identify(ckpt, model)
         if base_manifest and base_manifest["fingerprint"] != fingerprint:
-            raise FingerprintMismatch(f"index {name!r} (version {base}) was built with model {base_manifest['fingerprint']}; "
-                                      f"this checkpoint is {fingerprint}. Rebuild with `crossprobe index build` instead.")
+            raise FingerprintMismatch(
+                f"index {name!r} (version {base}) was built with model {base_manifest['fingerprint']}; this checkpoint "
+                f"is {fingerprint}. Move the index to this checkpoint first: crossprobe index reindex {name} "
+                f"--ckpt <this checkpoint>; then add.")
         quant = base_manifest["layout"]["quantization"] if base_manifest else s.quantization  # add keeps the layout
         spec = {"kind": kind, "name": name, "base": base, "source": _source_desc(images, manifest),
                 "fingerprint": fingerprint, "quantization": quant, "batch_size": s.batch_size,
@@ -135,7 +166,9 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
     resumed = version is not None
     version = version or new_version()
     vdir = store.version_dir(name, version)
-    log(f"{'resuming' if resumed else 'starting'} {kind} of {name!r} as version {version} ({vdir})")
+    log(f"{'resuming' if resumed else 'starting'} {kind} of {name!r} as version {version} ({vdir})"
+        + (f" from version {base} (model {base_manifest['fingerprint']} -> {fingerprint})" if kind == "reindex" else ""))
+    metrics = JobMetrics(s, kind, name, say=log) if kind in JOB_NAMES else None
     with store.lock(name, version):
         journal = Journal(vdir)
         if journal.exists:
@@ -146,27 +179,62 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
                 items, reader_skips = [], []
             else:
                 with times.stage("reader"):
-                    items, reader_skips, _ = read_source(images, manifest)
+                    if kind == "reindex":
+                        base_ids = store.read_ids(name, base)
+                        items, reader_skips = recorded_items(base_ids, store.metadata(name, base, base_ids))
+                    else:
+                        items, reader_skips, _ = read_source(images, manifest)
             journal.create(spec, items, reader_skips)
         reused = len(journal.committed())
         encoded = 0
-        if store.read_manifest(name, version) is None:  # else: killed after finishing, before activation
-            encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert)
-            finished = _finalize(kind, name, version, base, items, reader_skips, ids, journal, store, layout,
-                                 dims, fingerprint, spec, s, times, t0, encoded, reused)
-        else:
-            finished = json.loads((vdir / "report.json").read_text())
-        with times.stage("activate"):
-            store.activate(name, version, expect=base, check_expect=kind != "build")
+        ok = False
+        try:
+            if store.read_manifest(name, version) is None:  # else: killed after finishing, before activation
+                if metrics:
+                    done, skipped = journal.progress(items, s.batch_size)
+                    metrics.start(len(items), done, skipped + len(reader_skips))
+                encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert, metrics)
+                finished = _finalize(kind, name, version, base, items, reader_skips, ids, journal, store, layout,
+                                     dims, fingerprint, spec, s, times, t0, encoded, reused)
+            else:
+                finished = json.loads((vdir / "report.json").read_text())
+                if metrics:
+                    metrics.start(len(items), len(items), sum(finished["counts"]["skipped"].values()))
+            if kind == "reindex":
+                try:
+                    _check_lost(name, version, base, finished["counts"], s.reindex_max_lost, vdir / "report.json")
+                except TooManyLost:
+                    journal.remove()  # a rerun starts afresh (sources fixed); `index activate` accepts this one
+                    raise
+            with times.stage("activate"):
+                store.activate(name, version, expect=base, check_expect=kind != "build")
+            ok = True
+        finally:
+            if metrics:
+                metrics.finish(ok)
         journal.remove()
+    extra = {"base": base, **{k: v for k, v in finished["counts"].items() if k in _CHANGE_KEYS}}
+    if metrics and metrics.enabled:
+        extra.update(pushes=metrics.pushes, push_failures=metrics.failures)
     return Result(name, version, kind, finished["counts"]["total"], encoded, reused,
                   finished["counts"]["skipped"], times.as_dict(), time.perf_counter() - t0,
-                  finished["factory"], vdir / "report.json",
-                  {"base": base, **{k: v for k, v in finished["counts"].items() if k in _CHANGE_KEYS}})
+                  finished["factory"], vdir / "report.json", extra)
+
+
+def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: float, report: Path) -> None:
+    """A reindex may lose the items whose sources went away, but not more than max_lost of the old version:
+    past that, something is wrong with the sources (a disk not mounted, moved files), not with a few items."""
+    lost, old = counts["lost"], counts["base_count"]
+    if old and lost / old > max_lost:
+        raise TooManyLost(
+            f"reindex of {name!r} lost {lost} of the {old} items of version {base} ({lost / old:.1%} > the allowed "
+            f"{max_lost:.1%}; reasons in {report}), so {version} was NOT activated and "
+            f"{base} stays active. Restore the sources and run the reindex again, or accept the loss: "
+            f"crossprobe index activate {name} {version} (or rerun with --max-lost {math.ceil(lost / old * 100) / 100}).")
 
 
 def _encode(name: str, version: str, items: list[Item], journal: Journal, store: Store, layout: codec.Layout,
-            s: Settings, times: StageTimes, ckpt, model, bert) -> int:
+            s: Settings, times: StageTimes, ckpt, model, bert, metrics: JobMetrics | None = None) -> int:
     """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed."""
     bs = s.batch_size
     committed = journal.committed()
@@ -208,6 +276,8 @@ def _encode(name: str, version: str, items: list[Item], journal: Journal, store:
             journal.commit(b, dec.rows, g, dec.skips)
         encoded += len(dec.rows)
         n_skipped += len(dec.skips)
+        if metrics:
+            metrics.advance(len(dec.rows) + len(dec.skips), len(dec.skips), len(dec.rows))
         bar.update(len(dec.rows) + len(dec.skips))
         bar.set_postfix(skipped=n_skipped, refresh=False)
         if s.throttle_s:
@@ -239,11 +309,19 @@ def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, 
     rows, g, skips = journal.load(items, dims.d)
     new_ids = [items[int(i)].id for i in rows]
     extra: dict = {}
-    if kind == "build":
+    if kind in ("build", "reindex"):
         ids, vectors = new_ids, g
+        if kind == "reindex":
+            base_count = len(store.read_ids(name, base))
+            # every item of the old version is either in the new one or reported as a skip, exactly once
+            if len(ids) != base_count - len(reader_skips) - len(skips):
+                raise RuntimeError(f"reindex of {name}: {len(ids)} items re-encoded + {len(reader_skips) + len(skips)} "
+                                   f"skipped != {base_count} items in {base}; the journal under {vdir} is inconsistent")
+            extra = {"base_count": base_count, "lost": base_count - len(ids)}
         if not ids:
-            _write_report(vdir, kind, 0, reader_skips + skips, times, t0, encoded, reused, "-", {})
-            raise RuntimeError(f"no image of {spec['source']} could be indexed; see {vdir / 'report.json'}")
+            _write_report(vdir, kind, 0, reader_skips + skips, times, t0, encoded, reused, "-", extra)
+            what = spec["source"] if kind == "build" else f"version {base} of {name!r} ({base} stays active)"
+            raise RuntimeError(f"no image of {what} could be indexed; see {vdir / 'report.json'}")
     else:
         base_ids, base_vecs = store.read_ids(name, base), store.read_vectors(name, base)
         drop = set(new_ids) if kind == "add" else set(del_ids)

@@ -66,6 +66,15 @@ class Journal:
             os.fsync(f.fileno())
         os.replace(tmp, final)
 
+    def progress(self, items: list[Item], batch_size: int) -> tuple[int, int]:
+        """(items done, of which skipped) in the committed batches: where a resumed run starts its count."""
+        done = skipped = 0
+        for b in self.committed():
+            done += len(items[b * batch_size:(b + 1) * batch_size])
+            with np.load(self.batches / f"{b:06d}.npz") as z:
+                skipped += len(z["skip_rows"])  # reads only that member of the .npz
+        return done, skipped
+
     def load(self, items: list[Item], d: int) -> tuple[np.ndarray, np.ndarray, list[Skip]]:
         """-> rows (M,) ascending, g (M, d), skips (in item order) over every committed batch."""
         rows, gs, skips = [], [], []

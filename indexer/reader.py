@@ -85,6 +85,8 @@ def open_index(name: str, fingerprint: str | None, settings: Settings | None = N
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
         raise FingerprintMismatch(
             f"index {name!r} version {version} was built with model {manifest['fingerprint']}, but the loaded model "
-            f"is {fingerprint}; its vectors and probes are not comparable. Rebuild it: "
-            f"crossprobe index build --name {name} ... --ckpt <this checkpoint>")
+            f"is {fingerprint}; its vectors and probes are not comparable. Either load the checkpoint of model "
+            f"{manifest['fingerprint']}, or move the index to model {fingerprint}: crossprobe index reindex {name} "
+            f"--ckpt <the checkpoint of {fingerprint}> (re-encodes its items from their recorded sources into a new "
+            f"version and activates it)")
     return IndexReader(store, name, version, manifest)

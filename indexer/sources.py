@@ -1,10 +1,12 @@
-"""Reader stage: a folder or a JSONL manifest -> an ordered list of items with stable ids.
+"""Reader stage: a folder, a JSONL manifest or an index version -> an ordered list of items with stable ids.
 
 Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str]}.
 Relative uris are resolved against the manifest's folder. A folder is walked
 recursively in sorted order; an item's id is its path relative to the folder,
 posix style, so the same file keeps its id across machines and rebuilds.
 Duplicate ids keep the first occurrence (an index holds exactly one entry per id).
+An index version (reindex) gives back its items as it recorded them: each item's
+metadata value (written when it was built or added) holds its id, uri, caption, tags.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class Skip:
     id: str
     uri: str
     reason: str  # missing | empty | not_image | oversized | truncated | corrupt | bad_manifest_line | duplicate_id
+    #              | no_source (reindex: the old version has no metadata value for the item)
     error: str = ""
 
 
@@ -97,3 +100,20 @@ def read_source(images: Path | None, manifest: Path | None) -> tuple[list[Item],
         desc = {"manifest": str(Path(manifest).resolve())}
     items, dups = dedupe(items)
     return items, bad + dups, desc
+
+
+def recorded_items(ids: list[str], metadata: list[bytes | str | None]) -> tuple[list[Item], list[Skip]]:
+    """An index version's items from their metadata values (same order as ids), in the version's row order.
+    An item without a value (or without a uri in it) cannot be re-read: a `no_source` skip, not an error,
+    so one lost key does not block a reindex; the reindex's loss check bounds how many may be lost."""
+    items, skips = [], []
+    for item_id, raw in zip(ids, metadata, strict=True):
+        try:
+            m = json.loads(raw) if raw is not None else None
+            if not isinstance(m, dict) or not m.get("uri"):
+                raise ValueError("no metadata value in Redis" if raw is None else "its metadata has no uri")
+            items.append(Item(id=item_id, uri=str(m["uri"]), caption=m.get("caption"),
+                              tags=[str(t) for t in m.get("tags") or []]))
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            skips.append(Skip(item_id, "", "no_source", str(e)[:200]))
+    return items, skips

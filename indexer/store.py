@@ -100,6 +100,13 @@ class Store:
     def read_vectors(self, name: str, version: str) -> np.ndarray:
         return np.load(self.version_dir(name, version) / "vectors.npy")
 
+    def metadata(self, name: str, version: str, ids: list[str]) -> list[bytes | None]:
+        """The metadata values of `ids` in one version (None where missing), MGET in chunks of redis_batch."""
+        out: list[bytes | None] = []
+        for i in range(0, len(ids), self.s.redis_batch):
+            out += self.r.mget([self.meta_key(name, version, it) for it in ids[i:i + self.s.redis_batch]])
+        return out
+
     @contextmanager
     def lock(self, name: str, version: str, wait: bool = False):
         """Held by the process building a version; released by the kernel even on SIGKILL."""

@@ -95,3 +95,60 @@ def gallery(tmp_path) -> Path:
     folder = tmp_path / "gallery"
     make_images(folder, 12)
     return folder
+
+
+PUSHGATEWAY = "/usr/bin/prometheus-pushgateway"  # Debian's package (scripts/system-deps.sh installs it)
+
+
+@pytest.fixture(scope="session")
+def pushgateway(tmp_path_factory) -> str:
+    """A real Pushgateway on a free loopback port, in memory only -> its base URL. Stopped by its PID."""
+    import shutil
+    import subprocess
+    import time
+
+    import httpx
+
+    from crossprobe.service.server import free_port
+
+    exe = shutil.which("prometheus-pushgateway") or PUSHGATEWAY
+    if not Path(exe).exists():
+        pytest.fail("prometheus-pushgateway is not installed (scripts/system-deps.sh or apt-get install "
+                    "prometheus-pushgateway): the batch jobs' metrics cannot be checked")
+    port = free_port()
+    log = tmp_path_factory.mktemp("pushgateway") / "pushgateway.log"
+    with open(log, "wb") as out:
+        # --persistence.file= (empty): in memory only. Debian's build defaults to the system-wide
+        # /var/lib/prometheus/pushgateway.data, which would share state between test runs and other users
+        proc = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="],
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def gateway_values(url: str, job: str, index: str) -> dict[str, float]:
+    """The samples a Pushgateway holds for one group (job, index), by metric name."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.labels.get("job") == job and s.labels.get("index") == index}
