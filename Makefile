@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv system demo test train eval frontier ablation export bench clean
+.PHONY: venv system demo test test-e2e train eval frontier ablation export bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -30,6 +30,13 @@ demo: $(STAMP)
 ## make test: the fast test suite (no shared data needed)
 test: $(STAMP) system
 	$(BIN)/python -m pytest -p no:cacheprovider
+
+## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
+## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/
+test-e2e: $(STAMP)
+	$(BIN)/pip install -q -e '.[e2e]'
+	WITH_BROWSER=1 scripts/system-deps.sh
+	$(BIN)/python -m pytest -p no:cacheprovider -m e2e -s
 
 ## make train: the default training run on ../shared/datasets/flickr8k (resumable)
 train: $(STAMP)

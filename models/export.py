@@ -7,6 +7,8 @@
   cp_scorer.onnx    p_t (1, m, dc), w_bar (1, dc), p_v (K, n, dc), b_bar (K, dc),
                     s_tt (K,) -> logits (K,)              [the l cross layers + fusion]
   temde_scorer.onnx s_q (1, NK), s_i (K, NK), s_tt (K,) -> logits (K,)
+  explain.onnx      grid (K, 49, 1280), p_t (1, m, dc) -> regions (K, 49),
+                    probe_regions (K, 49)                 [where CP looked: /v1/explain]
   sm_scorer.onnx / tv_scorer.onnx  the references, for timing against CP.
 
 ONNX files are build artifacts (not committed); `export_all` rebuilds them from a
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
 from crossprobe.models.model import SearchModel
@@ -70,6 +73,78 @@ class TemdeScorer(nn.Module):
         return self.temde.fusion(s_tt, self.temde.score(s_q, s_i))
 
 
+def attention_probs(attn: nn.Module, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities (B, h, Tq, Tk) that `attn` (layers.Attention or zodiac.ZodiacAttention)
+    uses for queries x (B, Tq, D) over ctx (B, Tk, D), no mask (probes and the 49 regions are all real).
+    Recomputed from the module's own weights because its forward runs the fused
+    scaled_dot_product_attention kernel, which never materialises them."""
+    B, Tq, _ = x.shape
+    Tk = ctx.shape[1]
+    scale = attn.hd ** -0.5
+    if hasattr(attn, "q2"):  # ZoDIAC: GELU on the inputs, on q / k and on the logits (zodiac.py)
+        q = attn._heads(attn.q(F.gelu(x)))
+        k = attn._heads(attn.kv(F.gelu(ctx)).chunk(2, dim=-1)[0])
+        return F.gelu(q @ k.transpose(-1, -2) * scale).softmax(-1)
+    q = attn.q(x).view(B, Tq, attn.h, attn.hd).transpose(1, 2)
+    k = attn.kv(ctx).view(B, Tk, 2, attn.h, attn.hd)[:, :, 0].transpose(1, 2)
+    return (q @ k.transpose(-1, -2) * scale).softmax(-1)
+
+
+class ExplainGraph(nn.Module):
+    """Where Cross-probe looked in each image for one query: a weight per 7x7 region, summing to 1.
+
+    Two attention steps lead from the query to the regions:
+      1. the n vision probes attend to the 49 regions (ProbePool, per image: R, n x 49);
+      2. in the l cross layers over [P_t ; P_v] the m text probes attend to the vision probes.
+    Step 2 is composed over the layers by attention rollout (Abnar & Zuidema 2020: each layer's
+    head-averaged attention mixed half-and-half with the identity for the residual path, multiplied
+    layer by layer); the text rows' mass on the vision columns, summed over the text probes (each
+    adds to the query vector q with the same weight) and normalised, gives t (n,), the share of the
+    query's attention each vision probe received. The map is t @ R: query-dependent, and for l = 1
+    exactly the text probes' head-averaged attention to the vision probes times R.
+
+    `probe_regions` is R averaged over probes (query-independent: the regions the image's probes
+    attend to); it is `regions` too when the CP has no cross layers (then nothing links the two).
+    With CP inputs "tower" the regions are the vision tower's tokens, which already mix the grid
+    through its self-attention, so the map is one attention step removed from the pixels; with
+    "backbone" (the committed checkpoint) they are the raw Lite0 grid cells.
+
+    The probes' outputs P_v are recomputed here from the grid (the service does not keep the grid)
+    rather than read from Redis (float16 there): a map from the same forward pass it explains.
+    """
+
+    def __init__(self, model: SearchModel):
+        super().__init__()
+        self.m = model
+
+    def forward(self, grid, p_t):
+        cp = self.m.cp
+        K = grid.shape[0]
+        tokens = self.m.vision(grid).tokens if cp.cfg.uses_tower else None
+        x = cp._embed(tokens, grid, "vision_in", "vision_bb")
+        if cp.cfg.uses_backbone:
+            x = x + cp.pos
+        pool = cp.vision_probes
+        probes = pool.probes.unsqueeze(0).expand(K, -1, -1)
+        r = attention_probs(pool.attn, pool.ln_q(probes), pool.ln_kv(x)).mean(1)  # (K, n, 49)
+        probe_regions = r.mean(1)
+        if len(cp.cross) == 0:
+            return probe_regions, probe_regions
+        m, n = p_t.shape[1], cp.cfg.n
+        h = torch.cat([p_t.expand(K, -1, -1) + cp.type_emb[0], pool(x) + cp.type_emb[1]], dim=1)  # (K, m+n, d)
+        eye = torch.eye(m + n, dtype=h.dtype)
+        roll = eye.expand(K, -1, -1)
+        for i, blk in enumerate(cp.cross):
+            hn = blk.ln1(h)
+            a = attention_probs(blk.attn, hn, hn).mean(1)  # (K, m+n, m+n), rows sum to 1
+            roll = (0.5 * a + 0.5 * eye) @ roll
+            if i + 1 < len(cp.cross):
+                h = blk(h)
+        t = roll[:, :m, m:].sum(1)  # (K, n)
+        t = t / t.sum(-1, keepdim=True).clamp_min(1e-12)
+        return (t.unsqueeze(1) @ r).squeeze(1), probe_regions
+
+
 class JointScorer(nn.Module):
     """SM or TV: one embedded query (1, T, d) against K embedded images (K, 49, d)."""
 
@@ -106,6 +181,8 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
         "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)),
         "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
         "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
+        # a real grid is ReLU6 output: non-negative
+        "explain": (torch.rand(K, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc)),
     }
 
 
@@ -120,6 +197,8 @@ GRAPHS = {
                   {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
     "tv_scorer": (lambda m: JointScorer(m.tv), ["t", "t_mask", "v", "s_tt"], ["logits"],
                   {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
+    "explain": (ExplainGraph, ["grid", "p_t"], ["regions", "probe_regions"],
+                {"grid": {0: "K"}, "regions": {0: "K"}, "probe_regions": {0: "K"}}),
 }
 
 

@@ -2,9 +2,9 @@
 
     create_app(Settings()) -> FastAPI          `crossprobe serve` runs it with uvicorn
 
-Routes: POST /v1/search, GET /v1/indexes, GET /v1/items/{id}, GET /v1/items/{id}/image,
-GET /healthz, GET /readyz, GET /metrics, POST /admin/reload, and the clip-retrieval
-compatible /knn-service, /indices-list, /metadata (clip_compat.py).
+Routes: GET / (the web page, service/static/), POST /v1/search, POST /v1/explain, GET /v1/indexes,
+GET /v1/items/{id}, GET /v1/items/{id}/image, GET /healthz, GET /readyz, GET /metrics, POST /admin/reload,
+and the clip-retrieval compatible /knn-service, /indices-list, /metadata (clip_compat.py).
 """
 from __future__ import annotations
 
@@ -12,21 +12,26 @@ import asyncio
 import hmac
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, AsyncIterator
 
+import numpy as np
 from fastapi import APIRouter, FastAPI, Header, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.routing import Match
 
 from crossprobe.service import errors, metrics
+from crossprobe.service.backend import EXPLAIN_MODES
 from crossprobe.service.batcher import Overloaded
 from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.errors import ApiError
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
 from crossprobe.service.pipeline import Outcome, public_metadata
-from crossprobe.service.schemas import ERROR_RESPONSES, SearchRequest, SearchResponse
+from crossprobe.service.schemas import (ERROR_RESPONSES, ExplainRequest, ExplainResponse, SearchRequest,
+                                        SearchResponse)
 from crossprobe.service.settings import Settings
 from crossprobe.service.state import ServiceState
 
@@ -50,6 +55,11 @@ def degraded_headers(out: Outcome) -> dict[str, str]:
     return {DEGRADED_HEADER: ",".join(out.degraded_codes)} if out.degraded else {}
 
 
+def overloaded(e: Overloaded) -> ApiError:
+    return ApiError(429, "overloaded", f"too many searches in progress, retry shortly ({e})",
+                    headers={"Retry-After": "1"})
+
+
 async def run_search(state: ServiceState, plan) -> Outcome:
     """Admission control around one search: 429 at once when the queue is full."""
     state.require_ready()
@@ -57,8 +67,7 @@ async def run_search(state: ServiceState, plan) -> Outcome:
         with state.limiter.admit():
             out = await state.searcher.search(plan)
     except Overloaded as e:
-        raise ApiError(429, "overloaded", f"too many searches in progress, retry shortly ({e})",
-                       headers={"Retry-After": "1"}) from None
+        raise overloaded(e) from None
     metrics.observe_stages(out.timings_ms)
     if out.degraded:
         metrics.error("degraded")
@@ -84,6 +93,56 @@ async def search(body: SearchRequest, request: Request) -> Response:
         "degraded_reason": out.degraded_reason,
     }
     return JSONResponse(payload, headers={"Server-Timing": server_timing(timings), **degraded_headers(out)})
+
+
+@router.post("/v1/explain", response_model=ExplainResponse, responses=ERROR_RESPONSES)
+async def explain(body: ExplainRequest, request: Request) -> Response:
+    """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
+
+    The grid is not stored, so each image is decoded and run through the image backbone again (backend.Explainer;
+    the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422. An id whose
+    file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
+    state = svc(request)
+    state.require_ready()
+    handle = state.registry.get(body.index)
+    ids = list(dict.fromkeys(body.ids))
+    unknown = [i for i in ids if i not in handle.ids]
+    if unknown:
+        raise ApiError(404, "item_not_found", f"{len(unknown)} of the ids are not in {handle.name}/{handle.version}: "
+                       f"{unknown[:5]}", {"ids": unknown})
+    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    try:
+        # the same admission queue as searches: an explain costs more CPU than a search (a backbone run per id)
+        with state.limiter.admit():
+            q, info = await state.batcher.submit(body.query)
+            t = time.perf_counter()
+            metas = await read_metadata(state, handle, ids, "explain")
+            metadata_ms = (time.perf_counter() - t) * 1000
+            loading = not state.models.explainer_loaded
+            t = time.perf_counter()
+            explainer = await loop.run_in_executor(state.pool, state.models.explainer)
+            load_ms = (time.perf_counter() - t) * 1000
+            res = await loop.run_in_executor(state.pool, explainer.explain, handle, ids, metas, q.p_t)
+    except Overloaded as e:
+        raise overloaded(e) from None
+    timings = {"queue": info.queue_ms, "encode": info.encode_ms, "metadata": metadata_ms,
+               # the first explain of a process loads (or exports) the graphs: said, so the total adds up
+               **({"load": load_ms} if loading else {}), **res.timings_ms}
+    # own stage names in crossprobe_stage_seconds: explain traffic must not move the search stages' percentiles
+    metrics.observe_stages({f"explain_{k}": v for k, v in timings.items()})
+    timings = {k: round(v, 3) for k, v in {**timings, "total": (time.perf_counter() - t0) * 1000}.items()}
+    payload = {
+        "index": {"name": handle.name, "version": handle.version},
+        "mode": explainer.mode,
+        "description": EXPLAIN_MODES[explainer.mode],
+        "grid": explainer.grid_side,
+        "maps": {i: np.round(m, 6).tolist() for i, m in res.maps.items()},
+        "probe_maps": {i: np.round(m, 6).tolist() for i, m in res.probe_maps.items()},
+        "unavailable": res.unavailable,
+        "timings_ms": timings,
+    }
+    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})
 
 
 @router.get("/v1/indexes")
@@ -225,6 +284,21 @@ def _route_template(scope) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
+# ---- the web page (GET /): plain files of this package, no build step ---------------------------
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+# the page loads only its own files and calls only this origin: no inline script or style, nothing from a CDN
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> Response:
+    """The search page: query box, reranker switch, index picker, result grid with scores and timings, and
+    the "explain" heat maps (static/app.js calls /v1/indexes, /v1/search, /v1/explain, /v1/items/{id}/image)."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": PAGE_CSP, "Cache-Control": "no-cache"})
+
+
 def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     settings = settings or Settings()
     state = ServiceState(settings, bert)
@@ -252,6 +326,7 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
                            allow_headers=["Content-Type"], expose_headers=["Server-Timing", DEGRADED_HEADER])
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     from crossprobe.service.clip_compat import router as clip_router
 
     app.include_router(clip_router)

@@ -7,7 +7,7 @@ API's clients send options this service does not have.
 from __future__ import annotations
 
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -72,6 +72,40 @@ class SearchResponse(BaseModel):
     degraded_reason: str | None = Field(None, description="'code: message' per skipped part, '; ' separated; codes: "
                                         "feature_store_unavailable (Redis down: ANN order, no metadata), "
                                         "features_missing, fetch_failed, metadata_failed")
+
+
+# /v1/explain: the page explains the results it shows (at most its largest k); each id costs a decode and a
+# backbone run (~20 ms of CPU), so a request is bounded like a search's k is
+MAX_EXPLAIN_IDS = 32
+ItemId = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="the query the maps are for")
+    ids: list[ItemId] = Field(..., min_length=1, max_length=MAX_EXPLAIN_IDS,
+                              description=f"item ids of the index (1 to {MAX_EXPLAIN_IDS}; repeats count once)")
+    index: str | None = Field(None, min_length=1, max_length=64, description="index name (default: the server's)")
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        return visible_or_error(v, "query")
+
+
+class ExplainResponse(BaseModel):
+    index: IndexRef
+    mode: Literal["query", "probes"] = Field(description="query: query-dependent maps (text probes -> vision "
+                                             "probes -> regions); probes: the image's probes averaged")
+    description: str = Field(description="what the maps show, in words")
+    grid: int = Field(description="maps are grid x grid, row-major from the image's top-left")
+    maps: dict[str, list[list[float]]] = Field(description="id -> grid x grid weights, >= 0, summing to 1")
+    probe_maps: dict[str, list[list[float]]] = Field(description="id -> the query-independent map (the image's "
+                                                     "vision probes over the regions, averaged), summing to 1")
+    unavailable: dict[str, str] = Field(description="id -> why it has no map (its file is gone or unreadable)")
+    timings_ms: dict[str, float] = Field(description="queue, encode, metadata, decode, backbone, attention; total; "
+                                              "load on the process's first explain (the graphs are loaded then)")
 
 
 class ErrorBody(BaseModel):

@@ -19,7 +19,8 @@ def test_committed_checkpoint_exports_with_parity(tmp_path):
     if not (checkpoint.DEFAULT_CHECKPOINT / "config.json").exists():
         pytest.fail("the committed checkpoint is missing")
     model, meta = checkpoint.load()
-    paths = ex.export_all(model, tmp_path, meta["fingerprint"], names=("query_tower", "cp_scorer", "temde_scorer"))
+    paths = ex.export_all(model, tmp_path, meta["fingerprint"],
+                          names=("query_tower", "cp_scorer", "temde_scorer", "explain"))
     inputs = ex.example_inputs(model, K=100, T=16)
     for name, path in paths.items():
         assert parity(model, name, path, inputs[name]) <= 1e-4, name
@@ -44,7 +45,7 @@ def test_options_export_with_parity(small_cfg, bert, tmp_path, option):
         cfg.text = TextTowerConfig(d=cfg.text.d, layers=0, finetune_layers=0, pool_hops=4)
     torch.manual_seed(0)
     model = SearchModel(cfg, bert).eval()
-    names = {"zodiac-cp": ("cp_scorer",), "zodiac-tv": ("tv_scorer",)}.get(option, ("query_tower", "image_tower"))
+    names = {"zodiac-cp": ("cp_scorer", "explain"), "zodiac-tv": ("tv_scorer",)}.get(option, ("query_tower", "image_tower"))
     paths = ex.export_all(model, tmp_path, "test", names=names)
     inputs = ex.example_inputs(model, K=13, T=11)
     for name in names:
@@ -66,8 +67,59 @@ def test_rerankers_on_backbone_features_export_with_parity(small_cfg, bert, tmp_
     cfg.temde = dataclasses.replace(cfg.temde, inputs="backbone")
     torch.manual_seed(0)
     model = SearchModel(cfg, bert).eval()
-    names = ("query_tower", "image_tower", "cp_scorer")
+    names = ("query_tower", "image_tower", "cp_scorer", "explain")
     paths = ex.export_all(model, tmp_path, "test", names=names)
     inputs = ex.example_inputs(model, K=13, T=11)
     for name in names:
         assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name
+
+
+def test_attention_probs_are_the_ones_attention_uses(small_model):
+    """export.attention_probs recomputes what the fused kernel never shows: weighting the values with them
+    must give the module's own output."""
+    import torch
+
+    attn = small_model.cp.vision_probes.attn
+    x, ctx = torch.randn(3, 4, attn.h * attn.hd), torch.randn(3, 49, attn.h * attn.hd)
+    with torch.inference_mode():
+        a = ex.attention_probs(attn, x, ctx)  # (3, h, 4, 49)
+        v = attn.kv(ctx).view(3, 49, 2, attn.h, attn.hd)[:, :, 1].transpose(1, 2)
+        out = attn.out((a @ v).transpose(1, 2).reshape(3, 4, -1))
+        assert torch.allclose(out, attn(x, ctx), atol=1e-5)
+    assert torch.allclose(a.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_explain_maps_are_distributions_that_follow_the_query(small_model):
+    """Per image a weight per region, summing to 1; `regions` changes with the query's text probes,
+    `probe_regions` (the image's probes averaged) does not."""
+    import torch
+
+    grid, p_t = ex.example_inputs(small_model, K=5)["explain"]
+    graph = ex.ExplainGraph(small_model).eval()
+    with torch.inference_mode():
+        regions, probes = graph(grid, p_t)
+        regions2, probes2 = graph(grid, torch.randn_like(p_t) * 3)
+    assert regions.shape == probes.shape == (5, 49)
+    for w in (regions, probes):
+        assert (w >= 0).all() and torch.allclose(w.sum(-1), torch.ones(5), atol=1e-5)
+    assert torch.equal(probes, probes2)
+    assert (regions - regions2).abs().max() > 1e-6  # small for a random model, whose probes are near-identical
+
+
+def test_explain_without_cross_layers_is_the_probe_map(small_cfg, bert):
+    """A CP with no cross layers never lets the query meet the image: both maps are the probes' map."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from crossprobe.models.model import SearchModel
+
+    cfg = copy.deepcopy(small_cfg)
+    cfg.cp = dataclasses.replace(cfg.cp, layers=0)
+    torch.manual_seed(0)
+    model = SearchModel(cfg, bert).eval()
+    grid, p_t = ex.example_inputs(model, K=3)["explain"]
+    with torch.inference_mode():
+        regions, probes = ex.ExplainGraph(model)(grid, p_t)
+    assert torch.equal(regions, probes)
