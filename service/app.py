@@ -68,7 +68,8 @@ async def run_search(state: ServiceState, plan) -> Outcome:
             out = await state.searcher.search(plan)
     except Overloaded as e:
         raise overloaded(e) from None
-    metrics.observe_stages(out.timings_ms)
+    # labelled by the mode the search ran with (crossprobe_search_*{rerank}); warm-up searches never come here
+    metrics.observe_stages(out.timings_ms, rerank=plan.rerank, degraded=tuple(out.degraded_codes))
     if out.degraded:
         metrics.error("degraded")
     return out

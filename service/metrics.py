@@ -79,28 +79,19 @@ for _mode in RERANK_MODES:
 _served: dict[str, tuple[str, str]] = {}  # index -> (version, fingerprint) currently exported as info
 
 
-class SearchTimings(dict):
-    """A search's stage -> ms (what the response's timings_ms and Server-Timing show), carrying the labels its
-    metrics need: the rerank mode and the degraded codes (the pipeline sets both). The observer of a search
-    (app.py's run_search, which leaves out the warm-up searches) hands over only the timings, so they travel
-    with them; a plain dict (e.g. the explain route's stages) is observed without a mode."""
-
-    rerank: str | None = None
-    degraded: tuple[str, ...] = ()
-
-
-def observe_stages(timings_ms: dict[str, float]) -> None:
-    mode = getattr(timings_ms, "rerank", None)
+def observe_stages(timings_ms: dict[str, float], rerank: str | None = None, degraded: tuple[str, ...] = ()) -> None:
+    """One answer's stage timings. rerank: the mode a search ran with (labels crossprobe_search_* and its
+    degraded reasons); None for callers that are not searches (the explain route's explain_* stages)."""
     for stage, ms in timings_ms.items():
         if stage == "total":
-            if mode is not None:
-                SEARCH_SECONDS.labels(mode).observe(ms / 1000.0)
+            if rerank is not None:
+                SEARCH_SECONDS.labels(rerank).observe(ms / 1000.0)
             continue
         STAGE_SECONDS.labels(stage).observe(ms / 1000.0)
-        if mode is not None:
-            SEARCH_STAGE_SECONDS.labels(stage, mode).observe(ms / 1000.0)
-    for code in getattr(timings_ms, "degraded", ()):
-        DEGRADED.labels(mode or "unknown", code).inc()
+        if rerank is not None:
+            SEARCH_STAGE_SECONDS.labels(stage, rerank).observe(ms / 1000.0)
+    for code in degraded:
+        DEGRADED.labels(rerank or "unknown", code).inc()
 
 
 def observe_request(endpoint: str, status: int, seconds: float) -> None:

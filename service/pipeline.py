@@ -40,7 +40,7 @@ from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 class StageClock:
     def __init__(self) -> None:
-        self.ms: metrics.SearchTimings = metrics.SearchTimings()  # a dict; labelled for the metrics by search()
+        self.ms: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -112,9 +112,6 @@ class Searcher:
         out = await asyncio.get_running_loop().run_in_executor(self.pool, self._after_encode, q, handle, plan, clock)
         out.batch_size = info.batch_size
         out.timings_ms["total"] = (time.perf_counter() - t0) * 1000
-        # what metrics.observe_stages labels this search's timings with (crossprobe_search_*{rerank},
-        # crossprobe_degraded_answers_total{rerank, reason})
-        out.timings_ms.rerank, out.timings_ms.degraded = plan.rerank, tuple(out.degraded_codes)
         return out
 
     # ---- the stages after encode: one worker thread per request ---------------------

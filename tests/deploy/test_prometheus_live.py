@@ -118,7 +118,10 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
 
     prom_port, pg_port, api_port = free_port(), free_port(), free_port()
     try:
-        start("pushgateway", [tool("prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{pg_port}"])
+        # --persistence.file= (empty): in memory. Debian's build otherwise keeps every test's groups in the
+        # system-wide /var/lib/prometheus/pushgateway.data, where the next run (and other tests) would see them
+        start("pushgateway", [tool("prometheus-pushgateway"), f"--web.listen-address=127.0.0.1:{pg_port}",
+                              "--persistence.file="])
 
         # the repo's prometheus.yml with loopback targets and 1 s intervals; its jobs and rules.yml unchanged
         cfg = load_yaml(PROMETHEUS_YML)
