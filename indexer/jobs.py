@@ -138,8 +138,6 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
         if base is None or (base_manifest := store.read_manifest(name, base)) is None:
             raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
     if kind == "delete":
-        if not set(ids or ()) & set(store.read_ids(name, base)):
-            raise ValueError(f"none of the {len(ids or ())} ids is in {name}/{base}; nothing to delete")
         fingerprint, dims = base_manifest["fingerprint"], dims_of(base_manifest)
         quant = base_manifest["layout"]["quantization"]
         spec = {"kind": kind, "name": name, "base": base, "factory": s.factory,
@@ -161,6 +159,10 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
         spec = {"kind": kind, "name": name, "base": base, "source": _source_desc(images, manifest),
                 "fingerprint": fingerprint, "quantization": quant, "batch_size": s.batch_size,
                 "max_pixels": s.max_pixels, "factory": s.factory}
+    if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, s, log)) is not None:
+        return done
+    if kind == "delete" and not set(ids or ()) & set(store.read_ids(name, base)):
+        raise ValueError(f"none of the {len(ids or ())} ids is in {name}/{base}; nothing to delete")
     layout = codec.Layout(quant, dims.n, dims.dc, dims.nk)
     version = _find_resumable(store, name, spec)
     resumed = version is not None
@@ -219,6 +221,42 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
     return Result(name, version, kind, finished["counts"]["total"], encoded, reused,
                   finished["counts"]["skipped"], times.as_dict(), time.perf_counter() - t0,
                   finished["factory"], vdir / "report.json", extra)
+
+
+def _finish_activated(store: Store, name: str, active: str, spec: dict, kind: str, t0: float, s: Settings,
+                      log: Callable[[str], None]) -> Result | None:
+    """The job that made the ACTIVE version was killed after its one switch and before it removed its journal,
+    and this is the same command again (the same spec but for `base`: the spec named the version before,
+    which the switch replaced by this one) -> finish it: remove the journal and report the job done.
+
+    Why: running the same command again is the documented resume after a kill, and the active version is the
+    base a new add/delete/reindex derives from. Without this, a kill in that window made the rerun do the job a
+    second time on top of its own result (add, reindex: another new version, reindex re-encoding everything)
+    or fail (delete: "none of the ids is in <the new version>", exit 1), as the kill runs injected at
+    after_activate in tests/indexer/test_kill_runs.py found. Build needs none of this: its spec names no
+    base, so _find_resumable finds the same version again and only re-activates it."""
+    journal = Journal(store.version_dir(name, active))
+    try:
+        prev = journal.spec() if journal.exists else None
+    except (OSError, ValueError):
+        return None
+    if not prev or prev.get("kind") != kind or prev != {**spec, "base": prev.get("base")}:
+        return None
+    vdir = store.version_dir(name, active)
+    finished = json.loads((vdir / "report.json").read_text())
+    skipped = sum(finished["counts"]["skipped"].values())
+    with store.lock(name, active):
+        reused = len(journal.committed())
+        journal.remove()
+    log(f"finishing {kind} of {name!r} as version {active}: it was activated (from version {prev['base']}) by a run "
+        f"killed before it removed its journal")
+    if kind in JOB_NAMES:  # the gateway still shows the killed run as running: say it finished
+        metrics = JobMetrics(s, kind, name, say=log)
+        metrics.start(finished["counts"]["total"] + skipped, finished["counts"]["total"] + skipped, skipped)
+        metrics.finish(True)
+    extra = {"base": prev["base"], **{k: v for k, v in finished["counts"].items() if k in _CHANGE_KEYS}}
+    return Result(name, active, kind, finished["counts"]["total"], 0, reused, finished["counts"]["skipped"], {},
+                  time.perf_counter() - t0, finished["factory"], vdir / "report.json", extra)
 
 
 def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: float, report: Path) -> None:

@@ -90,4 +90,16 @@ class Journal:
         return np.concatenate(rows), np.concatenate(gs), skips
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Rename build/ away first (atomic), then delete it. A plain rmtree removes files in directory order,
+        so a kill in the middle could leave spec.json (the "usable journal" mark) without items.jsonl or some
+        batches: every later run of the same command then resumed that broken journal and failed (build:
+        FileNotFoundError on items.jsonl, for good), as the kill run injected at journal_rmtree in
+        tests/indexer/test_kill_runs.py found. A leftover build.removed is garbage only (Store.gc deletes it,
+        the next remove() here too)."""
+        trash = self.dir.with_name(self.dir.name + ".removed")
+        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(self.dir, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)

@@ -204,6 +204,8 @@ class Store:
         removed = []
         for info in self.versions(name):
             if info.version == active or info.state == "building":
+                # a journal whose removal a kill cut short (journal.py: Journal.remove) is garbage even here
+                shutil.rmtree(self.version_dir(name, info.version) / "build.removed", ignore_errors=True)
                 continue
             try:
                 with self.lock(name, info.version):  # a build resumed since versions() was read keeps its version
