@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv system demo test test-e2e train eval frontier ablation export bench clean
+.PHONY: venv system demo test test-e2e test-chaos test-fuzz train eval frontier ablation export bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -37,6 +37,19 @@ test-e2e: $(STAMP)
 	$(BIN)/pip install -q -e '.[e2e]'
 	WITH_BROWSER=1 scripts/system-deps.sh
 	$(BIN)/python -m pytest -p no:cacheprovider -m e2e -s
+
+## make test-chaos: the indexer's crash safety: `crossprobe index build|add|delete|reindex` SIGKILLed at every
+## injection point and at 8 random moments each (CROSSPROBE_CHAOS_TIMED=n for more), every resume compared with an
+## uninterrupted run (~5 min on 2 cores; 2 per command run in `make test`) -> docs/results/indexer_kill.json
+test-chaos: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m chaos -s tests/indexer/test_kill_runs.py
+
+## make test-fuzz: schemathesis (the fuzz extra) against the service's own OpenAPI document on a live
+## `crossprobe serve` over a real tiny index, every check, >= 1,000 generated requests; no 5xx and no failed
+## check allowed (a few minutes) -> docs/results/fuzz.json
+test-fuzz: $(STAMP)
+	$(BIN)/pip install -q -e '.[fuzz]'
+	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
 
 ## make train: the default training run on ../shared/datasets/flickr8k (resumable)
 train: $(STAMP)

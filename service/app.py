@@ -5,37 +5,45 @@
 Routes: GET / (the web page, service/static/), POST /v1/search, POST /v1/explain, GET /v1/indexes,
 GET /v1/items/{id}, GET /v1/items/{id}/image, GET /healthz, GET /readyz, GET /metrics, POST /admin/reload,
 and the clip-retrieval compatible /knn-service, /indices-list, /metadata (clip_compat.py).
+
+Routes sit in groups by who may call them (security.py: the group's dependency checks its key first):
+query_routes and read_routes need a search key when keys are set, admin_routes the admin key; `router`'s
+are open (/metrics takes its own optional key).
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, AsyncIterator
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Match
 
-from crossprobe.service import errors, metrics
+from crossprobe.service import errors, metrics, security
 from crossprobe.service.backend import EXPLAIN_MODES
 from crossprobe.service.batcher import Overloaded
 from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.errors import ApiError
+from crossprobe.service.http_timeouts import TIMED_OUT_SCOPE_KEY
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
 from crossprobe.service.pipeline import Outcome, public_metadata
-from crossprobe.service.schemas import (ERROR_RESPONSES, ExplainRequest, ExplainResponse, SearchRequest,
-                                        SearchResponse)
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, ExplainRequest, ExplainResponse, ItemResponse,
+                                        SearchRequest, SearchResponse, error_responses)
 from crossprobe.service.settings import Settings
 from crossprobe.service.state import ServiceState
 
-router = APIRouter()
+router = APIRouter()  # open: health, readiness, the page; /metrics behind its own optional key
+# search key (when keys are set) + rate limit: the routes that run the query tower
+query_routes = APIRouter(dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
+read_routes = APIRouter(dependencies=security.SEARCH, responses=security.SEARCH_RESPONSES)  # search key: indexes, items
+admin_routes = APIRouter(dependencies=security.ADMIN, responses=security.ADMIN_RESPONSES)  # X-Admin-Key: /admin/*
 
 
 def svc(request: Request) -> ServiceState:
@@ -75,7 +83,8 @@ async def run_search(state: ServiceState, plan) -> Outcome:
     return out
 
 
-@router.post("/v1/search", response_model=SearchResponse, responses=ERROR_RESPONSES)
+@query_routes.post("/v1/search", response_model=SearchResponse,
+                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
 async def search(body: SearchRequest, request: Request) -> Response:
     """Text -> images: encode, ANN shortlist, rerank (cp | temde | none), top k with metadata."""
     state = svc(request)
@@ -96,7 +105,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
     return JSONResponse(payload, headers={"Server-Timing": server_timing(timings), **degraded_headers(out)})
 
 
-@router.post("/v1/explain", response_model=ExplainResponse, responses=ERROR_RESPONSES)
+@query_routes.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))
 async def explain(body: ExplainRequest, request: Request) -> Response:
     """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
 
@@ -146,7 +155,7 @@ async def explain(body: ExplainRequest, request: Request) -> Response:
     return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})
 
 
-@router.get("/v1/indexes")
+@read_routes.get("/v1/indexes", responses=error_responses(*ANY_ROUTE))
 async def indexes(request: Request) -> dict:
     state = svc(request)
     reg = state.registry
@@ -175,7 +184,12 @@ async def read_metadata(state: ServiceState, handle, ids: list[str], op: str) ->
 
 
 # declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
-@router.get("/v1/items/{item_id:path}/image", responses={200: {"content": {"image/jpeg": {}}}, **ERROR_RESPONSES})
+# response_class=Response: the 200 is image/jpeg only (FastAPI's default class would also declare JSON)
+@read_routes.get("/v1/items/{item_id:path}/image", response_class=Response, responses={
+    200: {"description": "the image, resized", "content": {"image/jpeg": {"schema": {"type": "string",
+                                                                                     "format": "binary"}}}},
+    **error_responses(404, 422, 503, *ANY_ROUTE, s404="index_not_found, item_not_found; image_unavailable: no "
+                      "file is recorded for the item, or it is gone or unreadable")})
 async def item_image(request: Request, item_id: str,
                      index: Annotated[str | None, Query(max_length=64)] = None,
                      size: Annotated[int | None, Query(ge=16, le=4096, description="max side in pixels")] = None
@@ -192,10 +206,13 @@ async def item_image(request: Request, item_id: str,
         data = await asyncio.to_thread(resized_jpeg, meta["uri"], side, s.image_quality, s.image_max_pixels)
     except ImageUnavailable as e:
         raise ApiError(404, "image_unavailable", f"{item_id!r}: {e}") from None
-    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "public, max-age=300"})
+    # behind search keys: private, or a shared cache (CDN, proxy) would hand it to callers without a key
+    cache = "private" if security.access(request).search_keys_on else "public"
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": f"{cache}, max-age=300"})
 
 
-@router.get("/v1/items/{item_id:path}", responses=ERROR_RESPONSES)
+@read_routes.get("/v1/items/{item_id:path}", response_model=ItemResponse,
+                 responses=error_responses(404, 422, 503, *ANY_ROUTE))
 async def item(request: Request, item_id: str, index: Annotated[str | None, Query(max_length=64)] = None) -> dict:
     """Metadata of one indexed item (as the indexer stored it)."""
     state = svc(request)
@@ -205,13 +222,14 @@ async def item(request: Request, item_id: str, index: Annotated[str | None, Quer
             "metadata": public_metadata(meta, state.settings.expose_uri)}
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses=error_responses(*ANY_ROUTE))
 async def healthz() -> dict:
     """Liveness: the process serves HTTP (models may still be loading; see /readyz)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503, *ANY_ROUTE, s503="not_ready: still loading (Retry-After); "
+                 "feature_store_unavailable: Redis is down and CROSSPROBE_READYZ_REQUIRES_REDIS is set"))
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
     Redis is usable (the circuit breaker's state). Redis down: still ready with "status": "degraded"
@@ -231,22 +249,21 @@ async def readyz(request: Request) -> JSONResponse:
                          "feature_store": fs})
 
 
-@router.get("/metrics")
+# Prometheus' text format: the 200 is declared as text/plain. response_class=Response (no media type of its own):
+# with the default class the 200 would say JSON, with PlainTextResponse the JSON errors would say text/plain
+@router.get("/metrics", dependencies=security.METRICS, response_class=Response,
+            responses={**security.METRICS_RESPONSES, **error_responses(*ANY_ROUTE),
+                       200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def prometheus() -> Response:
     data, ctype = metrics.render()
     return Response(data, media_type=ctype)
 
 
-@router.post("/admin/reload", responses=ERROR_RESPONSES)
-async def admin_reload(request: Request, x_admin_key: Annotated[str | None, Header()] = None) -> dict:
+@admin_routes.post("/admin/reload", responses=error_responses(503, *POST_ROUTE))
+async def admin_reload(request: Request) -> dict:
     """Check every index's `active` key now and switch to new versions (also retries a refused one)."""
-    state = svc(request)
-    key = state.settings.admin_key
-    if key is None:
-        raise ApiError(403, "admin_disabled", "admin endpoints are off (set CROSSPROBE_ADMIN_KEY)")
-    if not x_admin_key or not hmac.compare_digest(x_admin_key.encode(), key.get_secret_value().encode()):
-        raise ApiError(401, "unauthorized", "missing or wrong X-Admin-Key header")
-    return {"indexes": await state.reload(force=True)}
+    return {"indexes": await svc(request).reload(force=True)}
 
 
 class MetricsMiddleware:
@@ -271,18 +288,30 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
+            if scope.get(TIMED_OUT_SCOPE_KEY):  # the body's deadline passed: the protocol answered 408 itself
+                status = 408
             metrics.observe_request(_route_template(scope), status, time.perf_counter() - start)
 
 
 def _route_template(scope) -> str:
     route = scope.get("route")
-    if route is None:  # routing failed before a route was chosen; look for one that matches fully
-        app = scope.get("app")
-        for r in getattr(getattr(app, "router", None), "routes", ()):
-            if r.matches(scope)[0] == Match.FULL:
-                route = r
-                break
+    if route is None:  # no route chosen yet (BodyGuard's 413 / 422, a 408): look for one that matches fully
+        route = _full_match(getattr(getattr(scope.get("app"), "router", None), "routes", ()), scope)
     return getattr(route, "path", None) or "unmatched"
+
+
+def _full_match(routes, scope):
+    for r in routes:
+        # FastAPI 0.16x keeps an included router as one entry (an _IncludedRouter, with no path of its own):
+        # without this descent every answer given before routing was counted as "unmatched"
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            found = _full_match(inner.routes, scope)
+            if found is not None:
+                return found
+        elif r.matches(scope)[0] == Match.FULL:
+            return r
+    return None
 
 
 # ---- the web page (GET /): plain files of this package, no build step ---------------------------
@@ -302,6 +331,7 @@ async def page() -> Response:
 
 def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     settings = settings or Settings()
+    access = security.Access(settings)  # a key that cannot work fails here, before anything starts
     state = ServiceState(settings, bert)
 
     @asynccontextmanager
@@ -318,17 +348,24 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     app = FastAPI(title="crossprobe", summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / "
                   "T-EMDE reranking", version="0.1.0", lifespan=lifespan)
     app.state.svc = state
+    app.state.access = access
     errors.install(app)
     # innermost of the three: its 413 / 422 answers still get CORS headers and are counted by MetricsMiddleware
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
     if settings.cors_list:
         # clip-retrieval's front-end runs on another origin; X-Admin-Key is deliberately not an allowed header
+        # (admin calls come from scripts, not from pages), X-API-Key is (a page elsewhere with a search key)
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type"], expose_headers=["Server-Timing", DEGRADED_HEADER])
+                           allow_headers=["Content-Type", security.API_KEY_HEADER],
+                           expose_headers=["Server-Timing", DEGRADED_HEADER, "Retry-After"])
     app.add_middleware(MetricsMiddleware)
-    app.include_router(router)
+    for group in (router, query_routes, read_routes, admin_routes):
+        app.include_router(group)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    from crossprobe.service.clip_compat import router as clip_router
+    from crossprobe.service.clip_compat import query_routes as clip_queries
+    from crossprobe.service.clip_compat import read_routes as clip_reads
 
-    app.include_router(clip_router)
+    app.include_router(clip_queries)
+    app.include_router(clip_reads)
+    security.document_optional_keys(app, access)
     return app

@@ -22,7 +22,7 @@ stage: ANN order, "similarity" is then the two-tower cosine (not the reranker's
 logit; both are "higher is better", which is all clip_back clients read), and
 only "url" and an empty "caption" beside id and similarity. The response says so
 in a header clients ignore safely, `X-Crossprobe-Degraded: feature_store_unavailable`
-(exposed to browsers through CORS). /metadata has nothing to answer without
+(exposed to the origins CROSSPROBE_CORS_ORIGINS allows). /metadata has nothing to answer without
 Redis: 503 feature_store_unavailable with Retry-After.
 """
 from __future__ import annotations
@@ -35,13 +35,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from crossprobe.service import security
 from crossprobe.service.app import degraded_headers, read_metadata, run_search, svc
 from crossprobe.service.errors import ApiError, validation_error
 from crossprobe.service.pipeline import public_metadata
-from crossprobe.service.schemas import KnnRequest, MetadataRequest, is_invisible
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
+                                        error_responses, is_invisible)
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
 
-router = APIRouter(tags=["clip-retrieval"])
+# security.py's groups, as app.py's: a search key when keys are set; /knn-service runs the query tower, so it
+# also takes a rate-limit token. (clip-retrieval's own front-end sends no key: with keys on, put a proxy that
+# adds X-API-Key in front of it, or keep this service's keys off behind a private network.)
+query_routes = APIRouter(tags=["clip-retrieval"], dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
+read_routes = APIRouter(tags=["clip-retrieval"], dependencies=security.SEARCH, responses=security.SEARCH_RESPONSES)
 
 
 async def _json(request: Request) -> Any:
@@ -83,7 +89,20 @@ async def _parse(request: Request, model):
         raise validation_error(e.errors(), drop_prefix=()) from None
 
 
-@router.post("/knn-service")
+def _body_doc(model) -> dict[str, Any]:
+    """openapi_extra for a route that parses its raw body itself (_parse, for clip_back's text/plain posts):
+    FastAPI sees no body parameter, so the body is declared here, from the model the route validates with."""
+    return {"requestBody": {"required": True, "description": "JSON, whatever the Content-Type (clip-retrieval's "
+                            "front-end posts it as text/plain)",
+                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+# response_model: the document only (the route returns its JSONResponse as built)
+@query_routes.post("/knn-service", response_model=list[KnnResult], openapi_extra=_body_doc(KnnRequest),
+                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here",
+                                             s422="invalid_request: the body fails "
+                                             "validation; unsupported: an image or embedding query, or modality "
+                                             "\"text\""))
 async def knn_service(request: Request) -> JSONResponse:
     state = svc(request)
     req = await _parse(request, KnnRequest)
@@ -109,13 +128,14 @@ async def knn_service(request: Request) -> JSONResponse:
                         headers=degraded_headers(out))
 
 
-@router.get("/indices-list")
+@read_routes.get("/indices-list", responses=error_responses(*ANY_ROUTE))
 async def indices_list(request: Request) -> list[str]:
     reg = svc(request).registry
     return sorted(reg.handles) if reg else []
 
 
-@router.post("/metadata")
+@read_routes.post("/metadata", response_model=list[MetadataEntry], openapi_extra=_body_doc(MetadataRequest),
+                  responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
 async def metadata(request: Request) -> list[dict]:
     state = svc(request)
     req = await _parse(request, MetadataRequest)

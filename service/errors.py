@@ -1,13 +1,19 @@
 """JSON errors with a stable code: {"error": {"code", "message", "details"?}}.
 
 Clients branch on `code`, never on the message. Codes:
-  invalid_request 422   body or parameter fails validation (unknown field, k out of range, bad JSON...)
+  invalid_request 422   body or parameter fails validation (unknown field, k out of range, bad JSON, a
+                        body that is not UTF-8, nested deeper than 32 levels...)
   unsupported     422   a valid request for something not offered yet (image queries, a text index)
   index_not_found 404   no such index here          item_not_found 404   id not in the served version
   image_unavailable 404 the indexed file is gone or unreadable
   not_found 404, method_not_allowed 405, too_large 413  (routing / size)
-  unauthorized 401, admin_disabled 403                   (/admin/*)
+  request_timeout 408   the request's head or body did not arrive in time (http_timeouts.py; written by the
+                        HTTP protocol layer, then the connection is closed)
+  unauthorized 401      the route's key header is missing (X-API-Key, X-Admin-Key, Authorization: Bearer
+                        for /metrics); forbidden 403: it holds no key of that route's group (security.py)
+  admin_disabled 403    /admin/* while no CROSSPROBE_ADMIN_KEY is set
   overloaded 429        the admission queue is full; retry after Retry-After seconds
+  rate_limited 429      this search key's (or client address's) token bucket is empty; retry after Retry-After
   not_ready 503         models or indexes still loading   index_unavailable 503  index refused (see message)
   feature_store_unavailable 503  Redis (features, metadata) is down or paused: routes that need it
                         (items, images, /metadata; searches with CROSSPROBE_REDIS_DOWN_SEARCH=fail) answer
@@ -87,6 +93,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+            # FastAPI answers 400 "There was an error parsing the body" when a JSON body is not UTF-8 (its
+            # UnicodeDecodeError, a ValueError, is the cause); every other bad body is a 422 here, /knn-service
+            # and /metadata answer this one 422 too (their own parser), and JSON must be UTF-8 (RFC 8259): so
+            # one answer for all routes, 422 invalid_request
+            return await _api_error(request, ApiError(422, "invalid_request", "invalid request: body is not valid "
+                                                      f"JSON ({exc.__cause__})"))
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return await _api_error(request, ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers))
 

@@ -64,6 +64,10 @@ DEGRADED = Counter("crossprobe_degraded_answers", "Searches answered degraded (p
                    ["rerank", "reason"], registry=REGISTRY)
 INDEXES_SERVED = Gauge("crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)",
                        registry=REGISTRY)
+# the rate limit (security.py); label `endpoint` as crossprobe_requests_total's, so the two divide in PromQL
+RATE_LIMITED_ROUTES = ("/v1/search", "/v1/explain", "/knn-service")  # the routes with a rate limit
+RATE_LIMITED = Counter("crossprobe_rate_limited", "Requests refused by the per-key / per-client rate limit "
+                       "(429 rate_limited), by route template", ["endpoint"], registry=REGISTRY)
 
 # Every known label combination exists from the start at 0 (Prometheus' advice for labelled metrics): a rate
 # over a series that appeared mid-window misses its first increments, and a panel or alert over "no series"
@@ -75,6 +79,8 @@ for _mode in RERANK_MODES:
             SEARCH_STAGE_SECONDS.labels(_stage, _mode)
     for _reason in DEGRADED_REASONS:
         DEGRADED.labels(_mode, _reason)
+for _route in RATE_LIMITED_ROUTES:
+    RATE_LIMITED.labels(_route)
 
 _served: dict[str, tuple[str, str]] = {}  # index -> (version, fingerprint) currently exported as info
 
@@ -101,6 +107,10 @@ def observe_request(endpoint: str, status: int, seconds: float) -> None:
 
 def error(kind: str) -> None:
     ERRORS.labels(kind).inc()
+
+
+def rate_limited(endpoint: str) -> None:
+    RATE_LIMITED.labels(endpoint).inc()
 
 
 def index_served(name: str, version: str, fingerprint: str, items: int) -> None:

@@ -3,6 +3,13 @@
 /v1 requests forbid unknown fields: a misspelt "shortlsit" must fail loudly, not be
 ignored. The clip-retrieval routes ignore unknown fields instead, because that
 API's clients send options this service does not have.
+
+The OpenAPI document (/openapi.json) says what each route answers: every error status with the error JSON
+(error_responses below), and two rules JSON Schema cannot state exactly, written as:
+  format "visible-text"  a query must hold at least one visible character: only whitespace, control, zero-width
+                         or other invisible characters is "blank", 422 (is_invisible below; an exact pattern
+                         would be a character class of some 700 Unicode ranges)
+  x-constraints          cross-field rules, e.g. /v1/search's "shortlist >= k" (422 when broken)
 """
 from __future__ import annotations
 
@@ -14,14 +21,34 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from crossprobe.service.settings import MAX_K, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
 
-class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _integral(v: Any) -> Any:
+    """An integer field's value: JSON Schema's "integer" includes 2.0 (a number with a zero fraction;
+    schemathesis sends such values, and so do encoders that write every number as a float), which a strict int
+    refused: 2.0 counts as 2. Everything else stays strict: 2.5, true and "2" are 422. Used as a mode="before"
+    field validator, not as an Annotated BeforeValidator: with one of those inside `int | None`, pydantic
+    writes the field's bounds into the JSON schema as "ge" / "le" (not JSON Schema), so clients (and
+    schemathesis) saw no bounds at all."""
+    if isinstance(v, list):
+        return [_integral(x) for x in v]
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="text to search images for")
+# the format of query texts in the OpenAPI document (see the module's docstring)
+VISIBLE_TEXT = {"format": "visible-text"}
+VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or zero-width characters: 422)"
+
+
+class SearchRequest(BaseModel):
+    """A search. One rule spans two fields, which JSON Schema cannot express (so it is listed under
+    x-constraints): shortlist >= k when shortlist is given (k defaults to 10); otherwise 422 invalid_request."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"x-constraints": ["shortlist >= k"]})
+
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
+                       description=f"text to search images for: {VISIBLE_TEXT_HELP}")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
     rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's CROSSPROBE_DEFAULT_RERANK)")
     shortlist: int | None = Field(None, ge=1, le=MAX_SHORTLIST, strict=True,
-                                  description="ANN candidates to rerank, >= k (default: max(server default, k))")
+                                  description="ANN candidates to rerank; must be >= k (else 422; see "
+                                  "x-constraints). Default: max(server default, k)")
     index: str | None = Field(None, min_length=1, max_length=64, description="index name (default: the server's)")
     # strict: a JSON number only (an int is fine); true / false / "1e2" are refused, not coerced
     min_score: float | None = Field(None, strict=True, allow_inf_nan=False,
@@ -31,6 +58,11 @@ class SearchRequest(BaseModel):
     @classmethod
     def _not_blank(cls, v: str) -> str:
         return visible_or_error(v, "query")
+
+    @field_validator("k", "shortlist", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        return _integral(v)
 
     @model_validator(mode="after")
     def _shortlist_covers_k(self) -> "SearchRequest":
@@ -54,6 +86,13 @@ class Hit(BaseModel):
 class IndexRef(BaseModel):
     name: str
     version: str
+
+
+class ItemResponse(BaseModel):
+    id: str
+    index: IndexRef
+    metadata: dict[str, Any] | None = Field(description="as the indexer stored it (no file path unless "
+                                            "CROSSPROBE_EXPOSE_URI)")
 
 
 class ModelRef(BaseModel):
@@ -83,7 +122,8 @@ ItemId = Annotated[str, Field(min_length=1, max_length=1024)]
 class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="the query the maps are for")
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
+                       description=f"the query the maps are for: {VISIBLE_TEXT_HELP}")
     ids: list[ItemId] = Field(..., min_length=1, max_length=MAX_EXPLAIN_IDS,
                               description=f"item ids of the index (1 to {MAX_EXPLAIN_IDS}; repeats count once)")
     index: str | None = Field(None, min_length=1, max_length=64, description="index name (default: the server's)")
@@ -118,9 +158,32 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorResponse} for s in (401, 403, 404, 422, 429, 503)
+# What each error status means, for the OpenAPI document. 401 / 403 / 429 of the key and rate-limit checks are
+# declared by security.py's route groups; the statuses here are the routes' own and the middlewares'.
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    404: "index_not_found: no such index here; item_not_found: an id is not in the served version",
+    408: "request_timeout: the body did not arrive within CROSSPROBE_BODY_TIMEOUT_S of the headers (the "
+         "connection is closed; http_timeouts.py)",
+    413: "too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES (every route; from Content-Length, or "
+         "counted while it arrives)",
+    422: "invalid_request: the body or a parameter fails validation (not JSON, not UTF-8, nested deeper than 32 "
+         "levels, a field out of range or unknown...)",
+    503: "not_ready: models or indexes still loading (Retry-After); index_unavailable: the index cannot be "
+         "served; feature_store_unavailable: Redis is down (Retry-After)",
 }
+
+
+def error_responses(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses=` for these statuses, each with the error JSON; described: status as "s404" -> a
+    description for this route instead of ERROR_DESCRIPTIONS' (keyword names cannot be numbers)."""
+    return {s: {"model": ErrorResponse, "description": described.get(f"s{s}", ERROR_DESCRIPTIONS[s])}
+            for s in statuses}
+
+
+# BodyGuard answers 413 on every route (a GET with a long body too) and, on every route that reads a body
+# (POST), 422 for JSON nested too deep; the body deadline (408) applies where a body is read
+ANY_ROUTE = (413,)
+POST_ROUTE = (408, 413, 422)
 
 
 # Characters that draw nothing: control (NUL...), format (zero-width space / joiners, BOM, bidi marks, soft
@@ -142,8 +205,30 @@ def visible_or_error(text: str, what: str) -> str:
 
 
 # ---- clip-retrieval (rom1504/clip-retrieval clip_back) ----------------------------
+def _knn_documented(schema: dict[str, Any]) -> None:
+    """KnnRequest's OpenAPI schema: the requests /knn-service answers 200. The model itself accepts more
+    (an image, a text modality) so that the route can refuse those with 422 "unsupported", which says more
+    than a validation error; here they are what they are for a client: values that get a 422."""
+    props = schema["properties"]
+    props["text"] = {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, **VISIBLE_TEXT,
+                     "description": f"the query (text -> image search): {VISIBLE_TEXT_HELP}"}
+    schema["required"] = ["text"]
+    props["modality"] = {"enum": ["image"], "default": "image",
+                         "description": "the index searched: images. \"text\" (a text index) is 422 unsupported"}
+    for name in ("image", "image_url"):
+        props[name] = {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}], "default": None,
+                       "description": "image queries are not supported yet: anything but null or \"\" is 422 "
+                       "unsupported"}
+    props["embedding_input"] = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}], "default": None,
+                                "description": "embedding queries are not supported: anything but null or [] is "
+                                "422 unsupported"}
+
+
 class KnnRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """clip_back's /knn-service body (posted as JSON whatever the Content-Type; clip-retrieval's front-end sends
+    text/plain). Unknown fields are ignored. Types are strict, as /v1's numbers are: a JSON boolean for the
+    switches, a JSON integer for the counts (clip_back's clients send those; "5" or "true" is 422)."""
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_knn_documented)
 
     text: str | None = Field(None, max_length=MAX_QUERY_CHARS)
     image: str | None = None  # base64 image: refused until image queries exist
@@ -160,9 +245,39 @@ class KnnRequest(BaseModel):
     aesthetic_score: str | int | None = ""  # accepted, not applied
     aesthetic_weight: str | float | None = ""
 
+    @field_validator("num_images", "num_result_ids", "aesthetic_score", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        return _integral(v)
+
 
 class MetadataRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """clip_back's /metadata body (JSON whatever the Content-Type; unknown fields ignored, strict types)."""
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    ids: list[str | int] = Field(..., max_length=MAX_SHORTLIST)
+    ids: list[str | int] = Field(..., max_length=MAX_SHORTLIST, description="ids of the index (integers are "
+                                 "read as their decimal text); unknown ones get \"metadata\": null")
     indice_name: str | None = Field(None, max_length=64)
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _integral(cls, v: Any) -> Any:
+        return _integral(v)
+
+
+class KnnResult(BaseModel):
+    """One /knn-service result: the first num_images carry url, caption and the item's metadata fields; the
+    rest, up to num_result_ids, only id and similarity (clip_back's shape)."""
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    similarity: float = Field(description="the ranking score (higher is better)")
+    url: str | None = Field(None, description="/v1/items/{id}/image?index=... (absolute with "
+                            "CROSSPROBE_PUBLIC_BASE_URL)")
+    caption: str | None = None
+
+
+class MetadataEntry(BaseModel):
+    id: str
+    metadata: dict[str, Any] | None = Field(description="url, caption and the item's metadata; null for an id "
+                                            "that is not in the index")

@@ -19,6 +19,16 @@ class _Stopped(BaseException):
         self.signum = signum
 
 
+def uvicorn_options(settings: Settings) -> dict:
+    """uvicorn.run / uvicorn.Config arguments shared by serve() and running(): both must cut slow clients off.
+    http: uvicorn's h11 protocol with head and body deadlines (http_timeouts.py: uvicorn has none of its own)."""
+    from crossprobe.service.http_timeouts import timed_protocol
+
+    return dict(log_level=settings.log_level, access_log=settings.access_log, lifespan="on",
+                http=timed_protocol(settings.header_timeout_s, settings.body_timeout_s),
+                timeout_keep_alive=settings.keep_alive_timeout_s)
+
+
 def serve(settings: Settings) -> None:
     """One uvicorn worker process: the models, the batcher and the metrics are per process (see metrics.py).
 
@@ -43,8 +53,7 @@ def serve(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     caught = None
     try:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                    access_log=settings.access_log, lifespan="on")
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, **uvicorn_options(settings))
     except _Stopped as e:
         caught = e.signum
     finally:
@@ -74,8 +83,7 @@ def running(settings: Settings, start_timeout_s: float = 60.0) -> Iterator[str]:
     from crossprobe.service.app import create_app
 
     port = settings.port or free_port(settings.host)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=port, log_level=settings.log_level,
-                            access_log=settings.access_log, lifespan="on")
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=port, **uvicorn_options(settings))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

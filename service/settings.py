@@ -28,7 +28,31 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)  # 0: any free port (tests)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"  # uvicorn's and crossprobe's loggers
     access_log: bool = True  # uvicorn's per-request log line; /metrics has the same facts in aggregate
-    cors_origins: str = "*"  # comma separated; clip-retrieval's front-end calls from another origin. "" disables CORS
+    # origins whose pages may call the API from a browser, comma separated (e.g. clip-retrieval's front-end on
+    # another host); "*" = any origin. "" (default): no CORS headers at all, so browsers let only pages served
+    # by this service read its answers
+    cors_origins: str = ""
+
+    # -- access control (README "Security"; service/security.py) -----------------------------------------------
+    # search keys, comma separated: when set (here or in api_keys_file) every search, item and index route
+    # (/v1/search, /v1/explain, /v1/indexes, /v1/items/..., /knn-service, /indices-list, /metadata) needs the
+    # header X-API-Key with one of them: 401 unauthorized without it, 403 forbidden with any other value.
+    # Unset: those routes are open
+    api_keys: SecretStr | None = None
+    # a file of search keys, one per line ('#' comments), added to api_keys: for keys kept out of the
+    # environment (a mounted Docker / Kubernetes secret; the environment shows in /proc/<pid>/environ, `docker
+    # inspect` and every child process). Read once at start-up; missing, unreadable or empty: start-up fails
+    api_keys_file: Path | None = None
+    admin_key: SecretStr | None = None  # X-Admin-Key for /admin/*; unset: admin endpoints answer 403
+    # Authorization: Bearer <key> for GET /metrics (what Prometheus' scrape `authorization` sends); unset: open
+    metrics_key: SecretStr | None = None
+    # rate limit: a token bucket per search key (per client address when no search keys are set) over the
+    # routes that run the query tower (/v1/search, /v1/explain, /knn-service): requests per second on average;
+    # over it: 429 rate_limited with Retry-After. 0: no rate limit
+    rate_limit_rps: float = Field(0.0, ge=0, le=100_000)
+    rate_limit_burst: int = Field(20, ge=1, le=100_000)  # the bucket's size: requests at once after an idle spell
+    # buckets kept at most (least recently used forgotten first: a forgotten client starts with a full bucket)
+    rate_limit_max_clients: int = Field(10_000, ge=1, le=10_000_000)
 
     # -- model -----------------------------------------------------------------
     ckpt: Path | None = None  # checkpoint directory; default: the committed one
@@ -91,7 +115,6 @@ class Settings(BaseSettings):
 
     # -- hot reload --------------------------------------------------------------
     reload_interval_s: float = Field(5.0, ge=0)  # poll each index's `active` key; 0 = only POST /admin/reload
-    admin_key: SecretStr | None = None  # X-Admin-Key for /admin/*; unset: admin endpoints answer 403
 
     # -- items -------------------------------------------------------------------
     image_max_side: int = Field(512, ge=16, le=4096)  # GET /v1/items/{id}/image resizes to fit this
@@ -106,6 +129,16 @@ class Settings(BaseSettings):
 
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
+
+    # -- slow clients (service/http_timeouts.py; uvicorn itself times only idle keep-alive connections) ----------
+    # the request line and headers must arrive within this many seconds of their first byte (of the connection
+    # opening, for its first request); else 408 request_timeout and the connection is closed. A deadline, not an
+    # idle timer: trickling a byte at a time does not extend it
+    header_timeout_s: float = Field(10.0, gt=0, le=600)
+    # the whole body must arrive within this many seconds of the end of the headers (a deadline too); else 408
+    # and close. 30 s lets a client as slow as ~35 KB/s send the largest body max_body_bytes allows (1 MiB)
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    keep_alive_timeout_s: float = Field(5.0, gt=0, le=3600)  # an idle kept-alive connection is closed after this (uvicorn's timeout_keep_alive)
 
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes

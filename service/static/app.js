@@ -1,5 +1,7 @@
 // crossprobe's search page: plain browser JavaScript, no build step, no third-party code.
 // It calls the service's own API with relative URLs: v1/indexes, v1/search, v1/explain, v1/items/{id}/image.
+// When the service has search keys (a 401 / 403 says so) the "API key" field appears; its value goes in the
+// X-API-Key header of every call, and images are then fetched with it too (an <img src> cannot send a header).
 "use strict";
 
 (function () {
@@ -13,6 +15,8 @@
   const results = $("results");
   const timingsBox = $("timings");
   const legend = $("legend");
+  const keyField = $("key-field");
+  const keyInput = $("api-key");
 
   const THUMB = 320; // px, the longer side asked of v1/items/{id}/image (cards are at most ~240 css px wide)
   const STAGES = ["queue", "encode", "ann", "fetch", "rerank", "metadata", "load", "decode", "backbone", "attention"];
@@ -23,6 +27,39 @@
   let searchSeq = 0; // answers of superseded requests are dropped
   let explainSeq = 0;
   let searchAbort = null;
+  let indexesLoaded = false;
+  let loadSeq = 0; // a newer loadIndexes() ends an older one's polling
+  let objectUrls = []; // blob: URLs of the images on screen that were fetched with the key
+
+  // ---- the search key ---------------------------------------------------------------------------
+  // sessionStorage: this tab only, gone when it closes; never in the URL (history, server logs, shared links)
+  const KEY_ITEM = "crossprobe.apiKey";
+  let currentKey = "";
+  try {
+    currentKey = sessionStorage.getItem(KEY_ITEM) || "";
+  } catch (e) {
+    currentKey = ""; // storage blocked: the key lives in this variable until the page is left
+  }
+
+  function keyHeaders() {
+    return currentKey ? { "X-API-Key": currentKey } : {};
+  }
+
+  // the field's value becomes the key in use -> whether it changed
+  function keyChanged() {
+    const value = keyInput.value.trim();
+    if (value === currentKey) return false;
+    currentKey = value;
+    try {
+      if (value) sessionStorage.setItem(KEY_ITEM, value);
+      else sessionStorage.removeItem(KEY_ITEM);
+    } catch (e) {
+      // storage blocked: kept in memory only
+    }
+    return true;
+  }
+
+  const isKeyError = (e) => e.code === "unauthorized" || e.code === "forbidden";
 
   // ---- helpers ----------------------------------------------------------------------------------
   function rerankValue() {
@@ -39,7 +76,9 @@
   }
 
   async function api(path, options) {
-    const r = await fetch(path, options);
+    const opts = Object.assign({}, options);
+    opts.headers = Object.assign({}, opts.headers, keyHeaders());
+    const r = await fetch(path, opts);
     let body = null;
     try {
       body = await r.json();
@@ -51,6 +90,11 @@
       const e = new Error(err.message || ("HTTP " + r.status));
       e.code = err.code;
       e.status = r.status;
+      if (isKeyError(e)) {
+        keyField.hidden = false; // the service has search keys: let the user give one
+        e.message = r.status === 401 ? "this service needs a search key: enter it under “API key”"
+          : "the API key was refused: check it under “API key”";
+      }
       throw e;
     }
     return body;
@@ -63,20 +107,64 @@
     return "v1/items/" + encodeURIComponent(id) + "/image?" + q.toString();
   }
 
+  function fetchImage(url) {
+    return fetch(url, { headers: keyHeaders() }).then((r) => (r.ok ? r.blob() : Promise.reject(new Error(
+      r.status === 401 || r.status === 403 ? "the API key was refused" : "HTTP " + r.status))));
+  }
+
+  // without a key, the plain URL (the browser caches it); with one, fetched with the header into a blob: URL
+  function showImage(img, url) {
+    if (!currentKey) {
+      img.src = url;
+      return;
+    }
+    fetchImage(url).then((blob) => {
+      if (!img.isConnected) return; // the results were replaced meanwhile
+      const u = URL.createObjectURL(blob);
+      objectUrls.push(u);
+      img.src = u;
+    }).catch(() => {
+      img.alt += " (image unavailable)";
+    });
+  }
+
+  // a new tab cannot send the header: with a key, fetch the image here and show it there as a blob: URL.
+  // The tab opens at once, inside the click, so popup blockers let it through.
+  function openWithKey(url) {
+    const tab = window.open("", "_blank");
+    if (tab) tab.opener = null;
+    fetchImage(url).then((blob) => {
+      const u = URL.createObjectURL(blob);
+      if (tab) tab.location.href = u;
+      setTimeout(() => URL.revokeObjectURL(u), 60000);
+    }).catch((e) => {
+      if (tab) tab.close();
+      setStatus("The image could not be opened: " + e.message + ".", "error");
+    });
+  }
+
   // ---- index picker -----------------------------------------------------------------------------
   const sleep = (t) => new Promise((res) => setTimeout(res, t));
 
   async function loadIndexes() {
+    const seq = ++loadSeq;
     // the service answers while it is still loading its models and indexes: ask again for up to two minutes
     for (let attempt = 0; attempt < 120; attempt++) {
       let body = null;
       try {
         body = await api("v1/indexes");
       } catch (e) {
+        if (isKeyError(e)) {
+          // asking again will not help: a new key in the field starts this again
+          if (seq === loadSeq) setStatus(e.message.charAt(0).toUpperCase() + e.message.slice(1) + ".", "error");
+          return false;
+        }
         body = null;
       }
+      if (seq !== loadSeq) return false;
       if (body && body.indexes.length) {
         fillIndexes(body);
+        indexesLoaded = true;
         if (statusEl.classList.contains("busy")) setStatus("");
         return true;
       }
@@ -146,6 +234,8 @@
 
   function render(body) {
     results.textContent = "";
+    for (const u of objectUrls) URL.revokeObjectURL(u);
+    objectUrls = [];
     const n = body.results.length;
     const how = body.rerank === "none" ? "ranked by the two-tower score" : "reranked by " + body.rerank;
     let text = n + (n === 1 ? " result" : " results") + " for “" + last.query + "” in " + body.index.name +
@@ -170,13 +260,18 @@
     link.href = imageUrl(hit.id, index);
     link.target = "_blank";
     link.rel = "noopener";
+    link.addEventListener("click", (ev) => {
+      if (!currentKey) return; // a plain link
+      ev.preventDefault();
+      openWithKey(link.href);
+    });
 
     const img = document.createElement("img");
     const caption = hit.metadata && hit.metadata.caption;
     img.alt = "Result " + rank + ": " + (caption ? caption + " (" + hit.id + ")" : hit.id);
-    img.src = imageUrl(hit.id, index, THUMB);
     img.decoding = "async";
     img.addEventListener("load", () => placeOverlay(li));
+    showImage(img, imageUrl(hit.id, index, THUMB));
     link.appendChild(img);
 
     const heat = document.createElement("canvas");
@@ -402,9 +497,25 @@
   }
 
   // ---- wiring -----------------------------------------------------------------------------------
+  function start() {
+    return loadIndexes().then((ok) => {
+      if (ok && input.value.trim()) search();
+    });
+  }
+
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
+    if (keyChanged() && !indexesLoaded) {
+      start(); // it searches once the indexes are in
+      return;
+    }
     search();
+  });
+  // a new key (Enter or leaving the field): load what it was needed for
+  keyInput.addEventListener("change", () => {
+    if (!keyChanged()) return;
+    if (!indexesLoaded) start();
+    else if (last) search();
   });
   // an option changed: show its effect at once for the query on screen
   for (const el of form.querySelectorAll('input[name="rerank"]')) {
@@ -432,7 +543,7 @@
   explainBox.checked = params.get("explain") === "1";
   legend.hidden = !explainBox.checked;
   if (params.get("q")) input.value = params.get("q");
-  loadIndexes().then((ok) => {
-    if (ok && input.value.trim()) search();
-  });
+  keyInput.value = currentKey;
+  keyField.hidden = !currentKey; // a key given earlier in this tab stays visible, so it can be changed
+  start();
 })();
