@@ -27,6 +27,7 @@ from crossprobe.service.cli import app
 from tests.conftest import random_labels
 from tests.indexer.conftest import make_images
 from tests.service.conftest import artifacts, svc_ckpt  # noqa: F401 (fixtures: the service's checkpoint and graphs)
+from tests.service.live import stop as stop_process
 
 quiet = dict(log=lambda *_: None)
 
@@ -295,12 +296,7 @@ def test_live_traffic_sees_no_failed_search_through_reindex_and_gc(settings, gal
         stop.set()
         for t in threads:
             t.join(30)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     failed = [text for s in seen for status, _, text in s if status != 200 or text]
     print(f"\nlive traffic through a reindex: {total()} searches sent ({during} while it ran), {len(failed)} failed")
     assert not failed, failed[:3]

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from crossprobe.service.server import free_port
+from tests.service.live import stop
 
 pytestmark = pytest.mark.e2e
 
@@ -74,12 +75,7 @@ def server(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixt
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     assert "Traceback" not in log.read_text(), log.read_text()
 
 

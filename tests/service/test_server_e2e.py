@@ -14,6 +14,7 @@ import httpx
 from PIL import Image
 
 from crossprobe.service.server import free_port
+from tests.service.live import stop
 
 
 def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
@@ -57,12 +58,7 @@ def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
             assert http.post("/v1/search", json={"query": "a", "k": 0}).status_code == 422
             assert 'crossprobe_stage_seconds_count{stage="rerank"}' in http.get("/metrics").text
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught (exit status -15)
     text = log.read_text()
     assert proc.returncode in (0, -signal.SIGTERM), text
