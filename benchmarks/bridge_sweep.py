@@ -18,6 +18,7 @@ import itertools
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,43 @@ def r1(g_q: torch.Tensor, g_i: torch.Tensor, gold: np.ndarray) -> float:
     return round(M.summarize(M.t2i_ranks((g_q @ g_i.T).numpy(), gold))["R@1"], 2)
 
 
+@dataclass
+class DevViews:
+    """The two dev sets the bridge is chosen on (never Flickr8k test), shared with bridge_variants.py.
+    Candidate images in one order: the 80 COCO photos, then the 1,000 Flickr8k dev images."""
+    data: CachedData
+    dev: list  # Flickr8k dev image rows
+    ood: OodFeatures
+    q_dev: torch.Tensor  # (5000, d) g_q of the dev captions
+    q_ood: torch.Tensor  # (400, d) g_q of the COCO captions
+    dev_gold: np.ndarray  # dev caption -> column among the dev images
+
+    @property
+    def n_coco(self) -> int:
+        return len(self.ood.grids)
+
+    def grids(self) -> torch.Tensor:
+        return torch.cat([torch.from_numpy(self.ood.grids), torch.from_numpy(self.ood.distractors)]).float()  # (1080, 49, 1280)
+
+    def scores(self, g: torch.Tensor) -> dict:
+        """(1080, d) g_I in the order above -> two-tower R@1 on f8k-dev, coco+f8k-dev and coco alone."""
+        n = self.n_coco
+        return {"f8k-dev": r1(self.q_dev, g[n:], self.dev_gold), "coco-mini-dev+f8k-dev": r1(self.q_ood, g, self.ood.gold),
+                "coco-mini-dev": r1(self.q_ood, g[:n], self.ood.gold)}
+
+
+def dev_views(model) -> DevViews:
+    L = model.cfg.text.frozen_layers
+    data = CachedData.build(Path("cache/flickr8k"), L)
+    dev = data.split_images("dev")
+    col = {r: i for i, r in enumerate(dev)}
+    dev_caps = data.split_captions("dev")
+    ood = OodFeatures(CaptionedFolder.load(coco_root()), Path("cache/coco-mini-dev"), L, data.grids[dev])
+    return DevViews(data, dev, ood, encode_texts(model, data.states, data.masks, dev_caps).g,
+                    encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))).g,
+                    np.array([col[data.ds.caption_image[j]] for j in dev_caps]))
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -60,20 +98,11 @@ def main() -> None:
     torch.set_num_threads(2)
     t0 = time.time()
     model, meta = checkpoint.load(args.ckpt)
-    L = model.cfg.text.frozen_layers
-    data = CachedData.build(Path("cache/flickr8k"), L)
-    dev_imgs = data.split_images("dev")
-    col = {r: i for i, r in enumerate(dev_imgs)}
-    dev_caps = data.split_captions("dev")
-    dev_gold = np.array([col[data.ds.caption_image[j]] for j in dev_caps])
-    ood = OodFeatures(CaptionedFolder.load(coco_root()), Path("cache/coco-mini-dev"), L, data.grids[dev_imgs])
     # towers only (bridge off): g_q of both caption sets, g_I and grids of both image sets
     model.bridge = LabelBridge(BridgeConfig(), model.cfg.vision.d)
-    q_dev = encode_texts(model, data.states, data.masks, dev_caps).g
-    q_ood = encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))).g
-    grids = torch.cat([torch.from_numpy(ood.grids), torch.from_numpy(ood.distractors)]).float()  # (1080, 49, 1280)
+    views = dev_views(model)
+    grids = views.grids()
     g_img = encode_images(model, grids.half().numpy(), np.arange(len(grids))).g  # (1080, d): 80 COCO, then f8k dev
-    n_coco = len(ood.grids)
 
     rows = []
     emb = {}
@@ -88,12 +117,7 @@ def main() -> None:
         b = LabelBridge(cfg, model.cfg.vision.d)
         b.class_emb.copy_(emb[text_name])
         g = b(grids, g_img) if beta > 0 else g_img
-        rows.append({
-            "texts": text_name, "beta": beta, "top_t": top, "temperature": temp,
-            "f8k-dev": r1(q_dev, g[n_coco:], dev_gold),
-            "coco-mini-dev+f8k-dev": r1(q_ood, g, ood.gold),
-            "coco-mini-dev": r1(q_ood, g[:n_coco], ood.gold),
-        })
+        rows.append({"texts": text_name, "beta": beta, "top_t": top, "temperature": temp, **views.scores(g)})
     off = rows[0]
     ok = [r for r in rows if r["f8k-dev"] >= off["f8k-dev"]]
     ood_only = max(ok, key=lambda r: (r["coco-mini-dev+f8k-dev"], r["f8k-dev"]))

@@ -28,27 +28,12 @@ from crossprobe.models import checkpoint
 from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.features import image_backbone_session
 from crossprobe.models.data.flickr8k import Flickr8k, available
-from crossprobe.models.evaluation import metrics as M
+from bridge_sweep import dev_views  # benchmarks/ is sys.path[0] when run as a script
 from crossprobe.models.evaluation.encode import encode_images, encode_texts
-from crossprobe.models.evaluation.ood import OodFeatures
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models import backbones as bb
 from crossprobe.models.bridge import LabelBridge
 from crossprobe.models.training.data import CachedData
-
-
-def r1(q, g, gold) -> float:
-    return round(M.summarize(M.t2i_ranks((q @ g.T).numpy(), gold))["R@1"], 2)
-
-
-def fuse(bridge: LabelBridge, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """The bridge's formula from given probabilities (so flip / ensemble probabilities can be plugged in)."""
-    top, idx = p.topk(bridge.cfg.top_t, -1)
-    c = F.normalize((top.unsqueeze(-1) * bridge.class_emb[idx]).sum(1), dim=-1)
-    beta = bridge.cfg.beta
-    if bridge.cfg.mode == "trained":
-        beta = beta * 2 * torch.sigmoid(bridge.gate(torch.stack([top[:, 0], top.sum(-1)], -1)))
-    return F.normalize(g + beta * c, dim=-1)
 
 
 def pixels_of(paths, size: int, flip: bool) -> np.ndarray:
@@ -123,7 +108,7 @@ def train_bridge(model, bridge: LabelBridge, data: CachedData, evaluate, epochs:
         perm = torch.randperm(len(rows), generator=gen)
         for s in range(0, len(rows), 128):
             b = perm[s : s + 128]
-            g = fuse(bridge, p[b], g0[b])
+            g = bridge.fuse(p[b], g0[b])
             qq = q[b, torch.randint(0, 5, (len(b),), generator=gen)]
             loss = F.cross_entropy(scale * qq @ g.T, torch.arange(len(b)))
             opt.zero_grad()
@@ -160,30 +145,20 @@ def main() -> None:
     t0 = time.time()
     model, meta = checkpoint.load(args.ckpt)
     assert model.cfg.bridge.enabled, "a checkpoint with a bridge"
-    L = model.cfg.text.frozen_layers
-    data = CachedData.build(Path("cache/flickr8k"), L)
-    dev = data.split_images("dev")
-    col = {r: i for i, r in enumerate(dev)}
-    dev_caps = data.split_captions("dev")
-    dev_gold = np.array([col[data.ds.caption_image[j]] for j in dev_caps])
+    views = dev_views(model)
+    data, dev, n = views.data, views.dev, views.n_coco
     folder = CaptionedFolder.load(coco_root())
-    ood = OodFeatures(folder, Path("cache/coco-mini-dev"), L, data.grids[dev])
-    n = len(ood.grids)
     paths = [folder.image_path(i) for i in range(n)] + [data.ds.image_path(r) for r in dev]
-    q_dev = encode_texts(model, data.states, data.masks, dev_caps).g
-    q_ood = encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))).g
     with torch.no_grad():
-        grids = torch.cat([torch.from_numpy(ood.grids), torch.from_numpy(ood.distractors)]).float()
+        grids = views.grids()
         g0 = model.vision(grids).g
         p0 = model.bridge.probs(grids)
 
     @torch.no_grad()
     def scores(bridge, p=p0, g=g0) -> dict:
-        gb = fuse(bridge, p, g)
-        return {"f8k-dev": r1(q_dev, gb[n:], dev_gold), "coco-mini-dev+f8k-dev": r1(q_ood, gb, ood.gold), "coco-mini-dev": r1(q_ood, gb[:n], ood.gold)}
+        return views.scores(bridge.fuse(p, g))
 
-    rows = {"off": {**scores(model.bridge, g=g0), "backbone_runs": 1}}
-    rows["off"].update({"f8k-dev": r1(q_dev, g0[n:], dev_gold), "coco-mini-dev+f8k-dev": r1(q_ood, g0, ood.gold), "coco-mini-dev": r1(q_ood, g0[:n], ood.gold)})
+    rows = {"off": {**views.scores(g0), "backbone_runs": 1}}
     rows["fixed"] = {**scores(model.bridge), "backbone_runs": 1}
     print(rows)
     # flip: the mirror's grid through the same backbone graph; probabilities and un-bridged g_I averaged

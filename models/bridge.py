@@ -109,22 +109,23 @@ class LabelBridge(nn.Module):
         logits = grid.float().mean(1) @ self.head_w.t() + self.head_b
         return (logits / self.cfg.temperature).softmax(-1)
 
-    def label_vector(self, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> c (B, d) unit label vector, top (B, T) probabilities of the classes summed."""
-        top, idx = self.probs(grid).topk(self.cfg.top_t, dim=-1)  # (B, T)
-        c = (top.unsqueeze(-1) * self.class_emb[idx]).sum(1)  # (B, d)
-        return F.normalize(c, dim=-1), top
-
-    def forward(self, grid: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """(B, 49, 1280) grid, (B, d) unit g_I -> (B, d) unit bridged g_I (g itself when off)."""
-        if not self.cfg.enabled:
-            return g
-        c, top = self.label_vector(grid)
+    def fuse(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """(B, 1000) class probabilities, (B, d) unit g_I -> (B, d) unit bridged g_I. Apart from forward so that
+        probabilities from elsewhere (a mirrored image, another backbone: benchmarks/bridge_variants.py) go
+        through the same formula."""
+        top, idx = p.topk(self.cfg.top_t, dim=-1)  # (B, T)
+        c = F.normalize((top.unsqueeze(-1) * self.class_emb[idx]).sum(1), dim=-1)  # (B, d) unit label vector
         beta = self.cfg.beta
         if self.cfg.mode == "trained":
             evidence = torch.stack([top[:, 0], top.sum(-1)], -1)  # (B, 2)
             beta = beta * 2 * torch.sigmoid(self.gate(evidence))  # (B, 1)
         return F.normalize(g + beta * c, dim=-1)
+
+    def forward(self, grid: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """(B, 49, 1280) grid, (B, d) unit g_I -> (B, d) unit bridged g_I (g itself when off)."""
+        if not self.cfg.enabled:
+            return g
+        return self.fuse(self.probs(grid), g)
 
     @torch.no_grad()
     def set_class_embeddings(self, text_tower: nn.Module, batch: int = 256) -> None:
