@@ -1,6 +1,9 @@
 """Region-level labels on the two dev sets (never Flickr8k test): does the head's view of each grid cell help?
 
-    python benchmarks/region_labels.py [--ckpt DIR] [--out docs/results/region_labels.json]
+    python benchmarks/region_labels.py [--ckpt DIR] [--out docs/results/region_labels.json] [--adopt DIR]
+
+--adopt DIR saves the checkpoint with the chosen region weights (T 1, "vec", the chosen pool: the form
+models/region_labels.py serves) into DIR: same weights, new config, so a new fingerprint.
 
 The label bridge (models/bridge.py) classifies the grid's mean: one label vector per image. Small objects
 in a cluttered COCO scene (a cup on a kitchen table) are a minority of that mean. Here the same frozen
@@ -96,6 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/results/region_labels.json"))
+    ap.add_argument("--adopt", type=Path, default=None, help="save the checkpoint with the chosen region weights here")
     args = ap.parse_args()
     if not available() or not CaptionedFolder.available(coco_root()):
         print("Flickr8k or coco-mini-dev not found (FLICKR8K_DIR / COCO_MINI_DEV_DIR); skipped.", file=sys.stderr)
@@ -122,7 +126,7 @@ def main() -> None:
         cand = M.topk(S, K)
         base[name, "TT"] = (S, cand, 20.0 * np.take_along_axis(S, cand, 1))
         for method in ("cp", "temde"):
-            fused = PairScorer(model, method, text, imgs).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
+            fused = PairScorer(model, method, text, imgs, region=False).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
             base[name, f"{method.upper()}@{K}"] = (S, cand, fused)
         print(name, {m: r1(*base[name, m], gold) for m in METHODS}, flush=True)
 
@@ -159,6 +163,26 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"-> {args.out} ({out['seconds']} s)")
+    if args.adopt:
+        adopt(model, meta, chosen, args.adopt, out["command"])
+
+
+def adopt(model, meta: dict, chosen: dict, dest: Path, command: str) -> None:
+    """The served form (region_labels.py) is each cell's top class with "vec" cosines: adopt the rule's choice
+    for each reranker when it is that form with one temperature-free setting shared by both."""
+    from crossprobe.models.region_labels import RegionConfig
+
+    picks = {m.split("@")[0].lower(): chosen[m]["chosen"] for m in ("CP@100", "TEMDE@100")}
+    pools = {p["pool"] for p in picks.values() if p["w"] > 0}
+    forms = {(p["variant"], p["top_t"]) for p in picks.values() if p["w"] > 0}
+    if forms - {("vec", 1)} or len(pools) > 1 or pools - {"top3", "max"}:
+        sys.exit(f"the dev choice {picks} is not a form the service runs (vec, T 1, one pool of top3 | max): not adopted")
+    pool = {"top3": 3, "max": 1}[pools.pop()] if pools else 3
+    model.cfg.region = RegionConfig(weights={m: p["w"] for m, p in picks.items() if p["w"] > 0}, pool=pool)
+    extra = {k: v for k, v in meta.items() if k not in ("model", "fingerprint")}
+    extra["region_labels"] = {"chosen_on_dev": picks, "command": command}
+    fp = checkpoint.save(model, dest, extra)
+    print(f"adopted {model.cfg.region} -> {dest} (fingerprint {fp})")
 
 
 if __name__ == "__main__":

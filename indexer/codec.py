@@ -1,6 +1,7 @@
 """Fixed binary layout of one item's cached image features in Redis.
 
-One value per item holds P_v (n, dc), b_bar (dc,) and s_I (N*K,), so a shortlist
+One value per item holds P_v (n, dc), b_bar (dc,), s_I (N*K,) and, when the model
+has region labels, the head's class id of each of the 49 grid cells, so a shortlist
 of K candidates is one MGET and `decode` turns the K values into three arrays
 with one np.frombuffer (a numpy structured dtype *is* the layout).
 
@@ -8,8 +9,9 @@ with one np.frombuffer (a numpy structured dtype *is* the layout).
   int8:    p_v_scale f4[n] | b_bar_scale f4 | s_i_scale f4 |
            p_v i1[n,dc] | b_bar i1[dc] | s_i i1[nk]                 (symmetric, one scale per vector:
                                                                      each probe row, b_bar, the sketch)
+  both, with region labels (format 2): ... | labels u2[cells]       (class ids 0..999, exact; 98 bytes)
 Little-endian throughout. The header (manifest.json "layout") lets any reader,
-in any language, decode without this module.
+in any language, decode without this module. Format 1 (no labels) still decodes.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2
+FORMATS = (1, 2)  # 1: before region labels (cells = 0)
 FIELDS = ("p_v", "b_bar", "s_i")
 
 
@@ -27,17 +30,19 @@ class Layout:
     n: int  # vision probes
     dc: int  # probe width
     nk: int  # T-EMDE sketch size N*K
+    cells: int = 0  # region labels per item (49 grid cells), 0 = none (format 1)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {"p_v": (self.n, self.dc), "b_bar": (self.dc,), "s_i": (self.nk,)}
 
     def dtype(self) -> np.dtype:
         sh = self.shapes()
+        labels = [("labels", "<u2", (self.cells,))] if self.cells else []
         if self.quantization == "float16":
-            return np.dtype([(f, "<f2", sh[f]) for f in FIELDS])
+            return np.dtype([(f, "<f2", sh[f]) for f in FIELDS] + labels)
         if self.quantization == "int8":
             scales = [("p_v_scale", "<f4", (self.n,)), ("b_bar_scale", "<f4"), ("s_i_scale", "<f4")]
-            return np.dtype(scales + [(f, "i1", sh[f]) for f in FIELDS])
+            return np.dtype(scales + [(f, "i1", sh[f]) for f in FIELDS] + labels)
         raise ValueError(f"unknown quantization {self.quantization!r} (float16 or int8)")
 
     @property
@@ -51,14 +56,15 @@ class Layout:
             sub, offset = dt.fields[name][:2]
             base, shape = (sub.subdtype if sub.subdtype else (sub, ()))
             fields.append({"name": name, "dtype": base.str, "shape": list(shape), "offset": offset})
-        return {"format": FORMAT, "quantization": self.quantization, "n": self.n, "dc": self.dc, "nk": self.nk,
-                "itemsize": dt.itemsize, "fields": fields}
+        head = {"format": FORMAT if self.cells else 1, "quantization": self.quantization, "n": self.n, "dc": self.dc,
+                "nk": self.nk, "itemsize": dt.itemsize, "fields": fields}
+        return {**head, "cells": self.cells} if self.cells else head
 
     @classmethod
     def from_header(cls, h: dict) -> "Layout":
-        if h.get("format") != FORMAT:
-            raise ValueError(f"feature layout format {h.get('format')} is not supported (expected {FORMAT})")
-        lay = cls(h["quantization"], h["n"], h["dc"], h["nk"])
+        if h.get("format") not in FORMATS:
+            raise ValueError(f"feature layout format {h.get('format')} is not supported (expected one of {FORMATS})")
+        lay = cls(h["quantization"], h["n"], h["dc"], h["nk"], int(h.get("cells", 0)))
         if lay.itemsize != h["itemsize"]:
             raise ValueError("feature layout header disagrees with its own field sizes")
         return lay
@@ -72,10 +78,20 @@ def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray) -> list[bytes]:
-    """p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) float32 -> B values of layout.itemsize bytes."""
+def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray,
+           labels: np.ndarray | None = None) -> list[bytes]:
+    """p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) float32 [, labels (B, cells) ints] -> B values of
+    layout.itemsize bytes."""
     B = len(p_v)
     arr = np.zeros(B, layout.dtype())
+    if layout.cells:
+        lab = np.asarray(labels) if labels is not None else None
+        if lab is None or lab.shape != (B, layout.cells) or lab.min(initial=0) < 0 or lab.max(initial=0) > 65535:
+            raise ValueError(f"labels: the layout expects (B={B}, {layout.cells}) class ids, got "
+                             f"{None if lab is None else lab.shape}")
+        arr["labels"] = lab
+    elif labels is not None:
+        raise ValueError("labels given for a layout without region labels")
     vals = {"p_v": p_v, "b_bar": b_bar, "s_i": s_i}
     for f, shape in layout.shapes().items():
         v = np.asarray(vals[f], np.float32)
@@ -89,7 +105,8 @@ def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray) 
 
 
 def decode(layout: Layout, values: list[bytes]) -> dict[str, np.ndarray]:
-    """K values (e.g. one MGET) -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32."""
+    """K values (e.g. one MGET) -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32
+    [+ "labels": (K, cells) int64 with region labels]."""
     size = layout.itemsize
     for i, v in enumerate(values):
         if v is None or len(v) != size:
@@ -102,4 +119,6 @@ def decode(layout: Layout, values: list[bytes]) -> dict[str, np.ndarray]:
             s = arr[f + "_scale"].astype(np.float32)
             x = x * s.reshape(s.shape + (1,))
         out[f] = x
+    if layout.cells:
+        out["labels"] = arr["labels"].astype(np.int64)
     return out

@@ -39,6 +39,7 @@ class Dims:
     n: int  # vision probes
     dc: int  # probe width
     nk: int  # sketch size N*K
+    cells: int = 0  # region labels per image (49) when the model has them (models/region_labels.py)
 
 
 @dataclass
@@ -47,13 +48,14 @@ class Encoded:
     p_v: np.ndarray  # (B, n, dc)
     b_bar: np.ndarray  # (B, dc)
     s_i: np.ndarray  # (B, nk)
+    labels: np.ndarray | None = None  # (B, 49) int64 the head's class per grid cell, with region labels
 
 
 def model_dims(model_cfg: dict) -> Dims:
     from crossprobe.models.model import ModelConfig
 
     c = ModelConfig.from_dict(model_cfg)
-    return Dims(c.vision.d, c.cp.n, c.cp.d, c.temde.N * c.temde.K)
+    return Dims(c.vision.d, c.cp.n, c.cp.d, c.temde.N * c.temde.K, 49 if c.region.enabled else 0)
 
 
 class Encoder:
@@ -91,15 +93,16 @@ class Encoder:
         return self._backbone.run(None, {"pixels": pixels})[0]
 
     def head(self, grid: np.ndarray) -> Encoded:
-        """(B, 49, 1280) -> g (B, d), p_v (B, n, dc), b_bar (B, dc), s_i (B, nk)."""
+        """(B, 49, 1280) -> g (B, d), p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) [, labels (B, 49)]."""
         if self._head is not None:
-            g, p_v, b_bar, s_i = self._head.run(None, {"grid": grid})
+            out = self._head.run(None, {"grid": grid})
         else:
             import torch
 
             with torch.inference_mode():
-                g, p_v, b_bar, s_i = (o.numpy() for o in self._torch(torch.from_numpy(grid)))
-        return Encoded(np.ascontiguousarray(g, np.float32), p_v, b_bar, s_i)
+                out = [o.numpy() for o in self._torch(torch.from_numpy(grid))]
+        g, p_v, b_bar, s_i, *labels = out
+        return Encoded(np.ascontiguousarray(g, np.float32), p_v, b_bar, s_i, labels[0] if labels else None)
 
 
 def identify(ckpt: Path | None = None, model=None) -> tuple[str, Dims]:

@@ -105,7 +105,7 @@ _CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost
 
 def dims_of(manifest: dict) -> Dims:
     m = manifest["dims"]
-    return Dims(d=m["g"], n=m["p_v"][0], dc=m["p_v"][1], nk=m["s_i"])
+    return Dims(d=m["g"], n=m["p_v"][0], dc=m["p_v"][1], nk=m["s_i"], cells=m.get("labels", 0))  # no labels before format 2
 
 
 def _source_desc(images: Path | None, manifest: Path | None) -> dict:
@@ -163,7 +163,7 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
         return done
     if kind == "delete" and not set(ids or ()) & set(store.read_ids(name, base)):
         raise ValueError(f"none of the {len(ids or ())} ids is in {name}/{base}; nothing to delete")
-    layout = codec.Layout(quant, dims.n, dims.dc, dims.nk)
+    layout = codec.Layout(quant, dims.n, dims.dc, dims.nk, dims.cells)
     version = _find_resumable(store, name, spec)
     resumed = version is not None
     version = version or new_version()
@@ -300,7 +300,7 @@ def _encode(name: str, version: str, items: list[Item], journal: Journal, store:
                     e = enc.head(grid)
                 g = e.g
                 with times.stage("write_redis"):
-                    for row, val, meta in zip(dec.rows, codec.encode(layout, e.p_v, e.b_bar, e.s_i), dec.meta):
+                    for row, val, meta in zip(dec.rows, codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels), dec.meta):
                         it = items[row]
                         pipe.set(store.feat_key(name, version, it.id), val)
                         pipe.set(store.meta_key(name, version, it.id), json.dumps(
@@ -381,7 +381,7 @@ def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, 
     report = _write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": fingerprint,
-        "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk},
+        "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk, "labels": dims.cells},
         "count": len(ids), "factory": factory, "metric": "inner_product",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": layout.header(),

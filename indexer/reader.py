@@ -53,7 +53,7 @@ class IndexReader:
         return ids, np.where(rows >= 0, scores, -np.inf)
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:
-        """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32."""
+        """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""
         st = self.store
         vals = st.r.mget([st.feat_key(self.name, self.version, i) for i in ids]) if ids else []
         missing = [i for i, v in zip(ids, vals) if v is None]

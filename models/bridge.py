@@ -109,6 +109,14 @@ class LabelBridge(nn.Module):
         logits = grid.float().mean(1) @ self.head_w.t() + self.head_b
         return (logits / self.cfg.temperature).softmax(-1)
 
+    def cell_labels(self, grid: torch.Tensor) -> torch.Tensor:
+        """(B, 49, 1280) grid -> (B, 49) the head's top class of each cell (region_labels.py)."""
+        return (grid.float() @ self.head_w.t() + self.head_b).argmax(-1)
+
+    def class_sims(self, g_q: torch.Tensor) -> torch.Tensor:
+        """(Q, d) unit query vectors -> (Q, 1000) cosines with the class table E."""
+        return g_q @ self.class_emb.t()
+
     def fuse(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """(B, 1000) class probabilities, (B, d) unit g_I -> (B, d) unit bridged g_I. Apart from forward so that
         probabilities from elsewhere (a mirrored image, another backbone: benchmarks/bridge_variants.py) go

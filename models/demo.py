@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from crossprobe.models import checkpoint
+from crossprobe.models.region_labels import add_region
 from crossprobe.models import backbones as bb
 
 # scikit-image photos that ship inside its wheel (others are fetched on demand and fail offline)
@@ -81,6 +82,9 @@ def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Pat
     s_tt = t.g @ v.g.T  # (Q, G)
     G = len(names)
     fused = model.cp.rerank(p_t, w_bar, p_v.expand(len(queries), -1, -1, -1), b_bar.expand(len(queries), -1, -1), s_tt)
+    if model.cfg.region.weight("cp") > 0:  # region labels (region_labels.py), as the service's cp scorer adds them
+        labels = model.bridge.cell_labels(grids).expand(len(queries), -1, -1)  # (Q, G, 49)
+        fused = add_region(fused, model.cfg.region, "cp", model.bridge.class_sims(t.g), labels)
     echo(f"checkpoint {meta['fingerprint']}, gallery of {G} images ({images or 'scikit-image samples'})")
     results = {}
     for qi, q in enumerate(queries):

@@ -2,11 +2,15 @@
 
   query_tower.onnx  input_ids, attention_mask (B, T) -> g_q (B, d), p_t (B, m, dc),
                     w_bar (B, dc), s_q (B, N*K)          [everything per query]
+                    (+ q_cls (B, 1000) with region labels: cosines with the class table)
   image_tower.onnx  grid (B, 49, 1280) -> g_i, p_v (B, n, dc), b_bar (B, dc),
                     s_i (B, N*K)                          [everything cached per image]
+                    (+ labels (B, 49) int64 with region labels: the head's class per cell)
   cp_scorer.onnx    p_t (1, m, dc), w_bar (1, dc), p_v (K, n, dc), b_bar (K, dc),
                     s_tt (K,) -> logits (K,)              [the l cross layers + fusion]
   temde_scorer.onnx s_q (1, NK), s_i (K, NK), s_tt (K,) -> logits (K,)
+                    (both scorers + q_cls (1, 1000), labels (K, 49) when the method has a region weight:
+                    the region term of region_labels.py is added inside the graph)
   explain.onnx      grid (K, 49, 1280), p_t (1, m, dc) -> regions (K, 49),
                     probe_regions (K, 49)                 [where CP looked: /v1/explain]
   sm_scorer.onnx / tv_scorer.onnx  the references, for timing against CP.
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
 from crossprobe.models.model import SearchModel
+from crossprobe.models.region_labels import add_region
 from crossprobe.models.runtime import session  # noqa: F401  (export.session: the graphs this module writes, run)
 
 OPSET = 17
@@ -39,7 +44,8 @@ class QueryGraph(nn.Module):
     def forward(self, input_ids, attention_mask):
         t = self.m.text(input_ids, attention_mask)
         p_t, w_bar = self.m.cp.encode_text(t.tokens, t.mask, t.states)
-        return t.g, p_t, w_bar, self.m.temde.sketch_text(t.tokens, t.mask, t.states)
+        out = (t.g, p_t, w_bar, self.m.temde.sketch_text(t.tokens, t.mask, t.states))
+        return out + (self.m.bridge.class_sims(t.g),) if self.m.cfg.region.enabled else out
 
 
 class ImageGraph(nn.Module):
@@ -50,27 +56,45 @@ class ImageGraph(nn.Module):
     def forward(self, grid):
         v = self.m.image(grid)  # g_i bridged with the ImageNet labels when the checkpoint has a bridge
         p_v, b_bar = self.m.cp.encode_image(v.tokens, grid)
-        return v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens, grid)
+        out = (v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens, grid))
+        return out + (self.m.bridge.cell_labels(grid),) if self.m.cfg.region.enabled else out
 
 
-class CPScorer(nn.Module):
-    def __init__(self, model: SearchModel):
+class _RegionTerm(nn.Module):
+    """A scorer graph's region term (region_labels.py): extra inputs q_cls (1, 1000), labels (K, 49)."""
+
+    def __init__(self, model: SearchModel, method: str):
         super().__init__()
+        self.cfg, self.method = model.cfg.region, method
+
+    @property
+    def on(self) -> bool:
+        return self.cfg.weight(self.method) > 0
+
+    def add(self, logits, q_cls, labels):
+        if not self.on:
+            return logits
+        return add_region(logits[None], self.cfg, self.method, q_cls, labels[None])[0]
+
+
+class CPScorer(_RegionTerm):
+    def __init__(self, model: SearchModel):
+        super().__init__(model, "cp")
         self.cp = model.cp
 
-    def forward(self, p_t, w_bar, p_v, b_bar, s_tt):
+    def forward(self, p_t, w_bar, p_v, b_bar, s_tt, q_cls=None, labels=None):
         K = p_v.shape[0]
         s = self.cp.score(p_t.expand(K, -1, -1), w_bar.expand(K, -1), p_v, b_bar)
-        return self.cp.fusion(s_tt, s)
+        return self.add(self.cp.fusion(s_tt, s), q_cls, labels)
 
 
-class TemdeScorer(nn.Module):
+class TemdeScorer(_RegionTerm):
     def __init__(self, model: SearchModel):
-        super().__init__()
+        super().__init__(model, "temde")
         self.temde = model.temde
 
-    def forward(self, s_q, s_i, s_tt):
-        return self.temde.fusion(s_tt, self.temde.score(s_q, s_i))
+    def forward(self, s_q, s_i, s_tt, q_cls=None, labels=None):
+        return self.add(self.temde.fusion(s_tt, self.temde.score(s_q, s_i)), q_cls, labels)
 
 
 def attention_probs(attn: nn.Module, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
@@ -177,8 +201,9 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
     return {
         "query_tower": (ids, mask),
         "image_tower": (torch.randn(2, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM).abs(),),
-        "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K)),
-        "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)),
+        "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K))
+        + region_inputs(model, "cp", K),
+        "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + region_inputs(model, "temde", K),
         "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
         "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
         # a real grid is ReLU6 output: non-negative
@@ -202,15 +227,37 @@ GRAPHS = {
 }
 
 
+def region_inputs(model: SearchModel, method: str, K: int) -> tuple:
+    """The scorer graph's extra inputs when the method has a region weight: q_cls (1, 1000), labels (K, 49)."""
+    if model.cfg.region.weight(method) <= 0:
+        return ()
+    return F.normalize(torch.randn(1, 1000), dim=-1), torch.randint(0, 1000, (K, bb.GRID * bb.GRID))
+
+
+def io_names(model: SearchModel, name: str) -> tuple[list[str], list[str], dict]:
+    """GRAPHS[name]'s input names, output names and dynamic axes with what this model's region labels add."""
+    _, inputs, outputs, dynamic = GRAPHS[name]
+    inputs, outputs, dynamic = list(inputs), list(outputs), dict(dynamic)
+    region = model.cfg.region
+    if name == "query_tower" and region.enabled:
+        outputs.append("q_cls")
+    elif name == "image_tower" and region.enabled:
+        outputs.append("labels")
+    elif name in ("cp_scorer", "temde_scorer") and region.weight(name.split("_")[0]) > 0:
+        inputs += ["q_cls", "labels"]
+        dynamic["labels"] = {0: "K"}
+    return inputs, outputs, dynamic
+
+
 def export_all(model: SearchModel, out_dir: Path, fingerprint: str, names=tuple(GRAPHS)) -> dict[str, Path]:
     model.eval()
     out_dir = Path(out_dir)
-    ex = example_inputs(model)
     paths = {}
+    ex = example_inputs(model)
     for name in names:
-        ctor, inputs, outputs, dynamic = GRAPHS[name]
+        inputs, outputs, dynamic = io_names(model, name)
         paths[name] = out_dir / f"{name}.onnx"
-        _export(ctor(model), ex[name], paths[name], inputs, outputs, dynamic)
+        _export(GRAPHS[name][0](model), ex[name], paths[name], inputs, outputs, dynamic)
     manifest = {"fingerprint": fingerprint, "opset": OPSET, "graphs": sorted(p.name for p in paths.values())}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return paths
@@ -233,8 +280,10 @@ def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     src, dst = Path(src), Path(dst)
-    names = [n.name for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
-    exclude = [n for n in names if n.startswith(QUERY_HEAD_PREFIXES)] if keep_heads_fp32 else []
+    matmuls = [n for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
+    # the head MatMuls, and the class-table MatMul that produces q_cls (region labels) directly
+    exclude = [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output] \
+        if keep_heads_fp32 else []
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".quant-", suffix=".onnx")
     os.close(fd)
     try:

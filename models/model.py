@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models.bridge import BridgeConfig, LabelBridge
+from crossprobe.models.region_labels import RegionConfig
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
 from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
@@ -42,7 +43,17 @@ class ModelConfig:
     # R@1 f8k-dev 19.40 -> 20.98, coco-mini-dev among the 1,000 f8k dev images 15.75 -> 30.75. BridgeConfig's own
     # default is off, so that checkpoints saved before the bridge load as they were trained.
     bridge: BridgeConfig = field(default_factory=lambda: BridgeConfig(beta=0.5, top_t=20, temperature=1.0, templates=["{}"]))
+    # region-level labels (region_labels.py): the head's label of each grid cell matched to the query, added to the
+    # CP / T-EMDE logits. Chosen on the two dev sets by benchmarks/region_labels.py (docs/bridge.md): coco-mini-dev among
+    # the f8k dev images CP@100 32.50 -> 35.00, TEMDE@100 31.25 -> 35.75; f8k-dev 22.72 -> 22.82, 22.24 -> 22.24.
+    # RegionConfig's own default is off, so that checkpoints saved before it load as they were measured.
+    region: RegionConfig = field(default_factory=lambda: RegionConfig(weights={"cp": 0.2, "temde": 0.3}, pool=3))
     init_temperature: float = 0.05
+
+    def __post_init__(self):
+        if self.region.enabled and not self.bridge.enabled:
+            raise ValueError("region labels are matched through the label bridge's class table: enable the bridge "
+                             "(bridge.beta > 0) or switch them off (region=RegionConfig())")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -53,9 +64,11 @@ class ModelConfig:
         sub = {
             "text": TextTowerConfig, "vision": VisionTowerConfig, "cp": CrossProbeConfig,
             "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig, "bridge": BridgeConfig,
+            "region": RegionConfig,
         }
         kw = {k: (sub[k](**v) if k in sub else v) for k, v in d.items() if k in kinds}
         kw.setdefault("bridge", BridgeConfig())  # saved before the label bridge existed: it stays off
+        kw.setdefault("region", RegionConfig())  # saved before region labels existed: they stay off
         return cls(**kw)
 
 

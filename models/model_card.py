@@ -115,6 +115,15 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
                   f"E_c = this checkpoint's text tower over the class names (templates {br['templates']}, first "
                   f"{br['lemmas']} WordNet lemma(s); stored as `bridge.class_emb`). Mode `{br['mode']}`. Settings chosen on "
                   "the Flickr8k dev and coco-mini-dev sets (docs/bridge.md).", ""]
+    rg = m.get("region", {})
+    if any(w > 0 for w in rg.get("weights", {}).values()):
+        lines += ["## Region-level labels", "",
+                  "The same frozen head labels each of the 49 grid cells (its top class); a query's cosines with the class "
+                  f"table, taken at those labels, give s_region = the mean of the {rg['pool']} best cells, added to the "
+                  "rerankers' logits as 20 w s_region with w = "
+                  + ", ".join(f"{k} {v}" for k, v in rg["weights"].items())
+                  + ". The index stores the 49 class ids per image. Chosen on the two dev sets "
+                  "(benchmarks/region_labels.py, docs/bridge.md); the rerankers' weights are unchanged by it.", ""]
     lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",

@@ -126,6 +126,7 @@ class QueryVectors:
     p_t: np.ndarray  # (m, dc) text probes (CP)
     w_bar: np.ndarray  # (dc,) mean text token (CP)
     s_q: np.ndarray  # (nk,) T-EMDE sketch
+    q_cls: np.ndarray | None = None  # (1000,) cosines with the class table, with region labels (models/region_labels.py)
 
 
 class Models:
@@ -150,6 +151,8 @@ class Models:
         self.query = runtime.session(query_graph, settings.threads, spin)
         self.scorers = {"cp": runtime.session(graphs / "cp_scorer.onnx", settings.threads, spin),
                         "temde": runtime.session(graphs / "temde_scorer.onnx", settings.threads, spin)}
+        # scorers that add the region-label term take the query's class cosines and the candidates' cell labels
+        self.region = {k: "labels" in {i.name for i in s.get_inputs()} for k, s in self.scorers.items()}
         self.providers = self.query.get_providers()
 
     def encode(self, texts: list[str]) -> list[QueryVectors]:
@@ -161,8 +164,8 @@ class Models:
         out: list[QueryVectors] = []
         for group in groups:
             ids, mask = self._bb.tokenize(self.tokenizer, group)
-            g, p_t, w_bar, s_q = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
-            out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i]) for i in range(len(group))]
+            g, p_t, w_bar, s_q, *q_cls = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
+            out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i], q_cls[0][i] if q_cls else None) for i in range(len(group))]
         return out
 
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
@@ -175,6 +178,8 @@ class Models:
             feed = {"s_q": q.s_q[None], "s_i": feats["s_i"], "s_tt": s_tt}
         else:
             raise ValueError(f"unknown reranker {kind!r}")
+        if self.region[kind]:
+            feed["q_cls"], feed["labels"] = q.q_cls[None], feats["labels"]
         return self.scorers[kind].run(None, feed)[0]
 
     @property

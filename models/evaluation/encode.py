@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from crossprobe.models.model import SearchModel
+from crossprobe.models.region_labels import add_region
 
 
 @contextmanager
@@ -46,6 +47,7 @@ class ImageBank:
     tokens: torch.Tensor  # (N, 49, d) float16
     g: torch.Tensor  # (N, d)
     grids: torch.Tensor  # (N, 49, 1280) float16 (for TV)
+    labels: torch.Tensor | None = None  # (N, 49) int64 the head's class per cell (region_labels.py), when used
 
 
 @torch.inference_mode()
@@ -68,24 +70,29 @@ def encode_texts(model: SearchModel, states: np.ndarray, masks: np.ndarray, rows
 def encode_images(model: SearchModel, grids: np.ndarray, rows, batch: int = 256) -> ImageBank:
     rows = np.asarray(rows)
     gr = torch.from_numpy(np.ascontiguousarray(grids[rows]))
-    toks, gs = [], []
+    toks, gs, labels = [], [], []
     with _eval_mode(model.vision), _eval_mode(model.bridge):
         for sl in _batches(len(rows), batch):
             out = model.image(gr[sl].float())  # g: the bridged g_I, as the index stores it
             toks.append(out.tokens.half())
             gs.append(out.g)
-    return ImageBank(torch.cat(toks), torch.cat(gs), gr)
+            if model.cfg.region.enabled:
+                labels.append(model.bridge.cell_labels(gr[sl]))
+    return ImageBank(torch.cat(toks), torch.cat(gs), gr, torch.cat(labels) if labels else None)
 
 
 class PairScorer:
     """Fused reranking logits for (query, candidate) pairs from precomputed banks."""
 
     def __init__(self, model: SearchModel, method: str, text: TextBank, images: ImageBank,
-                 batch_pairs: int = 4096, precompute: bool = True):
+                 batch_pairs: int = 4096, precompute: bool = True, region: bool = True):
         if method not in ("cp", "temde", "sm", "tv"):
             raise ValueError(f"unknown reranker {method!r}")
         self.model, self.method, self.text, self.images = model, method, text, images
         self.batch_pairs = batch_pairs
+        self.region = region and model.cfg.region.weight(method) > 0
+        if self.region and images.labels is None:
+            raise ValueError("the region term needs the image bank's cell labels (encode_images with region labels on)")
         self.q_cache = self.i_cache = None
         if precompute:  # evaluation: per-query / per-image parts once, as the index does
             with torch.inference_mode():
@@ -149,4 +156,7 @@ class PairScorer:
         m, s_tt = self.model, self.tt(q, c)
         qp = tuple(x[q] for x in self.q_cache) if self.q_cache else self.query_parts(q)
         ip = tuple(x[c] for x in self.i_cache) if self.i_cache else self.item_parts(c)
-        return getattr(m, self.method).rerank(*qp, *ip, s_tt)
+        logits = getattr(m, self.method).rerank(*qp, *ip, s_tt)
+        if not self.region:
+            return logits
+        return add_region(logits, m.cfg.region, self.method, m.bridge.class_sims(self.text.g[q]), self.images.labels[c])

@@ -43,7 +43,8 @@ class OodFeatures:
 
 
 def _cat(a: ImageBank, b: ImageBank) -> ImageBank:
-    return ImageBank(torch.cat([a.tokens, b.tokens]), torch.cat([a.g, b.g]), torch.cat([a.grids, b.grids]))
+    labels = None if a.labels is None else torch.cat([a.labels, b.labels])
+    return ImageBank(torch.cat([a.tokens, b.tokens]), torch.cat([a.g, b.g]), torch.cat([a.grids, b.grids]), labels)
 
 
 def _row(ranks: np.ndarray) -> dict:

@@ -104,7 +104,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         start, best, history = st["epoch"], st["best"], st["history"]
         set_rng_state(st["rng"])
         log(f"{method}: resuming after epoch {start}")
-    scorer = PairScorer(model, method, text, images, precompute=False)
+    scorer = PairScorer(model, method, text, images, precompute=False, region=False)
     anchor_w = getattr(module.cfg, "anchor_loss", 0.0) if getattr(module, "ace", None) is not None else 0.0
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + 1000 + epoch)
@@ -173,7 +173,7 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
     imgs = np.array(sorted(cap_by_img))
     steps = len(imgs) // cfg.pretrain_batch
     sched = cosine_schedule(opt, cfg.pretrain_epochs * steps, min(50, steps))
-    scorer = PairScorer(model, method, text, images, precompute=False)
+    scorer = PairScorer(model, method, text, images, precompute=False, region=False)
     target = torch.arange(cfg.pretrain_batch)
     history = []
     for epoch in range(cfg.pretrain_epochs):
@@ -229,7 +229,7 @@ def fit_fusion(model, method: str, dev, cfg: RerankTrainConfig, queries: int | N
     cand = M.topk(S, cfg.dev_k)
     stt = np.take_along_axis(S, cand, 1)
     f = getattr(model, method).fusion
-    fused = PairScorer(model, method, text, images).fused(torch.from_numpy(rows), torch.from_numpy(cand)).numpy()
+    fused = PairScorer(model, method, text, images, region=False).fused(torch.from_numpy(rows), torch.from_numpy(cand)).numpy()
     s = (fused - float(f.alpha) * stt) / float(f.beta)  # the reranker's own score
     r1 = {w: M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, s if math.isinf(w) else stt + w * s), gold[rows]))["R@1"]
           for w in FUSION_GRID}
@@ -253,5 +253,5 @@ def dev_score(model, method: str, dev, cfg: RerankTrainConfig) -> float:
     text, images, gold = dev
     scores = (text.g @ images.g.T).numpy()
     first = _selection_rows(gold, cfg)
-    scorer = PairScorer(model, method, text, images)
+    scorer = PairScorer(model, method, text, images, region=False)
     return reranked(scorer, scores, gold, cfg.dev_k, [cfg.dev_k], query_rows=first)[cfg.dev_k]["t2i"]["R@1"]

@@ -34,9 +34,10 @@ def test_build_search_and_features_match_the_model(settings, gallery, ckpt, bert
     assert "sub/img_004.tiff" in rd.ids  # ids: posix paths relative to the folder
     man = rd.manifest
     assert man["fingerprint"] == fp and man["count"] == 12 and man["metric"] == "inner_product"
-    assert man["dims"] == {"g": 64, "p_v": [4, 32], "b_bar": 32, "s_i": 16}
+    assert man["dims"] == {"g": 64, "p_v": [4, 32], "b_bar": 32, "s_i": 16, "labels": 49}
+    assert man["layout"]["format"] == 2 and man["layout"]["cells"] == 49
 
-    g, p_v, b_bar, s_i = _model_outputs(small_model, settings.models, [gallery / i for i in rd.ids])
+    g, p_v, b_bar, s_i, labels = _model_outputs(small_model, settings.models, [gallery / i for i in rd.ids])
     hits, scores = rd.search(g, 3)
     assert [h[0] for h in hits] == rd.ids  # every image's own vector finds it first
     assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
@@ -44,6 +45,7 @@ def test_build_search_and_features_match_the_model(settings, gallery, ckpt, bert
     assert np.allclose(feats["p_v"], p_v, atol=2e-3, rtol=2e-3)  # float16 storage
     assert np.allclose(feats["b_bar"], b_bar, atol=2e-3, rtol=2e-3)
     assert np.allclose(feats["s_i"], s_i, atol=2e-3, rtol=2e-3)
+    assert np.array_equal(feats["labels"], labels)  # region labels: exact class ids
     meta = rd.metadata(["img_001.gif"])[0]
     assert meta["uri"] == str(gallery / "img_001.gif") and meta["format"] == "GIF" and meta["width"] > 0
 
@@ -53,9 +55,11 @@ def test_int8_layout(settings, gallery, ckpt, bert, small_model):
     build("q8", images=gallery, settings=s, ckpt=ckpt, bert=bert, log=lambda *_: None)
     rd = open_index("q8", None, s)
     assert rd.layout.quantization == "int8"
-    _, p_v, _, _ = _model_outputs(small_model, s.models, [gallery / i for i in rd.ids])
+    _, p_v, _, _, labels = _model_outputs(small_model, s.models, [gallery / i for i in rd.ids])
     scale = np.abs(p_v).max(-1, keepdims=True)
-    assert (np.abs(rd.features(rd.ids)["p_v"] - p_v) <= scale / 127 + 1e-3).all()
+    feats = rd.features(rd.ids)
+    assert (np.abs(feats["p_v"] - p_v) <= scale / 127 + 1e-3).all()
+    assert np.array_equal(feats["labels"], labels)  # class ids are stored exactly in both layouts
 
 
 def test_bad_files_are_skipped_and_counted(settings, tmp_path, ckpt, bert):

@@ -29,6 +29,31 @@ def test_codec_roundtrip_and_header(quant, itemsize, tol):
         codec.decode(lay, [vals[0][:-1]])
 
 
+@pytest.mark.parametrize("quant", ["float16", "int8"])
+def test_region_labels_ride_along_exactly(quant):
+    """Format 2 adds 49 class ids (uint16, 98 bytes) after the float fields; format 1 headers still decode."""
+    plain, lay = codec.Layout(quant, 4, 32, 16), codec.Layout(quant, 4, 32, 16, cells=49)
+    assert lay.itemsize == plain.itemsize + 98
+    p_v, b_bar, s_i = _feats()
+    labels = np.random.default_rng(3).integers(0, 1000, (5, 49))
+    out = codec.decode(lay, codec.encode(lay, p_v, b_bar, s_i, labels))
+    assert out["labels"].dtype == np.int64 and np.array_equal(out["labels"], labels)
+    assert np.array_equal(codec.decode(plain, codec.encode(plain, p_v, b_bar, s_i))["s_i"],
+                          codec.decode(lay, codec.encode(lay, p_v, b_bar, s_i, labels))["s_i"])
+    h = lay.header()
+    assert h["format"] == 2 and h["cells"] == 49 and codec.Layout.from_header(h) == lay
+    assert plain.header()["format"] == 1 and "cells" not in plain.header()  # what indexes built before hold
+    assert codec.Layout.from_header(plain.header()) == plain
+    with pytest.raises(ValueError, match="labels"):
+        codec.encode(lay, p_v, b_bar, s_i)  # a region layout needs its labels
+    with pytest.raises(ValueError, match="labels"):
+        codec.encode(lay, p_v, b_bar, s_i, labels[:, :10])
+    with pytest.raises(ValueError, match="labels"):
+        codec.encode(plain, p_v, b_bar, s_i, labels)
+    with pytest.raises(ValueError, match="format"):
+        codec.Layout.from_header({**h, "format": 3})
+
+
 def test_factory_by_size_and_forced():
     s = Settings(flat_max=100, hnsw_max=1000)
     assert choose_factory(99, 64, s) == "Flat"

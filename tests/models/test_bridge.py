@@ -89,5 +89,8 @@ def test_checkpoint_stores_the_class_embeddings(small_model, bert, tmp_path):
     m2.bridge.class_emb.mul_(-1)
     assert checkpoint.save(m2, tmp_path / "b") != fp1
     d = small_model.cfg.to_dict()
-    del d["bridge"]
-    assert not ModelConfig.from_dict(d).bridge.enabled
+    with pytest.raises(ValueError, match="class table"):  # region labels match through the bridge's table
+        ModelConfig.from_dict({k: v for k, v in d.items() if k != "bridge"})
+    del d["bridge"], d["region"]  # a checkpoint saved before both
+    old = ModelConfig.from_dict(d)
+    assert not old.bridge.enabled and not old.region.enabled

@@ -24,7 +24,7 @@ def run_fresh(tmp_path: Path, body: str) -> str:
 def test_shared_pool_gives_the_same_scores_as_own_pools(small_model, tmp_path):
     paths = ex.export_all(small_model, tmp_path, "test", names=("cp_scorer",))
     inputs = ex.example_inputs(small_model, K=37)["cp_scorer"]
-    names = ex.GRAPHS["cp_scorer"][1]
+    names = ex.io_names(small_model, "cp_scorer")[0]
     np.savez(tmp_path / "in.npz", **{k: v.numpy() for k, v in zip(names, inputs)})
     out = run_fresh(tmp_path, f"""
         import numpy as np

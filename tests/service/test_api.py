@@ -96,12 +96,14 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
     model, _ = checkpoint.load(svc_ckpt, bert)
     tid, mask = bb.tokenize(bb.load_tokenizer(), [q])
     with torch.inference_mode():
-        g_q, p_t, w_bar, s_q = QueryGraph(model)(torch.from_numpy(tid), torch.from_numpy(mask))
+        g_q, p_t, w_bar, s_q, q_cls = QueryGraph(model)(torch.from_numpy(tid), torch.from_numpy(mask))
         s_tt = (g_q @ torch.from_numpy(vecs).T)[0]
+        labels = torch.from_numpy(feats["labels"])  # region labels: the term the scorer graphs add
         if rerank == "cp":
-            ref = CPScorer(model)(p_t, w_bar, torch.from_numpy(feats["p_v"]), torch.from_numpy(feats["b_bar"]), s_tt)
+            ref = CPScorer(model)(p_t, w_bar, torch.from_numpy(feats["p_v"]), torch.from_numpy(feats["b_bar"]), s_tt,
+                                  q_cls, labels)
         else:
-            ref = TemdeScorer(model)(s_q, torch.from_numpy(feats["s_i"]), s_tt)
+            ref = TemdeScorer(model)(s_q, torch.from_numpy(feats["s_i"]), s_tt, q_cls, labels)
     assert np.allclose([h["scores"]["ann"] for h in res], s_tt.numpy(), atol=1e-4)
     assert np.allclose([h["scores"]["rerank"] for h in res], ref.numpy(), atol=2e-3)
 
