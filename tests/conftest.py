@@ -21,6 +21,7 @@ def small_cfg():
     from crossprobe.models.bridge import BridgeConfig
     from crossprobe.models.cross_probe import CrossProbeConfig
     from crossprobe.models.model import ModelConfig
+    from crossprobe.models.region_labels import RegionConfig
     from crossprobe.models.single_stream import SingleStreamConfig
     from crossprobe.models.split_merge import SplitMergeConfig
     from crossprobe.models.temde import TemdeConfig
@@ -35,6 +36,8 @@ def small_cfg():
         sm=SplitMergeConfig(d=32, layers=1, heads=4),
         tv=SingleStreamConfig(d=32, layers=2, heads=4),
         bridge=BridgeConfig(beta=0.5, top_t=5),  # the label bridge on, as in the default checkpoint
+        # region labels on (off in the default checkpoint), so that their graphs, index field and service path are tested
+        region=RegionConfig(weights={"cp": 0.2, "temde": 0.3}, pool=3),
     )
 
 
