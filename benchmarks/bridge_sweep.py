@@ -86,16 +86,21 @@ def dev_views(model) -> DevViews:
                     np.array([col[data.ds.caption_image[j]] for j in dev_caps]))
 
 
+def require_dev_sets() -> None:
+    """Exit 2 with a clear message when the shared dev data is absent (benchmarks skip, never fail silently)."""
+    if not available() or not CaptionedFolder.available(coco_root()):
+        print("Flickr8k or coco-mini-dev not found (FLICKR8K_DIR / COCO_MINI_DEV_DIR); skipped.", file=sys.stderr)
+        sys.exit(2)
+    torch.set_num_threads(2)
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/results/bridge_sweep.json"))
     args = ap.parse_args()
-    if not available() or not CaptionedFolder.available(coco_root()):
-        print("Flickr8k or coco-mini-dev not found (FLICKR8K_DIR / COCO_MINI_DEV_DIR); skipped.", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(2)
+    require_dev_sets()
     t0 = time.time()
     model, meta = checkpoint.load(args.ckpt)
     # towers only (bridge off): g_q of both caption sets, g_I and grids of both image sets

@@ -36,12 +36,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bridge_sweep import dev_views  # noqa: E402
+from bridge_sweep import dev_views, require_dev_sets  # noqa: E402
 
 from crossprobe.models import checkpoint  # noqa: E402
 from crossprobe.models.bridge import _lite0_head  # noqa: E402
-from crossprobe.models.data.captioned import CaptionedFolder, coco_root  # noqa: E402
-from crossprobe.models.data.flickr8k import available  # noqa: E402
 from crossprobe.models.evaluation import metrics as M  # noqa: E402
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts  # noqa: E402
 from crossprobe.models.evaluation.report import machine  # noqa: E402
@@ -101,10 +99,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/results/region_labels.json"))
     ap.add_argument("--adopt", type=Path, default=None, help="save the checkpoint with the chosen region weights here")
     args = ap.parse_args()
-    if not available() or not CaptionedFolder.available(coco_root()):
-        print("Flickr8k or coco-mini-dev not found (FLICKR8K_DIR / COCO_MINI_DEV_DIR); skipped.", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(2)
+    require_dev_sets()
     t0 = time.time()
     model, meta = checkpoint.load(args.ckpt)
     if not model.bridge.cfg.enabled:
