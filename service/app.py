@@ -25,7 +25,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Match
 
-from crossprobe.service import errors, metrics, security
+from crossprobe.service import errors, metrics, query_image, security
 from crossprobe.service.backend import EXPLAIN_MODES
 from crossprobe.service.batcher import Overloaded
 from crossprobe.service.body_guard import BodyGuard
@@ -84,20 +84,35 @@ async def run_search(state: ServiceState, plan) -> Outcome:
 
 
 @query_routes.post("/v1/search", response_model=SearchResponse,
-                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
+                   responses=error_responses(404, 413, 503, *POST_ROUTE,
+                                             s404="index_not_found: no such index here; item_not_found: a \"like\" "
+                                             "id is not in the served version",
+                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or "
+                                             "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
+                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s422="invalid_request: the body fails validation; invalid_image: "
+                                             "\"image\" is not base64 or not a readable image"))
 async def search(body: SearchRequest, request: Request) -> Response:
-    """Text -> images: encode, ANN shortlist, rerank (cp | temde | none), top k with metadata."""
+    """Images for a text, an image, indexed items (more like this), or a text with an image / items: encode,
+    ANN shortlist, rerank (cp | temde | none; a query without text is not reranked), top k with metadata."""
     state = svc(request)
     state.require_ready()  # before touching state.searcher, which exists only once loaded
-    out = await run_search(state, state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index,
-                                                      body.min_score))
+    image = None
+    if body.image is not None:
+        image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
+    plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
+                               image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup)
+    out = await run_search(state, plan)
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
         "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
                      "metadata": h.metadata} for h in out.hits],
         "index": {"name": out.handle.name, "version": out.handle.version},
         "model": {"fingerprint": state.models.fingerprint, "query_precision": state.models.query_precision},
-        "rerank": body.rerank or state.settings.default_rerank,
+        "query_kind": plan.kind,
+        "rerank": plan.rerank,
+        "rerank_skipped": plan.rerank_skipped,
+        "deduplicated": out.deduplicated,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
         "degraded_reason": out.degraded_reason,
