@@ -101,7 +101,8 @@ async def search(body: SearchRequest, request: Request) -> Response:
     if body.image is not None:
         image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
     plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
-                               image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup)
+                               image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
+                               filter=body.filter)
     out = await run_search(state, plan)
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
@@ -113,6 +114,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
         "rerank": plan.rerank,
         "rerank_skipped": plan.rerank_skipped,
         "deduplicated": out.deduplicated,
+        "filtered": out.filtered,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
         "degraded_reason": out.degraded_reason,

@@ -39,6 +39,7 @@ from crossprobe.indexer.redis_conn import connect
 from crossprobe.indexer.store import NAME_RE, Store
 from crossprobe.service import metrics
 from crossprobe.service.errors import ApiError
+from crossprobe.service.filters import ColumnCache
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
@@ -366,6 +367,14 @@ class IndexHandle:
         self.name, self.version = reader.name, reader.version
         self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
         self.loaded_at = time.time()
+        self.columns = ColumnCache()  # metadata columns for filters, read on the first filtered search
+        self._rows: dict[str, int] | None = None
+
+    def rows(self, ids: list[str]) -> list[int]:
+        """The FAISS rows of these (indexed) ids."""
+        if self._rows is None:
+            self._rows = {item_id: row for row, item_id in enumerate(self.reader.ids)}
+        return [self._rows[i] for i in ids]
 
     def __len__(self) -> int:
         return len(self.reader)

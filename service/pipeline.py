@@ -40,7 +40,7 @@ from typing import Iterator
 import numpy as np
 from redis.exceptions import RedisError
 
-from crossprobe.service import metrics, query_image
+from crossprobe.service import filters, metrics, query_image
 from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Registry
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore, FeatureStoreUnavailable
@@ -75,6 +75,7 @@ class Plan:
     embedding: np.ndarray | None = None  # a raw query vector (d,) (clip-retrieval's embedding_input)
     weight: float = 0.5  # the vector part's weight beside a text: (1 - w) g_q + w v, renormalised
     dedup: float | None = None  # drop results with cosine >= this to a result ranked above them
+    filter: object | None = None  # schemas.FilterNode: only rows whose metadata passes (filters.py)
     rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
 
     @property
@@ -102,6 +103,7 @@ class Outcome:
     timings_ms: dict[str, float]
     batch_size: int = 1
     deduplicated: int = 0  # results dropped as near duplicates (plan.dedup)
+    filtered: dict | None = None  # with plan.filter: {"matching", "exact", "method"}
     degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
 
     @property
@@ -122,7 +124,7 @@ class Searcher:
     def plan(self, query: str | None, k: int, rerank: str | None = None, shortlist: int | None = None,
              index: str | None = None, min_score: float | None = None, tail: int = 0, *, image: bytes | None = None,
              like: list[str] | None = None, embedding: np.ndarray | None = None, weight: float = 0.5,
-             dedup: float | None = None) -> Plan:
+             dedup: float | None = None, filter: object | None = None) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
         like = list(dict.fromkeys(like or []))
         mode = rerank or self.settings.default_rerank
@@ -134,7 +136,7 @@ class Searcher:
         if shortlist is None:
             shortlist = min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST)
         return Plan(query, k, mode, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
-                    weight=weight, dedup=dedup, rerank_skipped=skipped)
+                    weight=weight, dedup=dedup, filter=filter, rerank_skipped=skipped)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
@@ -194,13 +196,25 @@ class Searcher:
         reader = handle.reader
         degraded: list[tuple[str, str]] = []
         exclude = set(plan.like)
-        with clock.stage("ann"):
-            found, scores = reader.search(q.g_q[None], min(plan.shortlist + len(exclude), len(reader) or 1))
-        ids = found[0]
-        ann = np.asarray(scores[0][: len(ids)], np.float32)
-        if exclude:  # "like" items are what the query is made of: never results
-            keep = [j for j, i in enumerate(ids) if i not in exclude][: plan.shortlist]
-            ids, ann = [ids[j] for j in keep], ann[keep]
+        filtered = None
+        if plan.filter is not None:
+            with clock.stage("filter"):
+                mask = self._columns(handle).mask(plan.filter)
+                if exclude:
+                    mask[handle.rows(list(exclude))] = False
+            with clock.stage("ann"):
+                filtered = filters.search(reader.index, lambda rows: reader.vectors([reader.ids[r] for r in rows]),
+                                          q.g_q, plan.shortlist, mask, self.settings.filter_exact_max)
+            ids = [reader.ids[r] for r in filtered.rows]
+            ann = np.asarray(filtered.scores, np.float32)
+        else:
+            with clock.stage("ann"):
+                found, scores = reader.search(q.g_q[None], min(plan.shortlist + len(exclude), len(reader) or 1))
+            ids = found[0]
+            ann = np.asarray(scores[0][: len(ids)], np.float32)
+            if exclude:  # "like" items are what the query is made of: never results
+                keep = [j for j, i in enumerate(ids) if i not in exclude][: plan.shortlist]
+                ids, ann = [ids[j] for j in keep], ann[keep]
 
         logits = None
         if plan.rerank != "none" and ids:
@@ -252,7 +266,25 @@ class Searcher:
                 metas = [None] * len(hits)
         for h, m in zip(hits, metas):
             h.metadata = public_metadata(m, self.settings.expose_uri)
-        return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded)
+        return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded,
+                       filtered=None if filtered is None else
+                       {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how})
+
+    def _columns(self, handle: IndexHandle) -> filters.Columns:
+        """The version's metadata columns (read once per version, MGETs of 1,000). Redis down: no filter can be
+        answered, so 503 feature_store_unavailable (not a degraded answer: unfiltered results would be wrong)."""
+        reader = handle.reader
+
+        def load() -> list[dict | None]:
+            out: list[dict | None] = []
+            for i in range(0, len(reader.ids), 1000):
+                out += reader.metadata(reader.ids[i:i + 1000])
+            return out
+
+        try:
+            return handle.columns.get(lambda: self.fs.call("filter_metadata", load))
+        except FeatureStoreUnavailable as e:
+            raise feature_store_unavailable(e, self.fs.retry_after_s) from None
 
     def _redis_down(self, e: FeatureStoreUnavailable) -> None:
         """Redis is down: count it; with CROSSPROBE_REDIS_DOWN_SEARCH=fail the search answers 503 (else it degrades)."""

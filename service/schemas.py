@@ -16,7 +16,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
@@ -38,6 +38,68 @@ ItemIdOrIds = ItemId | Annotated[list[ItemId], Field(min_length=1, max_length=MA
 # the format of query texts in the OpenAPI document (see the module's docstring)
 VISIBLE_TEXT = {"format": "visible-text"}
 VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or zero-width characters: 422)"
+
+
+# ---- metadata filters (filters.py) -------------------------------------------------------------------------
+FilterValue = Annotated[str, Field(max_length=1024)] | float
+MAX_FILTER_CONDITIONS = 64  # conditions in one filter tree, all levels together
+
+
+class Condition(BaseModel):
+    """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable; numeric fields
+    only). tags: eq = has the tag, in = has any of them; format is compared case-insensitively."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    field: Literal["tags", "format", "caption", "width", "height"]
+    eq: FilterValue | None = None
+    in_: list[FilterValue] | None = Field(None, alias="in", min_length=1, max_length=256)
+    gt: float | None = Field(None, allow_inf_nan=False)
+    gte: float | None = Field(None, allow_inf_nan=False)
+    lt: float | None = Field(None, allow_inf_nan=False)
+    lte: float | None = Field(None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_test(self) -> "Condition":
+        ranged = any(v is not None for v in (self.gt, self.gte, self.lt, self.lte))
+        given = (self.eq is not None) + (self.in_ is not None) + ranged
+        if given != 1:
+            raise ValueError("a condition needs exactly one of eq, in, or a range (gt / gte / lt / lte)")
+        values = [self.eq] if self.eq is not None else (self.in_ or [])
+        numeric = self.field in ("width", "height")
+        if ranged and not numeric:
+            raise ValueError(f"{self.field}: ranges are for numeric fields (width, height)")
+        if any(isinstance(v, str) == numeric for v in values):
+            raise ValueError(f"{self.field}: compare with {'numbers' if numeric else 'strings'}")
+        return self
+
+
+class AllOf(BaseModel):
+    """Every child holds (AND)."""
+    model_config = ConfigDict(extra="forbid")
+    and_: list["FilterNode"] = Field(alias="and", min_length=1, max_length=MAX_FILTER_CONDITIONS)
+
+
+class AnyOf(BaseModel):
+    """At least one child holds (OR)."""
+    model_config = ConfigDict(extra="forbid")
+    or_: list["FilterNode"] = Field(alias="or", min_length=1, max_length=MAX_FILTER_CONDITIONS)
+
+
+def _filter_kind(v: Any) -> str:
+    """Which of the three a filter node is, so a bad node gets the errors of its own kind only."""
+    keys = set(v) if isinstance(v, dict) else set(vars(v)) if isinstance(v, BaseModel) else set()
+    return "and" if keys & {"and", "and_"} else "or" if keys & {"or", "or_"} else "condition"
+
+
+FilterNode = Annotated[Annotated[Condition, Tag("condition")] | Annotated[AllOf, Tag("and")]
+                       | Annotated[AnyOf, Tag("or")], Discriminator(_filter_kind)]
+AllOf.model_rebuild()
+AnyOf.model_rebuild()
+
+
+def _conditions(node) -> int:
+    children = getattr(node, "and_", None) or getattr(node, "or_", None)
+    return 1 if children is None else sum(_conditions(c) for c in children)
 
 
 class SearchRequest(BaseModel):
@@ -64,6 +126,11 @@ class SearchRequest(BaseModel):
     dedup: float | None = Field(None, gt=0, le=1, strict=True, allow_inf_nan=False,
                                 description="collapse near duplicates: drop a result whose stored vector has a "
                                 "cosine >= this with a result ranked above it (e.g. 0.95)")
+    filter: FilterNode | None = Field(None, description="only items whose metadata passes: a condition "
+                                      "{\"field\", \"eq\" | \"in\" | \"gt\"/\"gte\"/\"lt\"/\"lte\"} or "
+                                      "{\"and\": [...]} / {\"or\": [...]} of them (fields: tags, format, caption, "
+                                      f"width, height; at most {MAX_FILTER_CONDITIONS} conditions). Applied inside "
+                                      "the ANN search: k results whenever k items match")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
     rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's "
                                   "CROSSPROBE_DEFAULT_RERANK); without a query text: none (see rerank_skipped)")
@@ -93,6 +160,8 @@ class SearchRequest(BaseModel):
             raise ValueError("send a query, an image or like (at least one)")
         if self.image is not None and self.like is not None:
             raise ValueError("send image or like, not both")
+        if self.filter is not None and _conditions(self.filter) > MAX_FILTER_CONDITIONS:
+            raise ValueError(f"filter: more than {MAX_FILTER_CONDITIONS} conditions")
         return self
 
     @property
@@ -129,6 +198,15 @@ class ModelRef(BaseModel):
     query_precision: str  # "fp32" | "int8": which query-tower graph encoded the query
 
 
+class FilterInfo(BaseModel):
+    matching: int = Field(description="items of the served version that pass the filter (\"like\" items not "
+                          "counted)")
+    exact: bool = Field(description="every matching item was considered (false only when an HNSW index returned "
+                        "fewer than k and more than CROSSPROBE_FILTER_EXACT_MAX items match)")
+    method: str = Field(description="faiss-idselector (FAISS searched only the matching rows) | exact-scan (their "
+                        "stored vectors scanned) | none-match")
+
+
 class SearchResponse(BaseModel):
     results: list[Hit]
     index: IndexRef
@@ -138,6 +216,7 @@ class SearchResponse(BaseModel):
     rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
                                        "default) asked for a reranker: the query had no text")
     deduplicated: int = Field(0, description="results dropped as near duplicates (dedup)")
+    filtered: FilterInfo | None = Field(None, description="with a filter: how many items passed it")
     timings_ms: dict[str, float] = Field(description="per stage: queue, encode (text), decode_image, encode_image "
                                          "(image), like (stored vectors), ann, fetch, rerank, dedup, metadata; total")
     degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason); "

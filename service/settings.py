@@ -136,6 +136,11 @@ class Settings(BaseSettings):
     # KB of PNG); more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
+    # -- metadata filters (/v1/search "filter"; service/filters.py) ----------------------------------------------
+    # when an HNSW / IVF index returns fewer than k under a filter while more items match, scan the matching items'
+    # stored vectors exactly if there are at most this many (~1 ms per 4,000 at d=256); more: FAISS's answer stands
+    filter_exact_max: int = Field(20_000, ge=0)
+
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
 

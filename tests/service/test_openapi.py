@@ -49,6 +49,9 @@ def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
         (search, "POST", search, _json({"like": "nope"})),  # 404 item_not_found
         (search, "POST", search, _json({"image": "bm90IGFuIGltYWdl"})),  # 422 invalid_image
         (search, "POST", search, _json({"image": image, "like": item})),  # 422: not both
+        (search, "POST", search, _json({"query": "a dog", "filter": {"and": [{"field": "width", "gte": 50},  # 200
+                                                                            {"field": "tags", "in": ["x"]}]}})),
+        (search, "POST", search, _json({"query": "a dog", "filter": {"field": "width", "gte": "big"}})),  # 422
         (search, "POST", search, _json({"query": "a dog", "index": "nope"})),  # 404
         (search, "POST", search, _json({"query": "a dog", "k": 0})),  # 422
         (search, "POST", search, _json({"query": "a dog", "k": 20, "shortlist": 10})),  # 422: shortlist < k

@@ -251,3 +251,131 @@ def test_knn_service_deduplicates_like_clip_back(client, built):
     vecs = _stored(built, kept)
     sims = vecs @ vecs.T
     assert (sims[np.triu_indices(len(kept), 1)] < DEDUP_COSINE).all()
+
+
+# ---- metadata filters -------------------------------------------------------------------------------
+def _metas(built) -> dict[str, dict]:
+    reader = open_index("photos", None, built.ixs)
+    return dict(zip(reader.ids, reader.metadata(reader.ids)))
+
+
+def test_filters_on_recorded_fields_return_k_matching_items(client, built):
+    metas = _metas(built)
+    widths = sorted(m["width"] for m in metas.values())
+    cut = widths[len(widths) // 2]  # about half the gallery passes
+    expect = {i for i, m in metas.items() if m["width"] >= cut}
+    r = _search(client, query="a red square", k=len(expect), filter={"field": "width", "gte": cut})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert {h["id"] for h in body["results"]} == expect  # all of them: k results when k items match
+    assert body["filtered"] == {"matching": len(expect), "exact": True, "method": "faiss-idselector"}
+    assert "filter" in body["timings_ms"]
+
+    # AND / OR, case-insensitive format, and the unfiltered order kept among the survivors
+    flt = {"and": [{"field": "width", "gte": cut}, {"or": [{"field": "format", "in": ["png", "jpeg"]},
+                                                           {"field": "height", "lt": 60}]}]}
+    expect2 = {i for i in expect if metas[i]["format"].lower() in ("png", "jpeg") or metas[i]["height"] < 60}
+    r = _search(client, query="a red square", k=12, rerank="none", filter=flt)
+    got = [h["id"] for h in r.json()["results"]]
+    assert set(got) == expect2 and r.json()["filtered"]["matching"] == len(expect2)
+    everything = [h["id"] for h in _search(client, query="a red square", k=12, rerank="none").json()["results"]]
+    assert got == [i for i in everything if i in expect2]
+
+    # nothing matches: no results, said so
+    r = _search(client, query="a red square", filter={"field": "width", "gt": 10_000})
+    assert r.status_code == 200 and r.json()["results"] == []
+    assert r.json()["filtered"] == {"matching": 0, "exact": True, "method": "none-match"}
+
+
+def test_filters_with_like_and_image(client, built):
+    metas = _metas(built)
+    item = built.ids[0]
+    fmt = metas[item]["format"]
+    same = {i for i, m in metas.items() if m["format"] == fmt}
+    r = _search(client, like=item, k=12, filter={"field": "format", "eq": fmt})
+    assert r.status_code == 200, r.text
+    assert {h["id"] for h in r.json()["results"]} == same - {item}
+    assert r.json()["filtered"]["matching"] == len(same) - 1  # the like item is excluded before counting
+    path = _files(built)[item]
+    r = _search(client, image=_b64(path.read_bytes()), k=3, filter={"field": "format", "eq": fmt.lower()})
+    assert r.json()["results"][0]["id"] == item
+
+
+@pytest.mark.parametrize("flt", [
+    {"field": "exif_date", "eq": "2020"},  # not recorded by the indexer
+    {"field": "width", "eq": "wide"},
+    {"field": "tags", "gte": 3},
+    {"field": "tags"},
+    {"field": "width", "gte": 1, "eq": 3},
+    {"and": []},
+    {"or": [{"field": "tags", "eq": "a"}], "and": [{"field": "tags", "eq": "b"}]},
+    {"and": [{"field": "tags", "eq": str(i)} for i in range(65)]},
+    "tags=dog",
+])
+def test_invalid_filters_are_422(client, flt):
+    r = _search(client, query="a dog", filter=flt)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert "filter" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def tagged(built, client, svc_ckpt, bert, tmp_path_factory):
+    """Index "tagged": the gallery again, from a manifest with tags and captions, as an HNSW index."""
+    from crossprobe.indexer import build
+
+    files = _files(built)
+    lines = [{"id": f"t/{i}", "uri": str(p), "caption": f"photo {n}", "tags": ["even" if n % 2 == 0 else "odd"]
+              + (["third"] if n % 3 == 0 else [])} for n, (i, p) in enumerate(sorted(files.items()))]
+    manifest = tmp_path_factory.mktemp("tagged") / "tagged.jsonl"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ixs = built.ixs.model_copy(update={"factory": "HNSW32"})
+    build("tagged", manifest=manifest, settings=ixs, ckpt=svc_ckpt, bert=bert, log=lambda *_: None)
+    assert client.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).status_code == 200
+    return lines
+
+
+def test_tag_and_caption_filters_on_an_hnsw_index(client, tagged):
+    odd = {x["id"] for x in tagged if "odd" in x["tags"]}
+    r = _search(client, query="a red square", index="tagged", k=12, filter={"field": "tags", "eq": "odd"})
+    assert r.status_code == 200, r.text
+    assert {h["id"] for h in r.json()["results"]} == odd and r.json()["filtered"]["matching"] == len(odd)
+    assert r.json()["filtered"]["exact"] is True
+    either = {x["id"] for x in tagged if {"odd", "third"} & set(x["tags"])}
+    r = _search(client, query="a red square", index="tagged", k=12, filter={"field": "tags", "in": ["odd", "third"]})
+    assert {h["id"] for h in r.json()["results"]} == either
+    r = _search(client, query="a red square", index="tagged", k=5,
+                filter={"or": [{"field": "caption", "eq": "photo 3"}, {"field": "tags", "eq": "no-such-tag"}]})
+    assert [h["id"] for h in r.json()["results"]] == [tagged[3]["id"]]
+
+
+def test_an_hnsw_walk_that_stops_short_is_completed_by_an_exact_scan():
+    """filters.search: FAISS returning fewer rows than match (HNSW under a selective filter) -> exact scan."""
+    import faiss
+
+    from crossprobe.service import filters
+
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((50, 8)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    index = faiss.index_factory(8, "HNSW8", faiss.METRIC_INNER_PRODUCT)
+    index.add(vecs)
+
+    class ShortHNSW:  # an HNSW index whose walk found only one matching row
+        hnsw = index.hnsw
+
+        def search(self, q, k, params=None):
+            s, r = index.search(q, k, params=params)
+            s[:, 1:], r[:, 1:] = -np.inf, -1
+            return s, r
+
+    mask = np.zeros(50, bool)
+    mask[[3, 17, 29, 41]] = True
+    q = vecs[17]
+    f = filters.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=100)
+    assert f.how == "exact-scan" and f.exact and f.matching == 4 and len(f.rows) == 3
+    best = sorted([3, 17, 29, 41], key=lambda r: -float(vecs[r] @ q))[:3]
+    assert list(f.rows) == best
+    f = filters.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=2)  # too many to scan
+    assert f.how == "faiss-idselector" and not f.exact and len(f.rows) == 1
+    f = filters.search(index, lambda rows: vecs[rows], q, 3, mask, exact_max=100)  # the real HNSW: all found
+    assert list(f.rows) == best
