@@ -15,7 +15,6 @@ import base64
 import binascii
 import io
 import re
-import warnings
 
 import numpy as np
 from PIL import Image
@@ -52,17 +51,17 @@ def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
     if not data:
         raise ApiError(422, "invalid_image", f"{field}: empty")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:  # lazy: only the header so far
-                w, h = img.size
-                if w * h > max_pixels:
-                    raise ApiError(413, "too_large", f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
-                                   f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
-                return bb.load_image(img)  # first frame of a GIF / page of a TIFF
+        # our pixel limit is checked on the header before any decode (no warnings filter: it is process-wide
+        # state, not thread-safe); Pillow's own DecompressionBombError stays as a second guard
+        with Image.open(io.BytesIO(data)) as img:  # lazy: only the header so far
+            w, h = img.size
+            if w * h > max_pixels:
+                raise ApiError(413, "too_large", f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
+                               f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
+            return bb.load_image(img)  # first frame of a GIF / page of a TIFF
     except ApiError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+    except Image.DecompressionBombError as e:
         raise ApiError(413, "too_large", f"{field}: {e}") from None
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises on hostile bytes is the input's fault
         raise ApiError(422, "invalid_image", f"{field}: not a readable image ({type(e).__name__}: "
