@@ -68,7 +68,7 @@ DEGRADED = Counter("crossprobe_degraded_answers", "Searches answered degraded (p
 INDEXES_SERVED = Gauge("crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)",
                        registry=REGISTRY)
 # the rate limit (security.py); label `endpoint` as crossprobe_requests_total's, so the two divide in PromQL
-RATE_LIMITED_ROUTES = ("/v1/search", "/v1/explain", "/knn-service")  # the routes with a rate limit
+RATE_LIMITED_ROUTES = ("/v1/search", "/v1/search/image", "/v1/explain", "/knn-service")  # the routes with a rate limit
 RATE_LIMITED = Counter("crossprobe_rate_limited", "Requests refused by the per-key / per-client rate limit "
                        "(429 rate_limited), by route template", ["endpoint"], registry=REGISTRY)
 

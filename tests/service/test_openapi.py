@@ -36,7 +36,7 @@ def _json(body) -> dict:
 def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
     """(operation path as in the document, method, URL, httpx arguments): the ready app's cases."""
     item = ids[0]
-    search, explain = "/v1/search", "/v1/explain"
+    search, explain, upload = "/v1/search", "/v1/explain", "/v1/search/image"
     knn = {"text": "a red square", "num_images": 2}
     png = io.BytesIO()
     Image.new("RGB", (40, 30), (200, 30, 30)).save(png, "PNG")
@@ -52,6 +52,9 @@ def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
         (search, "POST", search, _json({"query": "a dog", "filter": {"and": [{"field": "width", "gte": 50},  # 200
                                                                             {"field": "tags", "in": ["x"]}]}})),
         (search, "POST", search, _json({"query": "a dog", "filter": {"field": "width", "gte": "big"}})),  # 422
+        (upload, "POST", upload + "?k=2", {"content": png.getvalue(), "headers": {"Content-Type": "image/png"}}),
+        (upload, "POST", upload + "?index=nope", {"content": png.getvalue()}),  # 404
+        (upload, "POST", upload, {"content": b"not an image"}),  # 422 invalid_image
         (search, "POST", search, _json({"query": "a dog", "index": "nope"})),  # 404
         (search, "POST", search, _json({"query": "a dog", "k": 0})),  # 422
         (search, "POST", search, _json({"query": "a dog", "k": 20, "shortlist": 10})),  # 422: shortlist < k
@@ -117,6 +120,7 @@ def observed(client, built, svc_ckpt, artifacts, tmp_path_factory) -> dict:
         assert c.get("/readyz").status_code == 503
         item = built.ids[0]
         _observe(c, [("/v1/search", "POST", "/v1/search", _json({"query": "a dog"})),
+                     ("/v1/search/image", "POST", "/v1/search/image", {"content": b"an image"}),
                      ("/v1/explain", "POST", "/v1/explain", _json({"query": "a dog", "ids": [item]})),
                      ("/v1/items/{item_id}", "GET", f"/v1/items/{item}", {}),
                      ("/v1/items/{item_id}/image", "GET", f"/v1/items/{item}/image", {}),

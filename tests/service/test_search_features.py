@@ -379,3 +379,21 @@ def test_an_hnsw_walk_that_stops_short_is_completed_by_an_exact_scan():
     assert f.how == "faiss-idselector" and not f.exact and len(f.rows) == 1
     f = filters.search(index, lambda rows: vecs[rows], q, 3, mask, exact_max=100)  # the real HNSW: all found
     assert list(f.rows) == best
+
+
+# ---- upload: POST /v1/search/image with the file as the body ----------------------------------------------
+def test_upload_an_image_file_as_the_body(client, built):
+    item_id, path = next(iter(_files(built).items()))
+    r = client.post("/v1/search/image", params={"k": 3}, content=path.read_bytes(),
+                    headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][0]["id"] == item_id and r.json()["query_kind"] == "image"
+    r = client.post("/v1/search/image", params={"k": 3, "query": "a red square", "weight": 1, "rerank": "none"},
+                    content=path.read_bytes(), headers={"Content-Type": "image/png"})
+    assert r.json()["query_kind"] == "text+image" and r.json()["results"][0]["id"] == item_id
+    for params, body, status, code in [({}, b"not an image", 422, "invalid_image"), ({}, b"", 422, "invalid_image"),
+                                       ({"k": 0}, path.read_bytes(), 422, "invalid_request"),
+                                       ({"query": "\u200b"}, path.read_bytes(), 422, "invalid_request"),
+                                       ({"index": "nope"}, path.read_bytes(), 404, "index_not_found")]:
+        r = client.post("/v1/search/image", params=params, content=body)
+        assert r.status_code == status and r.json()["error"]["code"] == code, (params, r.text)
