@@ -202,11 +202,6 @@ class Models:
                 self._explainer = Explainer(self._settings, self.graphs, self._bert)
             return self._explainer
 
-
-    @property
-    def image_encoder_loaded(self) -> bool:
-        return self._image is not None
-
     def image_encoder(self) -> "ImageQueryEncoder":
         """The image backbone + image tower (query by image), loaded on the first call (the warm-up makes it);
         thread-safe."""
