@@ -10,7 +10,7 @@ side, resized to 192 x 192, JPEG re-encoded at quality 70 (in memory; nothing is
 POST /v1/search {"image": base64, "k": 5} to `crossprobe serve` in a subprocess on loopback (one client, the
 shipped defaults except access log off). A hit is the original image ranked first (top-1) or among the first 5.
 The same with text + image: the image's first caption with the altered image (weight 0.5, the server's default
-rerank), and, for reference, that caption alone. Latency: client-side (HTTP included), one request at a time,
+rerank, cp; and again with rerank none), and, for reference, that caption alone. Latency: client-side (HTTP included), one request at a time,
 after a warm-up; stages are the median of the service's own timings_ms.
 """
 from __future__ import annotations
@@ -147,6 +147,9 @@ def main() -> None:
                     "image_query": run(http, [{"image": b, "k": 5} for b in images], gold, args.warmup),
                     "image_text_query": run(http, [{"query": c, "image": b, "k": 5} for c, b in zip(captions, images)],
                                             gold, args.warmup),
+                    # the same without the reranker: what the combined vector alone ranks
+                    "image_text_query_rerank_none": run(http, [{"query": c, "image": b, "k": 5, "rerank": "none"}
+                                                               for c, b in zip(captions, images)], gold, args.warmup),
                     "text_query": run(http, [{"query": c, "k": 5} for c in captions], gold, args.warmup),
                 }
         finally:
@@ -164,7 +167,7 @@ def main() -> None:
                     "run under /tmp/crossprobe-cpu.lock (nothing else timed on the machine meanwhile)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
-    for k in ("image_query", "image_text_query", "text_query"):
+    for k in ("image_query", "image_text_query", "image_text_query_rerank_none", "text_query"):
         r = res[k]
         print(f"{k:>17}: top-1 {r['top1']} top-5 {r['top5']} (rerank {r['rerank']}), latency p50 "
               f"{r['latency_ms']['p50']} p99 {r['latency_ms']['p99']} ms, stages {r['stages_ms']}")
