@@ -37,6 +37,9 @@ class IndexReader:
         if self.index.ntotal != len(self.ids) or len(self.ids) != manifest["count"]:
             raise ValueError(f"{name}/{version}: index.faiss ({self.index.ntotal}), ids ({len(self.ids)}) and "
                              f"manifest ({manifest['count']}) disagree")
+        self._vdir = vdir
+        self._rows: dict[str, int] | None = None  # id -> row, made on the first vectors() call
+        self._vectors: np.ndarray | None = None  # vectors.npy, memory-mapped on the first vectors() call
 
     @property
     def fingerprint(self) -> str:
@@ -51,6 +54,17 @@ class IndexReader:
         scores, rows = self.index.search(q, min(k, max(len(self.ids), 1)))
         ids = [[self.ids[j] for j in row if j >= 0] for row in rows]
         return ids, np.where(rows >= 0, scores, -np.inf)
+
+    def vectors(self, ids: list[str]) -> np.ndarray:
+        """(len(ids), d) float32: the stored g_I of these ids, exactly the rows FAISS was built from (the
+        version's vectors.npy, memory-mapped: no re-encoding, no copy of the file in memory). KeyError for an id
+        that is not in this version."""
+        if self._rows is None:
+            self._rows = {item_id: row for row, item_id in enumerate(self.ids)}
+        if self._vectors is None:
+            self._vectors = np.load(self._vdir / "vectors.npy", mmap_mode="r")
+        rows = [self._rows[i] for i in ids]
+        return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.index.d)
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:
         """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""

@@ -25,7 +25,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Match
 
-from crossprobe.service import errors, metrics, security
+from crossprobe.service import errors, metrics, query_image, security
 from crossprobe.service.backend import EXPLAIN_MODES
 from crossprobe.service.batcher import Overloaded
 from crossprobe.service.body_guard import BodyGuard
@@ -35,8 +35,8 @@ from crossprobe.service.http_timeouts import TIMED_OUT_SCOPE_KEY
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
 from crossprobe.service.pipeline import Outcome, public_metadata
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, ExplainRequest, ExplainResponse, ItemResponse,
-                                        SearchRequest, SearchResponse, error_responses)
-from crossprobe.service.settings import Settings
+                                        SearchRequest, SearchResponse, error_responses, is_invisible)
+from crossprobe.service.settings import MAX_K, MAX_QUERY_CHARS, Rerank, Settings
 from crossprobe.service.state import ServiceState
 
 router = APIRouter()  # open: health, readiness, the page; /metrics behind its own optional key
@@ -84,25 +84,87 @@ async def run_search(state: ServiceState, plan) -> Outcome:
 
 
 @query_routes.post("/v1/search", response_model=SearchResponse,
-                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
+                   responses=error_responses(404, 413, 503, *POST_ROUTE,
+                                             s404="index_not_found: no such index here; item_not_found: a \"like\" "
+                                             "id is not in the served version",
+                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or "
+                                             "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
+                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s422="invalid_request: the body fails validation; invalid_image: "
+                                             "\"image\" is not base64 or not a readable image"))
 async def search(body: SearchRequest, request: Request) -> Response:
-    """Text -> images: encode, ANN shortlist, rerank (cp | temde | none), top k with metadata."""
+    """Images for a text, an image, indexed items (more like this), or a text with an image / items: encode,
+    ANN shortlist, rerank (cp | temde | none; a query without text is not reranked), top k with metadata."""
     state = svc(request)
     state.require_ready()  # before touching state.searcher, which exists only once loaded
-    out = await run_search(state, state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index,
-                                                      body.min_score))
+    image = None
+    if body.image is not None:
+        image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
+    plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
+                               image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
+                               filter=body.filter)
+    return await _answer(state, plan)
+
+
+async def _answer(state: ServiceState, plan) -> Response:
+    """Run a search plan -> /v1/search's JSON answer (with Server-Timing and the degraded header)."""
+    out = await run_search(state, plan)
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
         "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
                      "metadata": h.metadata} for h in out.hits],
         "index": {"name": out.handle.name, "version": out.handle.version},
         "model": {"fingerprint": state.models.fingerprint, "query_precision": state.models.query_precision},
-        "rerank": body.rerank or state.settings.default_rerank,
+        "query_kind": plan.kind,
+        "rerank": plan.rerank,
+        "rerank_skipped": plan.rerank_skipped,
+        "deduplicated": out.deduplicated,
+        "filtered": out.filtered,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
         "degraded_reason": out.degraded_reason,
     }
     return JSONResponse(payload, headers={"Server-Timing": server_timing(timings), **degraded_headers(out)})
+
+
+# an upload: the image file itself as the body (curl --data-binary @photo.jpg), the options as query parameters
+_UPLOAD_BODY = {"requestBody": {"required": True, "description": "the image file's bytes (JPEG, PNG, WebP, GIF, BMP, "
+                                "TIFF), at most CROSSPROBE_QUERY_IMAGE_MAX_BYTES",
+                                "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                     "format": "binary"}},
+                                            "image/*": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@query_routes.post("/v1/search/image", response_model=SearchResponse, openapi_extra=_UPLOAD_BODY,
+                   responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
+                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or "
+                                             "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
+                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s422="invalid_request: a parameter fails validation; invalid_image: "
+                                             "the body is not a readable image"))
+async def search_image(request: Request,
+                       k: Annotated[int, Query(ge=1, le=MAX_K, description="results to return")] = 10,
+                       query: Annotated[str | None, Query(min_length=1, max_length=MAX_QUERY_CHARS,
+                                                          description="a text to combine with the image")] = None,
+                       weight: Annotated[float, Query(ge=0, le=1, description="the image's weight beside query")] = 0.5,
+                       rerank: Annotated[Rerank | None, Query(description="with query: cp | temde | none")] = None,
+                       index: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+                       dedup: Annotated[float | None, Query(gt=0, le=1, description="near-duplicate cosine")] = None
+                       ) -> Response:
+    """Query by image as an upload: the body is the image file; the same search as /v1/search's "image"."""
+    state = svc(request)
+    state.require_ready()
+    if query is not None and is_invisible(query):
+        raise ApiError(422, "invalid_request", "invalid request: query: query is blank (only whitespace, control or "
+                       "invisible characters)")
+    data = await request.body()
+    if len(data) > state.settings.query_image_max_bytes:
+        raise ApiError(413, "too_large", f"the image is {len(data)} bytes, over {state.settings.query_image_max_bytes} "
+                       "(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+    if not data:
+        raise ApiError(422, "invalid_image", "the body is empty: send the image file's bytes")
+    plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup)
+    return await _answer(state, plan)
 
 
 @query_routes.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))

@@ -39,6 +39,7 @@ from crossprobe.indexer.redis_conn import connect
 from crossprobe.indexer.store import NAME_RE, Store
 from crossprobe.service import metrics
 from crossprobe.service.errors import ApiError
+from crossprobe.service.filters import ColumnCache
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
@@ -47,6 +48,8 @@ GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
 # exported with GRAPHS while the PyTorch model is loaded anyway (a second or so), but not required for them to
 # count as present: a directory exported before the graph existed gets it on the first /v1/explain instead
 EXPLAIN_GRAPH = "explain"
+# the image tower (models/export.py ImageGraph, the indexer's head): query by image, exported the same way
+IMAGE_GRAPH = "image_tower"
 # crossprobe.models.checkpoint.DEFAULT_CHECKPOINT, without importing torch just to know a path
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "checkpoints" / "default"  # the sibling package
 
@@ -73,7 +76,7 @@ def ensure_onnx(artifacts: Path, ckpt: Path | None, bert=None) -> Path:
     model, meta = checkpoint.load(ckpt, bert)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".export-"))
     try:
-        export_all(model, tmp, meta["fingerprint"], names=GRAPHS + (EXPLAIN_GRAPH,))
+        export_all(model, tmp, meta["fingerprint"], names=GRAPHS + (EXPLAIN_GRAPH, IMAGE_GRAPH))
         if final.exists():  # an incomplete directory (a graph deleted by hand): set it aside, then replace
             aside = final.with_name(f".{fp}.old-{os.getpid()}")
             os.replace(final, aside)
@@ -88,24 +91,28 @@ def ensure_onnx(artifacts: Path, ckpt: Path | None, bert=None) -> Path:
     return final
 
 
-def ensure_explain_onnx(graphs: Path, ckpt: Path | None, bert=None) -> Path:
-    """<graphs>/explain.onnx, exported now if missing (a graphs directory older than the explain graph).
-    Written in a temp dir beside it and renamed, so a reader never sees half a graph."""
-    path = graphs / f"{EXPLAIN_GRAPH}.onnx"
+def ensure_graph(graphs: Path, name: str, ckpt: Path | None, bert=None) -> Path:
+    """<graphs>/<name>.onnx, exported now if missing (a graphs directory older than the graph: explain,
+    image_tower). Written in a temp dir beside it and renamed, so a reader never sees half a graph."""
+    path = graphs / f"{name}.onnx"
     if path.exists():
         return path
     from crossprobe.models import checkpoint
     from crossprobe.models.export import export_all
 
-    log.info("exporting the explain graph of checkpoint %s into %s", graphs.name, path)
+    log.info("exporting the %s graph of checkpoint %s into %s", name, graphs.name, path)
     model, meta = checkpoint.load(ckpt, bert)
     tmp = Path(tempfile.mkdtemp(dir=graphs, prefix=".export-"))
     try:
-        export_all(model, tmp, meta["fingerprint"], names=(EXPLAIN_GRAPH,))
+        export_all(model, tmp, meta["fingerprint"], names=(name,))
         os.replace(tmp / path.name, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def ensure_explain_onnx(graphs: Path, ckpt: Path | None, bert=None) -> Path:
+    return ensure_graph(graphs, EXPLAIN_GRAPH, ckpt, bert)
 
 
 def ensure_int8_query(graphs: Path) -> Path:
@@ -139,6 +146,8 @@ class Models:
         self._settings, self._bert = settings, bert  # for the explainer, made on first use
         self._explainer: Explainer | None = None
         self._explainer_lock = threading.Lock()
+        self._image: ImageQueryEncoder | None = None
+        self._image_lock = threading.Lock()
         self._bb = bb
         self.tokenizer = bb.load_tokenizer()
         self.query_precision = settings.query_precision
@@ -192,6 +201,40 @@ class Models:
             if self._explainer is None:
                 self._explainer = Explainer(self._settings, self.graphs, self._bert)
             return self._explainer
+
+    def image_encoder(self) -> "ImageQueryEncoder":
+        """The image backbone + image tower (query by image), loaded on the first call (the warm-up makes it);
+        thread-safe."""
+        with self._image_lock:
+            if self._image is None:
+                self._image = ImageQueryEncoder(self._settings, self.graphs, self._bert)
+            return self._image
+
+
+class ImageQueryEncoder:
+    """Query by image: pixels -> the bridged g_I, exactly what the indexer stores for an image.
+
+    The indexer's own encode stage (indexer/encoder.py Encoder: models/data/features.py's backbone session,
+    then the image_tower graph), pointed at the service's artifacts: the backbone graph (one for all
+    checkpoints) at <artifacts_dir>/image_backbone.onnx, shared with the explainer, and the head at
+    <artifacts_dir>/<fingerprint>/image_tower.onnx beside the query tower. The Encoder then needs no PyTorch
+    model (the head graph exists). Both sessions run on the process's shared ONNX Runtime pool when it is on."""
+
+    def __init__(self, settings: Settings, graphs: Path, bert=None):
+        from crossprobe.indexer.encoder import Encoder
+        from crossprobe.indexer.redis_conn import Settings as IndexSettings
+
+        ensure_graph(graphs, IMAGE_GRAPH, settings.ckpt, bert)
+        ixs = IndexSettings(model_dir=Path(settings.artifacts_dir), threads=settings.threads, head="onnx",
+                            progress=False)
+        self.encoder = Encoder(ixs, settings.ckpt)
+        if self.encoder.fingerprint != graphs.name:
+            raise ValueError(f"image tower of {self.encoder.fingerprint}, query tower of {graphs.name}")
+        self.d = self.encoder.dims.d
+
+    def encode(self, pixels: np.ndarray) -> np.ndarray:
+        """(B, 3, 224, 224) float32 -> (B, d) unit-norm g_I."""
+        return self.encoder.head(self.encoder.backbone(np.ascontiguousarray(pixels, np.float32))).g
 
 
 EXPLAIN_MODES = {
@@ -319,6 +362,14 @@ class IndexHandle:
         self.name, self.version = reader.name, reader.version
         self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
         self.loaded_at = time.time()
+        self.columns = ColumnCache()  # metadata columns for filters, read on the first filtered search
+        self._rows: dict[str, int] | None = None
+
+    def rows(self, ids: list[str]) -> list[int]:
+        """The FAISS rows of these (indexed) ids."""
+        if self._rows is None:
+            self._rows = {item_id: row for row, item_id in enumerate(self.reader.ids)}
+        return [self._rows[i] for i in ids]
 
     def __len__(self) -> int:
         return len(self.reader)

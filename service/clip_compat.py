@@ -11,11 +11,15 @@ with /metadata. /metadata answers a list of {"id", "metadata"} because that is
 what clip_back returns and its front-end reads. Bodies are parsed from the raw
 bytes whatever the Content-Type: the front-end posts JSON as text/plain (which
 avoids a CORS preflight). Differences: ids are the index's string ids (not
-integer rows); "similarity" is the ranking score (the reranker's logit unless
-the server's default rerank is "none"); image and embedding queries and a text
-index are refused with 422 "unsupported"; num_images is capped at 200 and
-num_result_ids at 1000; deduplicate, safety, violence and aesthetic options are
-accepted and not applied.
+integer rows); "similarity" is the ranking score (the reranker's logit for a
+text query unless the server's default rerank is "none"; the cosine for image
+and embedding queries, which are not reranked); "image" (base64) and
+"embedding_input" (a vector of the index's dimension) are queries as in clip_back,
+embedding_input first, then image, then text; image_url and a text index are
+refused with 422 "unsupported"; num_images is capped at 200 and num_result_ids
+at 1000; deduplicate (default true, as in clip_back) drops results whose stored
+vectors have a cosine >= 0.94 with a better one; safety, violence and aesthetic
+options are accepted and not applied.
 
 Redis down (issue 16): /knn-service still answers clip_back's list, from the ANN
 stage: ANN order, "similarity" is then the two-tower cosine (not the reranker's
@@ -35,13 +39,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from crossprobe.service import security
+import numpy as np
+
+from crossprobe.service import query_image, security
 from crossprobe.service.app import degraded_headers, read_metadata, run_search, svc
 from crossprobe.service.errors import ApiError, validation_error
 from crossprobe.service.pipeline import public_metadata
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
                                         error_responses, is_invisible)
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
+
+# deduplicate (clip_back's default true): results whose stored vectors have at least this cosine with a better
+# result are dropped, clip_back's get_non_uniques threshold
+DEDUP_COSINE = 0.94
 
 # security.py's groups, as app.py's: a search key when keys are set; /knn-service runs the query tower, so it
 # also takes a rate-limit token. (clip-retrieval's own front-end sends no key: with keys on, put a proxy that
@@ -99,25 +109,41 @@ def _body_doc(model) -> dict[str, Any]:
 
 # response_model: the document only (the route returns its JSONResponse as built)
 @query_routes.post("/knn-service", response_model=list[KnnResult], openapi_extra=_body_doc(KnnRequest),
-                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here",
-                                             s422="invalid_request: the body fails "
-                                             "validation; unsupported: an image or embedding query, or modality "
-                                             "\"text\""))
+                   responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
+                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, "
+                                             "or the image over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
+                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s422="invalid_request: the body fails validation (an "
+                                             "embedding_input of another length than the index's vectors); "
+                                             "invalid_image: \"image\" is not base64 or not an image; "
+                                             "unsupported: image_url, or modality \"text\""))
 async def knn_service(request: Request) -> JSONResponse:
     state = svc(request)
     req = await _parse(request, KnnRequest)
-    if req.image or req.image_url or req.embedding_input:
-        raise ApiError(422, "unsupported", "image and embedding queries are not supported yet; send \"text\"")
+    if req.image_url:
+        raise ApiError(422, "unsupported", "image_url is not supported (this service fetches nothing); send the image "
+                       "itself, base64, as \"image\"")
     if req.modality != "image":
         raise ApiError(422, "unsupported", "there is no text index here; use \"modality\": \"image\" "
                        "(text-to-image search)")
-    if not req.text or is_invisible(req.text):  # only whitespace / NUL / zero-width characters: nothing to search
-        raise ApiError(422, "invalid_request", "invalid request: text: send a non-blank \"text\" query")
+    # clip_back's precedence: embedding_input, then image, then text
+    text = image = embedding = None
+    if req.embedding_input:
+        embedding = np.asarray(req.embedding_input, np.float32)
+    elif req.image:
+        image = query_image.b64_bytes(req.image, state.settings.query_image_max_bytes)
+    elif req.text and not is_invisible(req.text):
+        text = req.text
+    else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
+        raise ApiError(422, "invalid_request", "invalid request: text: send a non-blank \"text\", an \"image\" "
+                       "or an \"embedding_input\"")
     state.require_ready()
     k = min(req.num_images, MAX_K)
     total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
     # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
-    out = await run_search(state, state.searcher.plan(req.text, k, index=req.indice_name, tail=total - k))
+    out = await run_search(state, state.searcher.plan(text, k, index=req.indice_name, tail=total - k, image=image,
+                                                      embedding=embedding,
+                                                      dedup=DEDUP_COSINE if req.deduplicate else None))
     name = out.handle.name
     expose = state.settings.expose_uri
     results = [{**_flat(request, name, h.id, h.metadata, expose), "id": h.id, "similarity": h.score}

@@ -3,10 +3,13 @@
 Clients branch on `code`, never on the message. Codes:
   invalid_request 422   body or parameter fails validation (unknown field, k out of range, bad JSON, a
                         body that is not UTF-8, nested deeper than 32 levels...)
-  unsupported     422   a valid request for something not offered yet (image queries, a text index)
+  unsupported     422   a valid request for something not offered (image_url, a text index)
+  invalid_image   422   a query image that is not base64 or not a readable image (query_image.py)
   index_not_found 404   no such index here          item_not_found 404   id not in the served version
+                        (also a /v1/search "like" id)
   image_unavailable 404 the indexed file is gone or unreadable
-  not_found 404, method_not_allowed 405, too_large 413  (routing / size)
+  not_found 404, method_not_allowed 405, too_large 413  (routing / size; 413 also for a query image over
+                        CROSSPROBE_QUERY_IMAGE_MAX_BYTES or CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)
   request_timeout 408   the request's head or body did not arrive in time (http_timeouts.py; written by the
                         HTTP protocol layer, then the connection is closed)
   unauthorized 401      the route's key header is missing (X-API-Key, X-Admin-Key, Authorization: Bearer

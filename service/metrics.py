@@ -51,7 +51,10 @@ FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transition
 
 # -- by rerank mode (the request's mode: a degraded search that skipped its rerank keeps the mode it asked for) --
 RERANK_MODES = ("cp", "temde", "none")  # settings.Rerank
-SEARCH_STAGES = ("queue", "encode", "ann", "fetch", "rerank", "metadata")  # pipeline.py; fetch + rerank: not none
+# pipeline.py; fetch + rerank: not none. decode_image / encode_image: image queries; like: stored vectors; filter:
+# the metadata bitmap (the first filtered search of a version also reads its metadata); dedup
+SEARCH_STAGES = ("queue", "encode", "decode_image", "encode_image", "like", "filter", "ann", "fetch", "rerank",
+                 "dedup", "metadata")
 DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed")  # pipeline.py
 SEARCH_SECONDS = Histogram("crossprobe_search_seconds", "Search latency inside the service (the pipeline from "
                            "queue to metadata: the timings_ms total) by rerank mode", ["rerank"], buckets=_BUCKETS,
@@ -65,7 +68,7 @@ DEGRADED = Counter("crossprobe_degraded_answers", "Searches answered degraded (p
 INDEXES_SERVED = Gauge("crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)",
                        registry=REGISTRY)
 # the rate limit (security.py); label `endpoint` as crossprobe_requests_total's, so the two divide in PromQL
-RATE_LIMITED_ROUTES = ("/v1/search", "/v1/explain", "/knn-service")  # the routes with a rate limit
+RATE_LIMITED_ROUTES = ("/v1/search", "/v1/search/image", "/v1/explain", "/knn-service")  # the routes with a rate limit
 RATE_LIMITED = Counter("crossprobe_rate_limited", "Requests refused by the per-key / per-client rate limit "
                        "(429 rate_limited), by route template", ["endpoint"], registry=REGISTRY)
 

@@ -5,6 +5,16 @@
              tower)     the pinned  the shortlist's temde_scorer,     final k)
                         version)    feature values) one run over K)
 
+What is searched for (issue 17): a text (the query tower's g_q), an image (decode_image -> encode_image:
+the indexer's backbone + image tower, so the query vector is a g_I as the index stores them), the stored
+vectors of indexed items ("like": their mean, renormalised, read from the version's vectors.npy; stage
+like), or a raw vector (clip-retrieval's embedding_input). With a text and a vector together the ANN query
+is (1 - w) g_q + w v, renormalised (w: the request's weight, default 0.5), and the rerankers run with the
+text's probes and this combined cosine as their two-tower score. Without a text nothing can rerank: the
+ANN order is the answer (rerank "none", said in the response with the reason). Items given as "like" are
+never among the results. dedup: results whose stored vectors have a cosine >= the threshold with a result
+ranked above them are dropped (clip-retrieval's deduplicate; stage dedup).
+
 The handle (one index version) is taken once per request, so every stage reads
 the same version even if a new one goes live meanwhile. The two-tower score the
 rerankers fuse with, s_tt = g_q . g_I, is the FAISS inner product itself (exact
@@ -24,17 +34,17 @@ import asyncio
 import time
 from concurrent.futures import Executor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import numpy as np
 from redis.exceptions import RedisError
 
-from crossprobe.service import metrics
+from crossprobe.service import filters, metrics, query_image
 from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Registry
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore, FeatureStoreUnavailable
-from crossprobe.service.errors import feature_store_unavailable
+from crossprobe.service.errors import ApiError, feature_store_unavailable
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
@@ -53,13 +63,27 @@ class StageClock:
 
 @dataclass
 class Plan:
-    query: str
+    query: str | None
     k: int
     rerank: str  # cp | temde | none
     shortlist: int
     index: str | None = None
     min_score: float | None = None
     tail: int = 0  # ranked ids to return after the first k, without metadata (clip-retrieval's num_result_ids)
+    image: bytes | None = None  # an image file's bytes (decoded in the decode_image stage)
+    like: list[str] = field(default_factory=list)  # item ids: their stored vectors, averaged; excluded from results
+    embedding: np.ndarray | None = None  # a raw query vector (d,) (clip-retrieval's embedding_input)
+    weight: float = 0.5  # the vector part's weight beside a text: (1 - w) g_q + w v, renormalised
+    dedup: float | None = None  # drop results with cosine >= this to a result ranked above them
+    filter: object | None = None  # schemas.FilterNode: only rows whose metadata passes (filters.py)
+    rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
+
+    @property
+    def kind(self) -> str:
+        """text | image | like | embedding, joined by "+" when a text and a vector are combined."""
+        parts = [name for name, on in (("text", self.query is not None), ("image", self.image is not None),
+                                       ("like", bool(self.like)), ("embedding", self.embedding is not None)) if on]
+        return "+".join(parts)
 
 
 @dataclass
@@ -78,6 +102,8 @@ class Outcome:
     handle: IndexHandle
     timings_ms: dict[str, float]
     batch_size: int = 1
+    deduplicated: int = 0  # results dropped as near duplicates (plan.dedup)
+    filtered: dict | None = None  # with plan.filter: {"matching", "exact", "method"}
     degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
 
     @property
@@ -95,34 +121,100 @@ class Searcher:
         self.settings, self.models, self.registry, self.batcher, self.pool = settings, models, registry, batcher, pool
         self.fs = feature_store
 
-    def plan(self, query: str, k: int, rerank: str | None = None, shortlist: int | None = None,
-             index: str | None = None, min_score: float | None = None, tail: int = 0) -> Plan:
+    def plan(self, query: str | None, k: int, rerank: str | None = None, shortlist: int | None = None,
+             index: str | None = None, min_score: float | None = None, tail: int = 0, *, image: bytes | None = None,
+             like: list[str] | None = None, embedding: np.ndarray | None = None, weight: float = 0.5,
+             dedup: float | None = None, filter: object | None = None) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
-        return Plan(query, k, rerank or self.settings.default_rerank,
-                    shortlist if shortlist is not None
-                    else min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST),
-                    index, min_score, tail)
+        like = list(dict.fromkeys(like or []))
+        mode = rerank or self.settings.default_rerank
+        skipped = None
+        if query is None and mode != "none":  # nothing to rerank with: the rerankers score a text against images
+            skipped = (f"rerank {mode} needs a text query; a query without one ranks by the ANN cosine of its "
+                       f"vector (send \"query\" too to rerank)")
+            mode = "none"
+        if shortlist is None:
+            shortlist = min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST)
+        return Plan(query, k, mode, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
+                    weight=weight, dedup=dedup, filter=filter, rerank_skipped=skipped)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
         handle = self.registry.get(plan.index)  # 404 / 503 before any work
-        q, info = await self.batcher.submit(plan.query)
+        if plan.like:
+            unknown = [i for i in plan.like if i not in handle.ids]
+            if unknown:
+                raise ApiError(404, "item_not_found", f"{len(unknown)} of the \"like\" ids are not in "
+                               f"{handle.name}/{handle.version}: {unknown[:5]}", {"ids": unknown[:100]})
+        if plan.embedding is not None and len(plan.embedding) != handle.reader.index.d:
+            raise ApiError(422, "invalid_request", f"invalid request: embedding_input has {len(plan.embedding)} "
+                           f"values; index {handle.name} holds vectors of {handle.reader.index.d}")
+        loop = asyncio.get_running_loop()
         clock = StageClock()
-        clock.ms["queue"], clock.ms["encode"] = info.queue_ms, info.encode_ms
-        out = await asyncio.get_running_loop().run_in_executor(self.pool, self._after_encode, q, handle, plan, clock)
-        out.batch_size = info.batch_size
+        vector = None
+        info = None
+        text_job = self.batcher.submit(plan.query) if plan.query is not None else None
+        if plan.image is not None or plan.like or plan.embedding is not None:
+            vec_job = loop.run_in_executor(self.pool, self._query_vector, plan, handle, clock)
+            if text_job is not None:  # the text's query tower and the image's towers run at the same time
+                (q, info), vector = await asyncio.gather(text_job, vec_job)
+            else:
+                vector = await vec_job
+                q = QueryVectors(vector, None, None, None)
+        else:
+            q, info = await text_job
+        if info is not None:
+            clock.ms["queue"], clock.ms["encode"] = info.queue_ms, info.encode_ms
+        if text_job is not None and vector is not None:
+            mixed = (1.0 - plan.weight) * q.g_q.astype(np.float32) + plan.weight * vector
+            q = replace(q, g_q=_unit(mixed, q.g_q))
+        out = await loop.run_in_executor(self.pool, self._after_encode, q, handle, plan, clock)
+        out.batch_size = info.batch_size if info is not None else 1
         out.timings_ms["total"] = (time.perf_counter() - t0) * 1000
         return out
+
+    def _query_vector(self, plan: Plan, handle: IndexHandle, clock: StageClock) -> np.ndarray:
+        """The vector part of a query, unit norm: an image's g_I, the mean of stored vectors, or a raw vector."""
+        if plan.image is not None:
+            with clock.stage("decode_image"):
+                px = query_image.pixels(plan.image, self.settings.query_image_max_pixels)
+            encoder = self.models.image_encoder()  # loaded by the warm-up; the first call otherwise
+            with clock.stage("encode_image"):
+                return encoder.encode(px[None])[0]
+        if plan.like:
+            with clock.stage("like"):
+                vs = handle.reader.vectors(plan.like)
+                return _unit(vs.mean(axis=0), vs[0])
+        v = np.asarray(plan.embedding, np.float32)
+        if not np.isfinite(v).all() or float(np.linalg.norm(v)) == 0.0:
+            raise ApiError(422, "invalid_request", "invalid request: embedding_input must be finite and not all zero")
+        return _unit(v, v)
 
     # ---- the stages after encode: one worker thread per request ---------------------
     def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
                       retried: bool = False) -> Outcome:
         reader = handle.reader
         degraded: list[tuple[str, str]] = []
-        with clock.stage("ann"):
-            found, scores = reader.search(q.g_q[None], plan.shortlist)
-        ids = found[0]
-        ann = np.asarray(scores[0][: len(ids)], np.float32)
+        exclude = set(plan.like)
+        filtered = None
+        if plan.filter is not None:
+            with clock.stage("filter"):
+                mask = self._columns(handle).mask(plan.filter)
+                if exclude:
+                    mask[handle.rows(list(exclude))] = False
+            with clock.stage("ann"):
+                filtered = filters.search(reader.index, lambda rows: reader.vectors([reader.ids[r] for r in rows]),
+                                          q.g_q, plan.shortlist, mask, self.settings.filter_exact_max)
+            ids = [reader.ids[r] for r in filtered.rows]
+            ann = np.asarray(filtered.scores, np.float32)
+        else:
+            with clock.stage("ann"):
+                found, scores = reader.search(q.g_q[None], min(plan.shortlist + len(exclude), len(reader) or 1))
+            ids = found[0]
+            ann = np.asarray(scores[0][: len(ids)], np.float32)
+            if exclude:  # "like" items are what the query is made of: never results
+                keep = [j for j, i in enumerate(ids) if i not in exclude][: plan.shortlist]
+                ids, ann = [ids[j] for j in keep], ann[keep]
 
         logits = None
         if plan.rerank != "none" and ids:
@@ -151,6 +243,11 @@ class Searcher:
         order = np.argsort(-final, kind="stable") if logits is not None else np.arange(len(ids))
         if plan.min_score is not None:
             order = order[final[order] >= plan.min_score]
+        dropped = 0
+        if plan.dedup is not None and len(order) > 1:
+            with clock.stage("dedup"):
+                order, dropped = _dedup(order, reader.vectors([ids[i] for i in order]), plan.dedup,
+                                        plan.k + plan.tail)
         order = order[: plan.k + plan.tail]
         ranked = [Hit(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]))
                   for i in order]
@@ -169,13 +266,53 @@ class Searcher:
                 metas = [None] * len(hits)
         for h, m in zip(hits, metas):
             h.metadata = public_metadata(m, self.settings.expose_uri)
-        return Outcome(hits, tail, handle, clock.ms, degraded=degraded)
+        return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded,
+                       filtered=None if filtered is None else
+                       {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how})
+
+    def _columns(self, handle: IndexHandle) -> filters.Columns:
+        """The version's metadata columns (read once per version, MGETs of 1,000). Redis down: no filter can be
+        answered, so 503 feature_store_unavailable (not a degraded answer: unfiltered results would be wrong)."""
+        reader = handle.reader
+
+        def load() -> list[dict | None]:
+            out: list[dict | None] = []
+            for i in range(0, len(reader.ids), 1000):
+                out += reader.metadata(reader.ids[i:i + 1000])
+            return out
+
+        try:
+            return handle.columns.get(lambda: self.fs.call("filter_metadata", load))
+        except FeatureStoreUnavailable as e:
+            raise feature_store_unavailable(e, self.fs.retry_after_s) from None
 
     def _redis_down(self, e: FeatureStoreUnavailable) -> None:
         """Redis is down: count it; with CROSSPROBE_REDIS_DOWN_SEARCH=fail the search answers 503 (else it degrades)."""
         if self.settings.redis_down_search == "fail":
             raise feature_store_unavailable(e, self.fs.retry_after_s) from None  # counted by its error handler
         metrics.error("feature_store_unavailable")
+
+
+def _unit(v: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """v / |v| as float32; `fallback` (unit norm already) when v is (numerically) zero: two opposite vectors."""
+    v = np.asarray(v, np.float32)
+    n = float(np.linalg.norm(v))
+    return v / n if n > 1e-6 else np.asarray(fallback, np.float32)
+
+
+def _dedup(order: np.ndarray, vectors: np.ndarray, threshold: float, want: int) -> tuple[np.ndarray, int]:
+    """Greedy, in rank order: keep a candidate unless its cosine with a kept one is >= threshold (the vectors
+    are unit norm). Stops once `want` are kept. -> (kept positions, how many were dropped before that)."""
+    kept: list[int] = []
+    dropped = 0
+    for pos in range(len(order)):
+        if len(kept) >= want:
+            break
+        if kept and float(np.max(vectors[kept] @ vectors[pos])) >= threshold:
+            dropped += 1
+            continue
+        kept.append(pos)
+    return order[kept], dropped
 
 
 def public_metadata(meta: dict | None, expose_uri: bool) -> dict | None:

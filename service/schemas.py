@@ -16,9 +16,9 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from crossprobe.service.settings import MAX_K, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
+from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
 
 def _integral(v: Any) -> Any:
@@ -32,20 +32,108 @@ def _integral(v: Any) -> Any:
         return [_integral(x) for x in v]
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
+ItemId = Annotated[str, Field(min_length=1, max_length=1024)]
+ItemIdOrIds = ItemId | Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIKE)]
+
 # the format of query texts in the OpenAPI document (see the module's docstring)
 VISIBLE_TEXT = {"format": "visible-text"}
 VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or zero-width characters: 422)"
 
 
-class SearchRequest(BaseModel):
-    """A search. One rule spans two fields, which JSON Schema cannot express (so it is listed under
-    x-constraints): shortlist >= k when shortlist is given (k defaults to 10); otherwise 422 invalid_request."""
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"x-constraints": ["shortlist >= k"]})
+# ---- metadata filters (filters.py) -------------------------------------------------------------------------
+FilterValue = Annotated[str, Field(max_length=1024)] | float
+MAX_FILTER_CONDITIONS = 64  # conditions in one filter tree, all levels together
 
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
-                       description=f"text to search images for: {VISIBLE_TEXT_HELP}")
+
+class Condition(BaseModel):
+    """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable; numeric fields
+    only). tags: eq = has the tag, in = has any of them; format is compared case-insensitively."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    field: Literal["tags", "format", "caption", "width", "height"]
+    eq: FilterValue | None = None
+    in_: list[FilterValue] | None = Field(None, alias="in", min_length=1, max_length=256)
+    gt: float | None = Field(None, allow_inf_nan=False)
+    gte: float | None = Field(None, allow_inf_nan=False)
+    lt: float | None = Field(None, allow_inf_nan=False)
+    lte: float | None = Field(None, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_test(self) -> "Condition":
+        ranged = any(v is not None for v in (self.gt, self.gte, self.lt, self.lte))
+        given = (self.eq is not None) + (self.in_ is not None) + ranged
+        if given != 1:
+            raise ValueError("a condition needs exactly one of eq, in, or a range (gt / gte / lt / lte)")
+        values = [self.eq] if self.eq is not None else (self.in_ or [])
+        numeric = self.field in ("width", "height")
+        if ranged and not numeric:
+            raise ValueError(f"{self.field}: ranges are for numeric fields (width, height)")
+        if any(isinstance(v, str) == numeric for v in values):
+            raise ValueError(f"{self.field}: compare with {'numbers' if numeric else 'strings'}")
+        return self
+
+
+class AllOf(BaseModel):
+    """Every child holds (AND)."""
+    model_config = ConfigDict(extra="forbid")
+    and_: list["FilterNode"] = Field(alias="and", min_length=1, max_length=MAX_FILTER_CONDITIONS)
+
+
+class AnyOf(BaseModel):
+    """At least one child holds (OR)."""
+    model_config = ConfigDict(extra="forbid")
+    or_: list["FilterNode"] = Field(alias="or", min_length=1, max_length=MAX_FILTER_CONDITIONS)
+
+
+def _filter_kind(v: Any) -> str:
+    """Which of the three a filter node is, so a bad node gets the errors of its own kind only."""
+    keys = set(v) if isinstance(v, dict) else set(vars(v)) if isinstance(v, BaseModel) else set()
+    return "and" if keys & {"and", "and_"} else "or" if keys & {"or", "or_"} else "condition"
+
+
+FilterNode = Annotated[Annotated[Condition, Tag("condition")] | Annotated[AllOf, Tag("and")]
+                       | Annotated[AnyOf, Tag("or")], Discriminator(_filter_kind)]
+AllOf.model_rebuild()
+AnyOf.model_rebuild()
+
+
+def _conditions(node) -> int:
+    children = getattr(node, "and_", None) or getattr(node, "or_", None)
+    return 1 if children is None else sum(_conditions(c) for c in children)
+
+
+class SearchRequest(BaseModel):
+    """A search: a text (`query`), an image (`image`), indexed items (`like`), or a text with one of the other two.
+    Rules that span fields, which JSON Schema cannot express (so they are listed under x-constraints); broken:
+    422 invalid_request. shortlist >= k when shortlist is given (k defaults to 10); at least one of query, image,
+    like; not both image and like."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"x-constraints": [
+        "shortlist >= k", "at least one of query, image, like", "not both image and like"]})
+
+    query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
+                              description=f"text to search images for: {VISIBLE_TEXT_HELP}")
+    image: str | None = Field(None, min_length=1, description="an image to search with, base64 (standard or URL-safe "
+                              "alphabet; a data: URL prefix is allowed): JPEG, PNG, WebP, GIF, BMP or TIFF, at most "
+                              "CROSSPROBE_QUERY_IMAGE_MAX_BYTES decoded bytes and CROSSPROBE_QUERY_IMAGE_MAX_PIXELS "
+                              "pixels (else 413 too_large); not an image: 422 invalid_image. Ranked by the image "
+                              "tower's vector (what the index stores); alone, no reranker runs (rerank \"none\")")
+    like: ItemIdOrIds | None = Field(None, description=f"more like this: an item id of the index, or up to {MAX_LIKE} "
+                                     "(their stored vectors averaged, renormalised); these items are not among the "
+                                     "results; an unknown id: 404 item_not_found")
+    weight: float = Field(0.5, ge=0, le=1, strict=True, allow_inf_nan=False,
+                          description="with query and image (or like): the ANN query is (1 - weight) x the text's "
+                          "vector + weight x the image's (or the items'), renormalised. Ignored otherwise")
+    dedup: float | None = Field(None, gt=0, le=1, strict=True, allow_inf_nan=False,
+                                description="collapse near duplicates: drop a result whose stored vector has a "
+                                "cosine >= this with a result ranked above it (e.g. 0.95)")
+    filter: FilterNode | None = Field(None, description="only items whose metadata passes: a condition "
+                                      "{\"field\", \"eq\" | \"in\" | \"gt\"/\"gte\"/\"lt\"/\"lte\"} or "
+                                      "{\"and\": [...]} / {\"or\": [...]} of them (fields: tags, format, caption, "
+                                      f"width, height; at most {MAX_FILTER_CONDITIONS} conditions). Applied inside "
+                                      "the ANN search: k results whenever k items match")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
-    rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's CROSSPROBE_DEFAULT_RERANK)")
+    rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's "
+                                  "CROSSPROBE_DEFAULT_RERANK); without a query text: none (see rerank_skipped)")
     shortlist: int | None = Field(None, ge=1, le=MAX_SHORTLIST, strict=True,
                                   description="ANN candidates to rerank; must be >= k (else 422; see "
                                   "x-constraints). Default: max(server default, k)")
@@ -56,8 +144,8 @@ class SearchRequest(BaseModel):
 
     @field_validator("query")
     @classmethod
-    def _not_blank(cls, v: str) -> str:
-        return visible_or_error(v, "query")
+    def _not_blank(cls, v: str | None) -> str | None:
+        return None if v is None else visible_or_error(v, "query")
 
     @field_validator("k", "shortlist", mode="before")
     @classmethod
@@ -68,7 +156,17 @@ class SearchRequest(BaseModel):
     def _shortlist_covers_k(self) -> "SearchRequest":
         if self.shortlist is not None and self.shortlist < self.k:
             raise ValueError(f"shortlist ({self.shortlist}) must be >= k ({self.k})")
+        if self.query is None and self.image is None and self.like is None:
+            raise ValueError("send a query, an image or like (at least one)")
+        if self.image is not None and self.like is not None:
+            raise ValueError("send image or like, not both")
+        if self.filter is not None and _conditions(self.filter) > MAX_FILTER_CONDITIONS:
+            raise ValueError(f"filter: more than {MAX_FILTER_CONDITIONS} conditions")
         return self
+
+    @property
+    def like_ids(self) -> list[str]:
+        return [] if self.like is None else [self.like] if isinstance(self.like, str) else list(self.like)
 
 
 class Scores(BaseModel):
@@ -100,12 +198,27 @@ class ModelRef(BaseModel):
     query_precision: str  # "fp32" | "int8": which query-tower graph encoded the query
 
 
+class FilterInfo(BaseModel):
+    matching: int = Field(description="items of the served version that pass the filter (\"like\" items not "
+                          "counted)")
+    exact: bool = Field(description="every matching item was considered (false only when an HNSW index returned "
+                        "fewer than k and more than CROSSPROBE_FILTER_EXACT_MAX items match)")
+    method: str = Field(description="faiss-idselector (FAISS searched only the matching rows) | exact-scan (their "
+                        "stored vectors scanned) | none-match")
+
+
 class SearchResponse(BaseModel):
     results: list[Hit]
     index: IndexRef
     model: ModelRef
-    rerank: Rerank
-    timings_ms: dict[str, float] = Field(description="per stage: queue, encode, ann, fetch, rerank, metadata; total")
+    query_kind: str = Field(description="what was searched for: text, image, like, or text+image / text+like")
+    rerank: Rerank = Field(description="the reranker that ran: none for a query without text")
+    rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
+                                       "default) asked for a reranker: the query had no text")
+    deduplicated: int = Field(0, description="results dropped as near duplicates (dedup)")
+    filtered: FilterInfo | None = Field(None, description="with a filter: how many items passed it")
+    timings_ms: dict[str, float] = Field(description="per stage: queue, encode (text), decode_image, encode_image "
+                                         "(image), like (stored vectors), ann, fetch, rerank, dedup, metadata; total")
     degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason); "
                            "also said by the X-Crossprobe-Degraded header (the codes)")
     degraded_reason: str | None = Field(None, description="'code: message' per skipped part, '; ' separated; codes: "
@@ -116,7 +229,6 @@ class SearchResponse(BaseModel):
 # /v1/explain: the page explains the results it shows (at most its largest k); each id costs a decode and a
 # backbone run (~20 ms of CPU), so a request is bounded like a search's k is
 MAX_EXPLAIN_IDS = 32
-ItemId = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class ExplainRequest(BaseModel):
@@ -207,21 +319,29 @@ def visible_or_error(text: str, what: str) -> str:
 # ---- clip-retrieval (rom1504/clip-retrieval clip_back) ----------------------------
 def _knn_documented(schema: dict[str, Any]) -> None:
     """KnnRequest's OpenAPI schema: the requests /knn-service answers 200. The model itself accepts more
-    (an image, a text modality) so that the route can refuse those with 422 "unsupported", which says more
+    (image_url, a text modality) so that the route can refuse those with 422 "unsupported", which says more
     than a validation error; here they are what they are for a client: values that get a 422."""
     props = schema["properties"]
-    props["text"] = {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, **VISIBLE_TEXT,
-                     "description": f"the query (text -> image search): {VISIBLE_TEXT_HELP}"}
-    schema["required"] = ["text"]
+    props["text"] = {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                                                  **VISIBLE_TEXT}], "default": None,
+                     "description": f"a text query: {VISIBLE_TEXT_HELP}. One of text, image, embedding_input is "
+                     "needed (x-constraints); the first given of embedding_input, image, text is used, as in "
+                     "clip_back"}
+    props["image"] = {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1}], "default": None,
+                      "description": "an image query, base64 (as clip_back): ranked by the image tower's vector, "
+                      "not reranked. Not an image: 422 invalid_image; over the size limits: 413 too_large"}
+    props["embedding_input"] = {"anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "number"},
+                                                             "minItems": 1}], "default": None,
+                                "description": "a query vector of the index's dimension (GET /v1/indexes: "
+                                "the model's d), e.g. a g_I another call returned; renormalised. Another length, "
+                                "all zeros: 422"}
     props["modality"] = {"enum": ["image"], "default": "image",
                          "description": "the index searched: images. \"text\" (a text index) is 422 unsupported"}
-    for name in ("image", "image_url"):
-        props[name] = {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}], "default": None,
-                       "description": "image queries are not supported yet: anything but null or \"\" is 422 "
-                       "unsupported"}
-    props["embedding_input"] = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}], "default": None,
-                                "description": "embedding queries are not supported: anything but null or [] is "
-                                "422 unsupported"}
+    props["image_url"] = {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}], "default": None,
+                          "description": "fetching URLs is not supported (the service reaches out to nowhere): "
+                          "anything but null or \"\" is 422 unsupported; send the image itself as \"image\""}
+    schema.pop("required", None)
+    schema["x-constraints"] = ["at least one of text, image, embedding_input"]
 
 
 class KnnRequest(BaseModel):
@@ -231,15 +351,15 @@ class KnnRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_knn_documented)
 
     text: str | None = Field(None, max_length=MAX_QUERY_CHARS)
-    image: str | None = None  # base64 image: refused until image queries exist
-    image_url: str | None = None
-    embedding_input: list[float] | None = None
+    image: str | None = None  # base64 image (query by image)
+    image_url: str | None = None  # refused: no outbound fetches
+    embedding_input: list[float] | None = Field(None, max_length=4096)  # a query vector of the index's d
     modality: Literal["image", "text"] = "image"  # which index to search: images (text -> image search)
     num_images: int = Field(40, ge=1)  # results with metadata; clamped to MAX_K
     num_result_ids: int | None = Field(None, ge=1)  # ranked ids returned (metadata only for the first num_images)
     indice_name: str | None = Field(None, max_length=64)
     use_mclip: bool = False
-    deduplicate: bool = True  # accepted; an index holds one entry per id already
+    deduplicate: bool = True  # as clip_back: near duplicates (cosine >= DEDUP_COSINE) of a better result dropped
     use_safety_model: bool = False  # accepted, not applied (no safety model here)
     use_violence_detector: bool = False  # accepted, not applied
     aesthetic_score: str | int | None = ""  # accepted, not applied

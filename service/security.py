@@ -1,8 +1,8 @@
 """Who may call what: search keys, the admin key, the metrics key, and the rate limit (README "Security").
 
   group    routes                                                      header                     key unset
-  search   /v1/search, /v1/explain, /v1/indexes, /v1/items/{id}[/image],  X-API-Key: <search key>  open
-           /knn-service, /indices-list, /metadata
+  search   /v1/search[/image], /v1/explain, /v1/indexes,                 X-API-Key: <search key>  open
+           /v1/items/{id}[/image], /knn-service, /indices-list, /metadata
   admin    /admin/*                                                    X-Admin-Key: <admin key>   403 admin_disabled
   metrics  /metrics                                                    Authorization: Bearer <k>  open
   open     /healthz, /readyz, / and /static/* (the page), /docs, /openapi.json
@@ -18,7 +18,8 @@ tells neither which key matched, nor whether one did, nor how long the keys are.
 echoed: error messages name the header, never a value; uvicorn's access log has no headers.
 
 Rate limit (Settings.rate_limit_rps > 0): a token bucket per search key, or per client address when no
-search keys are set, over the routes that run the query tower (/v1/search, /v1/explain, /knn-service: the
+search keys are set, over the routes that run the query tower or the image towers (/v1/search[/image],
+/v1/explain, /knn-service: the
 CPU-bound ones; items, images and /metadata follow from a search's results, and the page loads a dozen
 thumbnails per search). A request takes one token; the bucket holds `rate_limit_burst` and refills at
 `rate_limit_rps`. Empty: 429 `rate_limited` with Retry-After = the whole seconds until one token is back,

@@ -17,6 +17,7 @@ Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
 MAX_SHORTLIST = 1000
 MAX_QUERY_CHARS = 512
+MAX_LIKE = 32  # /v1/search "like": at most this many item ids (their stored vectors are averaged)
 MAX_JSON_DEPTH = 32  # request bodies nest 2 levels; deeper ones are refused before any (recursive) JSON parser
 
 
@@ -126,6 +127,19 @@ class Settings(BaseSettings):
     # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
     public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
     urls_from_host_header: bool = False  # see public_base_url: only behind a proxy that sets Host itself
+
+    # -- query by image (/v1/search "image", /knn-service "image") ----------------------------------------------
+    # the decoded image's bytes at most (the base64 text is a third longer, and the whole body must also fit
+    # max_body_bytes); longer: 413 too_large
+    query_image_max_bytes: int = Field(768 * 1024, ge=1024)
+    # width x height from the image's header, checked before any pixel is decoded (a decompression bomb is a few
+    # KB of PNG); more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
+    query_image_max_pixels: int = Field(25_000_000, ge=1)
+
+    # -- metadata filters (/v1/search "filter"; service/filters.py) ----------------------------------------------
+    # when an HNSW / IVF index returns fewer than k under a filter while more items match, scan the matching items'
+    # stored vectors exactly if there are at most this many (~1 ms per 4,000 at d=256); more: FAISS's answer stands
+    filter_exact_max: int = Field(20_000, ge=0)
 
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole

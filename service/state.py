@@ -22,6 +22,16 @@ from crossprobe.service.settings import Settings
 log = logging.getLogger("crossprobe.service")
 
 
+def _warmup_image() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (120, 80, 40)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
 class ServiceState:
     def __init__(self, settings: Settings, bert=None):
         self.settings = settings
@@ -89,11 +99,13 @@ class ServiceState:
         return models, registry
 
     async def warmup(self) -> None:
-        """One query per reranker through the whole path (first ORT runs allocate; first MGET connects)."""
+        """One query per reranker through the whole path (first ORT runs allocate; first MGET connects), and one
+        image query (loads the image backbone and tower: query by image's first request pays no load)."""
         name = self.registry.default_name() if self.registry else None
         if self.settings.warmup and name in (self.registry.handles if self.registry else {}):
             for rerank in ("cp", "temde"):
                 await self.searcher.search(self.searcher.plan("a photo", 1, rerank, index=name))
+            await self.searcher.search(self.searcher.plan(None, 1, "none", index=name, image=_warmup_image()))
         self.warmed = True
 
     async def reload(self, force: bool = False) -> dict[str, dict]:

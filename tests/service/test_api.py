@@ -282,7 +282,8 @@ def test_clip_lists_metadata_and_refusals(client, built):
     got = r.json()
     assert [x["id"] for x in got] == ids and got[2]["metadata"] is None
     assert got[0]["metadata"]["url"].endswith("/image?index=photos") and "uri" not in got[0]["metadata"]
-    for bad, code in [({**KNN, "image": "aGVsbG8="}, "unsupported"), ({**KNN, "image_url": "http://x/y.jpg"}, "unsupported"),
+    for bad, code in [({**KNN, "image": "aGVsbG8=", "text": None}, "invalid_image"),
+                      ({**KNN, "image_url": "http://x/y.jpg"}, "unsupported"),
                       ({**KNN, "modality": "text"}, "unsupported"), ({**KNN, "text": None}, "invalid_request"),
                       ({**KNN, "num_images": 0}, "invalid_request")]:
         r = client.post("/knn-service", content=json.dumps(bad), headers={"Content-Type": "text/plain"})

@@ -9,9 +9,12 @@ except 408, which only a real socket can produce (tests/service/test_slow_client
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 
 import pytest
+from PIL import Image
 from fastapi.testclient import TestClient
 
 from crossprobe.service.app import create_app
@@ -33,10 +36,25 @@ def _json(body) -> dict:
 def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
     """(operation path as in the document, method, URL, httpx arguments): the ready app's cases."""
     item = ids[0]
-    search, explain = "/v1/search", "/v1/explain"
+    search, explain, upload = "/v1/search", "/v1/explain", "/v1/search/image"
     knn = {"text": "a red square", "num_images": 2}
+    png = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(png, "PNG")
+    image = base64.b64encode(png.getvalue()).decode()
     cases = [
         (search, "POST", search, _json({"query": "a red square", "k": 2, "rerank": "none"})),  # 200
+        (search, "POST", search, _json({"image": image, "k": 2})),  # 200: query by image
+        (search, "POST", search, _json({"query": "a red square", "image": image, "k": 2, "weight": 0.3})),  # 200
+        (search, "POST", search, _json({"like": [item], "k": 2, "dedup": 0.9})),  # 200: more like this
+        (search, "POST", search, _json({"like": "nope"})),  # 404 item_not_found
+        (search, "POST", search, _json({"image": "bm90IGFuIGltYWdl"})),  # 422 invalid_image
+        (search, "POST", search, _json({"image": image, "like": item})),  # 422: not both
+        (search, "POST", search, _json({"query": "a dog", "filter": {"and": [{"field": "width", "gte": 50},  # 200
+                                                                            {"field": "tags", "in": ["x"]}]}})),
+        (search, "POST", search, _json({"query": "a dog", "filter": {"field": "width", "gte": "big"}})),  # 422
+        (upload, "POST", upload + "?k=2", {"content": png.getvalue(), "headers": {"Content-Type": "image/png"}}),
+        (upload, "POST", upload + "?index=nope", {"content": png.getvalue()}),  # 404
+        (upload, "POST", upload, {"content": b"not an image"}),  # 422 invalid_image
         (search, "POST", search, _json({"query": "a dog", "index": "nope"})),  # 404
         (search, "POST", search, _json({"query": "a dog", "k": 0})),  # 422
         (search, "POST", search, _json({"query": "a dog", "k": 20, "shortlist": 10})),  # 422: shortlist < k
@@ -59,6 +77,9 @@ def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
         ("/knn-service", "POST", "/knn-service", _json(knn)),
         ("/knn-service", "POST", "/knn-service", _json({**knn, "indice_name": "nope"})),
         ("/knn-service", "POST", "/knn-service", _json({**knn, "modality": "text"})),  # 422 unsupported
+        ("/knn-service", "POST", "/knn-service", _json({"image": image, "num_images": 2})),  # 200: by image
+        ("/knn-service", "POST", "/knn-service", _json({"embedding_input": [0.5, 0.5]})),  # 422: not the index's d
+        ("/knn-service", "POST", "/knn-service", _json({"image": "bm90IGFuIGltYWdl"})),  # 422 invalid_image
         ("/knn-service", "POST", "/knn-service", {"content": b"\x80 not utf-8"}),
         ("/indices-list", "GET", "/indices-list", {}),
         ("/metadata", "POST", "/metadata", _json({"ids": ids[:2]})),
@@ -99,6 +120,7 @@ def observed(client, built, svc_ckpt, artifacts, tmp_path_factory) -> dict:
         assert c.get("/readyz").status_code == 503
         item = built.ids[0]
         _observe(c, [("/v1/search", "POST", "/v1/search", _json({"query": "a dog"})),
+                     ("/v1/search/image", "POST", "/v1/search/image", {"content": b"an image"}),
                      ("/v1/explain", "POST", "/v1/explain", _json({"query": "a dog", "ids": [item]})),
                      ("/v1/items/{item_id}", "GET", f"/v1/items/{item}", {}),
                      ("/v1/items/{item_id}/image", "GET", f"/v1/items/{item}/image", {}),
@@ -164,13 +186,16 @@ def test_every_declared_status_is_answered(client, observed):
 def test_the_document_says_what_json_schema_cannot(client):
     spec = client.get("/openapi.json").json()
     search = spec["components"]["schemas"]["SearchRequest"]
-    assert search["x-constraints"] == ["shortlist >= k"] and "shortlist >= k" in search["description"]
+    assert search["x-constraints"] == ["shortlist >= k", "at least one of query, image, like",
+                                       "not both image and like"] and "shortlist >= k" in search["description"]
     assert search["properties"]["query"]["format"] == "visible-text"
     for path in ("/knn-service", "/metadata"):  # they parse raw bytes; the body is declared by hand
         body = spec["paths"][path]["post"]["requestBody"]
         assert body["required"] and "schema" in body["content"]["application/json"]
     knn = spec["paths"]["/knn-service"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert knn["required"] == ["text"] and knn["properties"]["modality"]["enum"] == ["image"]
+    assert "required" not in knn and knn["properties"]["modality"]["enum"] == ["image"]
+    assert knn["x-constraints"] == ["at least one of text, image, embedding_input"]
+    assert {"image", "embedding_input", "text"} <= set(knn["properties"])
     assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert list(spec["paths"]["/v1/items/{item_id}/image"]["get"]["responses"]["200"]["content"]) == ["image/jpeg"]
     # bounds are JSON Schema's words: a "ge" / "le" here would be invisible to every client and generator

@@ -125,6 +125,7 @@ def _app_routes(routes):
 
 GROUPS = {  # route -> the access checks it runs (README "Security"): every API route is decided here
     "/v1/search": ["search_client", "rate_limit"], "/v1/explain": ["search_client", "rate_limit"],
+    "/v1/search/image": ["search_client", "rate_limit"],
     "/knn-service": ["search_client", "rate_limit"],
     "/v1/indexes": ["search_client"], "/v1/items/{item_id:path}": ["search_client"],
     "/v1/items/{item_id:path}/image": ["search_client"], "/indices-list": ["search_client"],

@@ -1,0 +1,68 @@
+"""Query images (POST /v1/search "image", /knn-service "image"): base64 text -> bytes -> the indexer's pixels.
+
+Every refusal is the client's: a 4xx with a stable code, never a 5xx, and bounded work before it:
+  too_large     413  more than Settings.query_image_max_bytes decoded bytes (checked on the base64 text's
+                     length before decoding it), or more than query_image_max_pixels in the header
+  invalid_image 422  not base64, or bytes Pillow cannot read as an image (unknown format, truncated, corrupt)
+
+Pixels are made exactly as the indexer makes them (crossprobe.models.backbones.load_image, which
+indexer/decode.py calls on the file it opened): JPEG draft mode, EXIF orientation, RGB, 224 x 224. So an
+indexed file sent as a query gives the very g_I the index stores for it.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+
+import numpy as np
+from PIL import Image
+
+from crossprobe.models import backbones as bb
+from crossprobe.service.errors import ApiError
+
+# a data URL's prefix ("data:image/jpeg;base64,"), which browsers' FileReader.readAsDataURL produces
+_DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+;base64,", re.IGNORECASE)
+_WHITESPACE = re.compile(r"\s+")
+
+
+def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
+    """base64 (standard or URL-safe alphabet, padding optional, a data: URL prefix allowed) -> bytes."""
+    text = _WHITESPACE.sub("", _DATA_URL.sub("", text, count=1))
+    if len(text) * 3 // 4 > max_bytes + 2:  # before decoding: the length alone says the size
+        raise ApiError(413, "too_large", f"{field}: the image is over {max_bytes} bytes "
+                       f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+    if not text:
+        raise ApiError(422, "invalid_image", f"{field}: empty")
+    try:
+        alt = b"-_" if ("-" in text or "_" in text) else None
+        data = base64.b64decode(text + "=" * (-len(text) % 4), altchars=alt, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ApiError(422, "invalid_image", f"{field}: not base64 ({e})") from None
+    if len(data) > max_bytes:
+        raise ApiError(413, "too_large", f"{field}: the image is {len(data)} bytes, over {max_bytes} "
+                       f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+    return data
+
+
+def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
+    """Image file bytes -> (3, 224, 224) float32, as the indexer decodes its files."""
+    if not data:
+        raise ApiError(422, "invalid_image", f"{field}: empty")
+    try:
+        # our pixel limit is checked on the header before any decode (no warnings filter: it is process-wide
+        # state, not thread-safe); Pillow's own DecompressionBombError stays as a second guard
+        with Image.open(io.BytesIO(data)) as img:  # lazy: only the header so far
+            w, h = img.size
+            if w * h > max_pixels:
+                raise ApiError(413, "too_large", f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
+                               f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
+            return bb.load_image(img)  # first frame of a GIF / page of a TIFF
+    except ApiError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise ApiError(413, "too_large", f"{field}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - whatever a decoder raises on hostile bytes is the input's fault
+        raise ApiError(422, "invalid_image", f"{field}: not a readable image ({type(e).__name__}: "
+                       f"{str(e)[:200]})") from None
