@@ -72,16 +72,19 @@ class Meter:
     """CPU over a window: the service, this process (the load generator) and everything else on the machine, in
     cores. `others_cores` well above 0 means another job shared the cores: the window's numbers are low."""
 
+    redis_pid: int | None = None  # the embedded redis-server (service() sets it)
+
     def __init__(self, server_pid: int):
         self.pid = server_pid
         self.t, self.busy, self.srv, self.me = time.monotonic(), busy_s(), proc_cpu_s(server_pid), time.process_time()
+        self.rd = proc_cpu_s(self.redis_pid) if self.redis_pid else 0.0
 
     def read(self) -> dict:
         wall = time.monotonic() - self.t
         busy, srv, me = busy_s() - self.busy, proc_cpu_s(self.pid) - self.srv, time.process_time() - self.me
-        # the redis-server child is "other" too; it is small next to the service
-        return {"service_cores": round(srv / wall, 2), "client_cores": round(me / wall, 2),
-                "others_cores": round(max(0.0, busy - srv - me) / wall, 2)}
+        rd = proc_cpu_s(self.redis_pid) - self.rd if self.redis_pid else 0.0
+        return {"service_cores": round(srv / wall, 2), "redis_cores": round(rd / wall, 2),
+                "client_cores": round(me / wall, 2), "others_cores": round(max(0.0, busy - srv - rd - me) / wall, 2)}
 
 
 def wait_idle(max_wait_s: float, below: float = 0.3, window_s: float = 5.0) -> float:
@@ -102,6 +105,7 @@ def service(args):
     """-> (port, server process, names {size: index}, queries, checkpoint fingerprint); everything stopped after."""
     ixs, redis_client, ckpt, fp, _, names, queries = sb.prepare(args.workdir, args.ckpt, None, args.big)
     names = {s: n for s, n in names.items() if s in args.sizes.split(",")} if args.sizes else names
+    Meter.redis_pid = redis_client.pid
     proc = None
     try:
         env = sb.service_env(ixs, redis_client, ckpt, names, args.query_precision, args.threads)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -144,10 +145,10 @@ class Generator:
         run = Run(records=sink if sink is not None else [])
         cpu0, t0 = time.process_time(), loop.time()
         tasks: set[asyncio.Task] = set()
-        i = 0
-        while True:
+        i, count = 0, math.ceil(rate * seconds - 1e-9)  # due at 0, 1/rate, ... < seconds
+        while i < count:
             due = t0 + i / rate
-            if due - t0 >= seconds or (until is not None and until()):
+            if until is not None and until():
                 break
             delay = due - loop.time()
             if delay > 0:
