@@ -15,8 +15,10 @@ changes a setting for a comparison. The load comes from loadgen.py (one asyncio 
 Run one at a time: each stops the embedded Redis it started when it ends, under any other still running.
 
 max-qps: per (index, mode), offered open-loop rates start at --start and grow by --factor while a step of
---step-s seconds passes (0 errors, 0 degraded answers, p99 <= --p99-ms, answered >= 95% of the offered rate), then one rate halfway
-between the last pass and the first failure is tried; the answer is the highest rate that passed.
+--step-s seconds passes (0 errors, 0 degraded answers, p99 <= --p99-ms, answered >= 95% of the offered rate; a failed
+step is run once more before it counts, as one spike from another job on a shared machine is not the service's
+limit), then one rate halfway between the last pass and the first failure is tried the same way; the answer is the
+highest rate that passed.
 soak: the open loop at --rate (or --fraction of the last max-qps result for the mode and index) for --minutes:
 per-minute p50 / p99 / errors, the server's RSS every 10 s (VmRSS of /proc/<pid>/status).
 On a 2-core machine the generator competes with the service; its own CPU use is in every result.
@@ -128,10 +130,15 @@ def gen(port: int, queries: list[str], mode: str, index: str, timeout_s: float) 
 
 
 def step(g: Generator, rate: float, seconds: float, p99_ms: float, pid: int) -> dict:
+    # the service is idle between steps: what the machine does now is other jobs; let them pass (bounded)
+    waited = time.monotonic()
+    wait_idle(90, window_s=2.0)
+    waited = round(time.monotonic() - waited - 2.0, 1)
     m = Meter(pid)
     run = asyncio.run(g.open_loop(rate, seconds))
     s = {**run.summary(), **m.read()}
     s["rate"] = round(rate, 1)
+    s["waited_for_idle_s"] = waited
     # a degraded answer (rerank skipped: Redis unreachable or slow) is not a sustained search either
     s["pass"] = s["errors"] == 0 and s["degraded"] == 0 and s["p99_ms"] <= p99_ms and s["ok"] >= 0.95 * rate * seconds
     return s
@@ -146,25 +153,33 @@ def max_qps(args, port: int, pid: int, names: dict, queries: list[str]) -> dict:
             asyncio.run(g.closed_loop(4, 100))  # warm-up: connections, caches
             steps, rate, best, fail = [], args.start, None, None
             while rate <= args.max_rate:
-                s = step(g, rate, args.step_s, args.p99_ms, pid)
-                steps.append(s)
-                print(f"{size:>7} {mode:>5} {rate:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 {s['p99_ms']} "
-                      f"ms, {s['errors']} errors {s['error_kinds'] or ''} {s['degraded']} degraded, other jobs """
-                      f"{s['others_cores']} cores {'pass' if s['pass'] else 'FAIL'}", flush=True)
-                time.sleep(1)
+                for attempt in (1, 2):  # a failed step is run once more: one spike on a shared machine is not a limit
+                    s = step(g, rate, args.step_s, args.p99_ms, pid)
+                    s["attempt"] = attempt
+                    steps.append(s)
+                    print(f"{size:>7} {mode:>5} {rate:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 "
+                          f"{s['p99_ms']} ms, {s['errors']} errors {s['error_kinds'] or ''} {s['degraded']} degraded, "
+                          f"other jobs {s['others_cores']} cores {'pass' if s['pass'] else 'FAIL'}", flush=True)
+                    time.sleep(1)
+                    if s["pass"]:
+                        break
                 if not s["pass"]:
                     fail = rate
                     break
                 best, rate = s, rate * args.factor
             if best is not None and fail is not None:  # one more between the last pass and the first failure
                 mid = (best["rate"] + fail) / 2
-                s = step(g, mid, args.step_s, args.p99_ms, pid)
-                steps.append(s)
-                print(f"{size:>7} {mode:>5} {mid:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 {s['p99_ms']} "
-                      f"ms, {s['errors']} errors {'pass' if s['pass'] else 'FAIL'} (refine)", flush=True)
-                if s["pass"]:
-                    best = s
-                time.sleep(1)
+                for attempt in (1, 2):
+                    s = step(g, mid, args.step_s, args.p99_ms, pid)
+                    s["attempt"] = attempt
+                    steps.append(s)
+                    print(f"{size:>7} {mode:>5} {mid:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 "
+                          f"{s['p99_ms']} ms, {s['errors']} errors, other jobs {s['others_cores']} cores "
+                          f"{'pass' if s['pass'] else 'FAIL'} (refine)", flush=True)
+                    time.sleep(1)
+                    if s["pass"]:
+                        best = s
+                        break
             g.close()
             out[size][mode] = {"max_qps": best["rate"] if best else None, "at": best, "first_fail": fail,
                                "steps": steps}
@@ -186,6 +201,15 @@ def closed(args, port: int, pid: int, names: dict, queries: list[str]) -> dict:
     return out
 
 
+def minute_cpu(a: Meter, b: Meter) -> dict:
+    """Cores used between two snapshots (soak: the service and other jobs, per minute)."""
+    wall = b.t - a.t
+    srv, busy = b.srv - a.srv, b.busy - a.busy
+    rd = (b.rd - a.rd) if a.redis_pid else 0.0
+    return {"service_cores": round(srv / wall, 2),
+            "others_cores": round(max(0.0, busy - srv - rd - (b.me - a.me)) / wall, 2)}
+
+
 def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict) -> dict:
     size = next(iter(names))
     index = names[size]
@@ -198,6 +222,7 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
     g = gen(port, queries, args.mode, index, args.timeout_s)
     asyncio.run(g.closed_loop(4, 200))  # warm-up, then the RSS baseline
     rss = [(0.0, rss_kb(proc.pid))]
+    cpu: list[tuple[float, Meter]] = [(0.0, Meter(proc.pid))]  # snapshots every 10 s: CPU per minute below
     seconds = args.minutes * 60
     records: list[Record] = []
 
@@ -209,6 +234,7 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
             while True:
                 await asyncio.sleep(10)
                 rss.append((round(loop.time() - t0, 1), rss_kb(proc.pid)))
+                cpu.append((loop.time() - t0, Meter(proc.pid)))
 
         sampler = asyncio.create_task(sample())
         try:
@@ -227,8 +253,10 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
     for m in range(int(np.ceil(seconds / 60))):
         sub = Run([r for r in records if m * 60 <= r.start - t0 < (m + 1) * 60], wall_s=60.0)
         x = sub.summary()
+        snaps = [(t, mt) for t, mt in cpu if m * 60 <= t < (m + 1) * 60 + 5]
+        used = minute_cpu(snaps[0][1], snaps[-1][1]) if len(snaps) > 1 else {}
         minutes.append({"minute": m + 1, "requests": x["requests"], "errors": x["errors"], "qps": x["qps"],
-                        "p50_ms": x["p50_ms"], "p99_ms": x["p99_ms"], "max_ms": x["max_ms"]})
+                        "p50_ms": x["p50_ms"], "p99_ms": x["p99_ms"], "max_ms": x["max_ms"], **used})
         print(f"minute {m + 1}: {minutes[-1]}", flush=True)
     total = run.summary()
     growth = 100.0 * (rss[-1][1] - rss[0][1]) / rss[0][1]

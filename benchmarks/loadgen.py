@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,7 @@ class Record:
     end: float
     status: int | str  # HTTP status, or the error's kind
     degraded: bool | None = None
+    retried: bool = False  # sent again on a new connection: the server had closed the idle kept-alive one
 
     @property
     def ms(self) -> float:
@@ -58,7 +60,9 @@ class Run:
             kinds[str(r.status)] = kinds.get(str(r.status), 0) + 1
         p50, p95, p99 = (round(float(x), 1) for x in np.percentile(lat, [50, 95, 99]))
         return {"requests": len(self.records), "ok": len(self.ok), "errors": len(self.errors), "error_kinds": kinds,
-                "degraded": sum(1 for r in self.records if r.degraded), "qps": round(len(self.ok) / self.wall_s, 1),
+                "degraded": sum(1 for r in self.records if r.degraded),
+                "stale_connection_retries": sum(1 for r in self.records if r.retried),
+                "qps": round(len(self.ok) / self.wall_s, 1),
                 "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "max_ms": round(float(np.max(lat)), 1),
                 "wall_s": round(self.wall_s, 2),
                 "client_cpu_ms_per_request": round(1000 * self.client_cpu_s / max(1, len(self.records)), 3),
@@ -114,17 +118,31 @@ def search_requests(host: str, port: int, queries: list[str], rerank: str | None
 class Generator:
     def __init__(self, host: str, port: int, requests: list[bytes], timeout_s: float = 10.0):
         self.host, self.port, self.requests, self.timeout_s = host, port, requests, timeout_s
-        self._idle: list[Conn] = []
+        self._idle: deque[Conn] = deque()
         self.n = 0  # requests sent so far (picks the next body round-robin)
 
+    async def _send(self, conn: Conn, data: bytes) -> tuple[int, bytes, bool]:
+        """-> (status, body, retried). A kept-alive connection that the server closed while it sat idle (uvicorn's
+        keep-alive timeout) fails before any byte of an answer: sent once more on a new connection, as HTTP
+        clients do with idempotent requests, and counted (Record.retried). Any other failure is the answer."""
+        reused = conn.writer is not None
+        try:
+            return (*await conn.request(data), False)
+        except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as e:
+            if not reused or getattr(e, "partial", b""):
+                raise
+            conn.close()
+            return (*await conn.request(data), True)
+
     async def _one(self, due: float, sink: list[Record]) -> None:
-        conn = self._idle.pop() if self._idle else Conn(self.host, self.port)
+        # first in, first out: every idle connection is used in turn, so none idles past the server's keep-alive
+        conn = self._idle.popleft() if self._idle else Conn(self.host, self.port)
         data = self.requests[self.n % len(self.requests)]
         self.n += 1
         loop = asyncio.get_running_loop()
-        degraded = None
+        degraded, retried = None, False
         try:
-            status, body = await asyncio.wait_for(conn.request(data), self.timeout_s)
+            status, body, retried = await asyncio.wait_for(self._send(conn, data), self.timeout_s)
             if status == 200:
                 degraded = b'"degraded":true' in body
         except asyncio.TimeoutError:
@@ -133,7 +151,7 @@ class Generator:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
             status = type(e).__name__
             conn.close()
-        sink.append(Record(due, loop.time(), status, degraded))
+        sink.append(Record(due, loop.time(), status, degraded, retried))
         if conn.writer is not None:
             self._idle.append(conn)
 

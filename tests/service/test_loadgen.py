@@ -70,3 +70,13 @@ def test_a_server_that_never_answers_times_out_at_the_deadline():
     run = asyncio.run(main())
     assert [r.status for r in run.records] == ["timeout"] * 3
     assert all(0.3 <= r.end - r.start < 1.0 for r in run.records)
+
+
+def test_a_connection_the_server_closed_while_idle_is_retried_once(built, svc_ckpt, artifacts, tmp_path):
+    """uvicorn closes a kept-alive connection idle longer than CROSSPROBE_KEEP_ALIVE_TIMEOUT_S; a request written
+    on it just after gets EOF before any answer. The generator sends it again on a new connection and says so,
+    instead of counting the server's keep-alive as a failed search."""
+    with live.serve(built, svc_ckpt, artifacts, tmp_path / "server.log", CROSSPROBE_KEEP_ALIVE_TIMEOUT_S="0.2") as url:
+        run = asyncio.run(_gen(url).open_loop(rate=2, seconds=2.0))  # 0.5 s between requests: each finds it closed
+    assert [r.status for r in run.records] == [200] * 4
+    assert run.summary()["stale_connection_retries"] == 3  # all but the first, which opened the connection
