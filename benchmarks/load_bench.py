@@ -43,6 +43,7 @@ import numpy as np
 import service_bench as sb  # benchmarks/ is sys.path[0] when run as a script
 from loadgen import Generator, Record, Run, search_requests
 from crossprobe.indexer.redis_conn import close_embedded
+from crossprobe.models.evaluation.report import machine as describe
 from crossprobe.service.server import free_port
 
 HOST = "127.0.0.1"
@@ -215,7 +216,7 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
     index = names[size]
     rate = args.rate
     if rate is None:
-        found = previous.get("max_qps", {}).get("results", {}).get(size, {}).get(args.mode, {}).get("max_qps")
+        found = previous.get("max-qps", {}).get("results", {}).get(size, {}).get(args.mode, {}).get("max_qps")
         if not found:
             sys.exit(f"no max-qps result for {size}/{args.mode} in {args.out}: run max-qps first or pass --rate")
         rate = round(args.fraction * found, 1)
@@ -246,7 +247,7 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
 
     meter = Meter(proc.pid)
     run = asyncio.run(main())
-    cpu = meter.read()
+    whole_cpu = meter.read()
     g.close()
     t0 = min(r.start for r in records)
     minutes = []
@@ -262,7 +263,7 @@ def soak(args, port: int, proc, names: dict, queries: list[str], previous: dict)
     growth = 100.0 * (rss[-1][1] - rss[0][1]) / rss[0][1]
     print(f"soak {rate}/s for {args.minutes} min: {total}; RSS {rss[0][1]} -> {rss[-1][1]} kB ({growth:+.2f}%)")
     return {"index": index, "size": size, "mode": args.mode, "rate": rate, "minutes": args.minutes, "total": total,
-            "cpu": cpu,
+            "cpu": whole_cpu,
             "per_minute": minutes, "rss_kb": rss, "rss_start_kb": rss[0][1], "rss_end_kb": rss[-1][1],
             "rss_max_kb": max(v for _, v in rss), "rss_growth_pct": round(growth, 2)}
 
@@ -349,7 +350,7 @@ def main() -> None:
         else:
             res = profile(args, port, proc, names, queries)
     section = {"command": command, "label": args.label, "service_env": args.env,
-               "machine": f"{sb.machine()}, load average {load_avg:.2f} at start",
+               "machine": f"{describe()}, load average {load_avg:.2f} at start",
                "busy_cores_before_start": idle_cores,
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": fp, "results": res}
     key = args.what if args.label == "default" else f"{args.what}:{args.label}"
