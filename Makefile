@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv system demo test test-e2e test-chaos test-fuzz train eval frontier ablation export bench clean
+.PHONY: venv system demo test test-e2e test-chaos test-fuzz train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -80,6 +80,19 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/cp_frontier.py
 	$(BIN)/python benchmarks/ort_threading.py
 	$(BIN)/python benchmarks/service_bench.py --requests 300
+
+## make bench-load: load, soak and Redis chaos under load (issue 16 item 6; Flickr8k needed; ~30 min) -> docs/results/
+## load.json, redis_faults_load.json (docs/reliability.md): max sustainable searches/s at p99 <= 100 ms per rerank mode
+## on 8,091 and 100K items, a 10-minute soak at 80% of cp's, Redis paused 10 s and killed under that load, a py-spy
+## profile. Each step runs under $(LOCK) (a machine shared with training jobs; LOCK= to run without)
+LOCK ?= flock /tmp/crossprobe-cpu.lock
+bench-load: $(STAMP)
+	$(BIN)/pip install -q py-spy
+	$(LOCK) $(BIN)/python benchmarks/load_bench.py max-qps --start 60 --step-s 8
+	$(LOCK) $(BIN)/python benchmarks/load_bench.py soak --minutes 10
+	$(LOCK) $(BIN)/python benchmarks/redis_faults.py --rate $$($(BIN)/python -c "import json; print(json.load(open('docs/results/load.json'))['soak']['results']['rate'])") \
+		--pause-s 10 --down-s 10 --phase-s 10 --images 128 --out docs/results/redis_faults_load.json
+	$(LOCK) $(BIN)/python benchmarks/load_bench.py profile --clients 16 --seconds 20 --label after
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

