@@ -22,7 +22,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,25 +69,6 @@ def ensure_index(ixs: IndexSettings, fp: str, paths: list[Path]) -> None:
     print(build(NAME, manifest=manifest, settings=ixs, log=print).summary())
 
 
-def serve(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    with httpx.Client(base_url=url, timeout=10) as http:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if http.get("/readyz").status_code == 200:
-                    return proc, url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"the service did not become ready; see {log}:\n{log.read_text()[-3000:]}")
-
-
 def run(http: httpx.Client, bodies: list[dict], gold: list[str], warmup: int) -> dict:
     for body in bodies[:warmup]:
         http.post("/v1/search", json=body).raise_for_status()
@@ -124,6 +104,7 @@ def main() -> None:
         sys.exit(0)
     command = "python benchmarks/image_query_quality.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
+    from service_bench import start_server, stop_server
 
     ds = Flickr8k.load()
     paths = [ds.image_path(i) for i in range(len(ds.images))]
@@ -140,7 +121,8 @@ def main() -> None:
         env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
                "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
                "CROSSPROBE_INDEXES": NAME, "HF_HUB_OFFLINE": "1"}
-        proc, url = serve(env, args.workdir / "server.log")
+        port = free_port()
+        proc, url = start_server(env, port, args.workdir / "server.log"), f"http://127.0.0.1:{port}"
         try:
             with httpx.Client(base_url=url, timeout=60) as http:
                 res = {
@@ -153,11 +135,7 @@ def main() -> None:
                     "text_query": run(http, [{"query": c, "k": 5} for c in captions], gold, args.warmup),
                 }
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     finally:
         close_embedded()
     res.update(items=len(paths), queries=len(test), alteration=ALTERATION,

@@ -117,12 +117,7 @@ def service(args):
         proc = sb.start_server(env, port, args.workdir / "server.log")
         yield port, proc, names, queries, fp
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        sb.stop_server(proc)
         close_embedded()
 
 
@@ -145,6 +140,22 @@ def step(g: Generator, rate: float, seconds: float, p99_ms: float, pid: int) -> 
     return s
 
 
+def attempts(g, rate: float, args, pid: int, steps: list, tag: str, note: str = "") -> dict:
+    """One open-loop step at `rate`, run once more if it fails (one spike on a shared machine is not a limit);
+    every attempt is appended to steps -> the last one."""
+    for attempt in (1, 2):
+        s = step(g, rate, args.step_s, args.p99_ms, pid)
+        s["attempt"] = attempt
+        steps.append(s)
+        print(f"{tag} {rate:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 {s['p99_ms']} ms, {s['errors']} errors "
+              f"{s['error_kinds'] or ''} {s['degraded']} degraded, other jobs {s['others_cores']} cores "
+              f"{'pass' if s['pass'] else 'FAIL'}{note}", flush=True)
+        time.sleep(1)
+        if s["pass"]:
+            break
+    return s
+
+
 def max_qps(args, port: int, pid: int, names: dict, queries: list[str]) -> dict:
     out: dict = {}
     for size, index in names.items():
@@ -154,33 +165,16 @@ def max_qps(args, port: int, pid: int, names: dict, queries: list[str]) -> dict:
             asyncio.run(g.closed_loop(4, 100))  # warm-up: connections, caches
             steps, rate, best, fail = [], args.start, None, None
             while rate <= args.max_rate:
-                for attempt in (1, 2):  # a failed step is run once more: one spike on a shared machine is not a limit
-                    s = step(g, rate, args.step_s, args.p99_ms, pid)
-                    s["attempt"] = attempt
-                    steps.append(s)
-                    print(f"{size:>7} {mode:>5} {rate:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 "
-                          f"{s['p99_ms']} ms, {s['errors']} errors {s['error_kinds'] or ''} {s['degraded']} degraded, "
-                          f"other jobs {s['others_cores']} cores {'pass' if s['pass'] else 'FAIL'}", flush=True)
-                    time.sleep(1)
-                    if s["pass"]:
-                        break
+                s = attempts(g, rate, args, pid, steps, f"{size:>7} {mode:>5}")
                 if not s["pass"]:
                     fail = rate
                     break
                 best, rate = s, rate * args.factor
             if best is not None and fail is not None:  # one more between the last pass and the first failure
                 mid = (best["rate"] + fail) / 2
-                for attempt in (1, 2):
-                    s = step(g, mid, args.step_s, args.p99_ms, pid)
-                    s["attempt"] = attempt
-                    steps.append(s)
-                    print(f"{size:>7} {mode:>5} {mid:7.1f}/s: answered {s['qps']}/s p50 {s['p50_ms']} p99 "
-                          f"{s['p99_ms']} ms, {s['errors']} errors, other jobs {s['others_cores']} cores "
-                          f"{'pass' if s['pass'] else 'FAIL'} (refine)", flush=True)
-                    time.sleep(1)
-                    if s["pass"]:
-                        best = s
-                        break
+                s = attempts(g, mid, args, pid, steps, f"{size:>7} {mode:>5}", " (refine)")
+                if s["pass"]:
+                    best = s
             g.close()
             out[size][mode] = {"max_qps": best["rate"] if best else None, "at": best, "first_fail": fail,
                                "steps": steps}

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.service.server import free_port
-from service_bench import start_server  # benchmarks/ is sys.path[0] when run as a script
+from service_bench import start_server, stop_server  # benchmarks/ is sys.path[0] when run as a script
 
 INDEX = "faults"
 QUERIES = ["a dog running on the beach", "a red car", "two people on a bench", "a city at night", "snow"]
@@ -156,12 +156,7 @@ def main() -> None:
         proc = start_server(env, port, args.workdir / "server.log")
         res = run_load(f"http://127.0.0.1:{port}", server, args)
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
         server.stop()
     from crossprobe.models.evaluation.report import machine
 

@@ -155,6 +155,17 @@ def start_server(env: dict, port: int, log: Path) -> subprocess.Popen:
     sys.exit(f"service did not become ready; see {log}:\n{log.read_text()[-3000:]}")
 
 
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 30 s: a benchmark's server never outlives it."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n: int, warmup: int) -> dict:
     """n requests (+ warm-up) from `clients` threads, each on its own keep-alive connection."""
     import httpx
@@ -237,11 +248,7 @@ def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[
                         row[f"concurrent_{c}"] = r
                 res[size][rerank] = row
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     return res
 
 
