@@ -38,7 +38,7 @@ class IndexReader:
             raise ValueError(f"{name}/{version}: index.faiss ({self.index.ntotal}), ids ({len(self.ids)}) and "
                              f"manifest ({manifest['count']}) disagree")
         self._vdir = vdir
-        self._rows: dict[str, int] | None = None  # id -> row, made on the first vectors() call
+        self._rows: dict[str, int] | None = None  # id -> row, made on the first rows() call
         self._vectors: np.ndarray | None = None  # vectors.npy, memory-mapped on the first vectors() call
 
     @property
@@ -55,15 +55,22 @@ class IndexReader:
         ids = [[self.ids[j] for j in row if j >= 0] for row in rows]
         return ids, np.where(rows >= 0, scores, -np.inf)
 
-    def vectors(self, ids: list[str]) -> np.ndarray:
-        """(len(ids), d) float32: the stored g_I of these ids, exactly the rows FAISS was built from (the
-        version's vectors.npy, memory-mapped: no re-encoding, no copy of the file in memory). KeyError for an id
-        that is not in this version."""
-        if self._rows is None:
+    def rows(self, ids: list[str]) -> list[int]:
+        """The FAISS rows of these ids (KeyError for an id that is not in this version)."""
+        if self._rows is None:  # id -> row, made once per version on first use
             self._rows = {item_id: row for row, item_id in enumerate(self.ids)}
+        return [self._rows[i] for i in ids]
+
+    def vectors(self, ids: list[str]) -> np.ndarray:
+        """(len(ids), d) float32: the stored g_I of these ids (KeyError for an id not in this version)."""
+        return self.vectors_at(self.rows(ids))
+
+    def vectors_at(self, rows) -> np.ndarray:
+        """(len(rows), d) float32: the stored g_I of these FAISS rows, exactly what FAISS was built from (the
+        version's vectors.npy, memory-mapped: no re-encoding, no copy of the file in memory)."""
         if self._vectors is None:
             self._vectors = np.load(self._vdir / "vectors.npy", mmap_mode="r")
-        rows = [self._rows[i] for i in ids]
+        rows = np.asarray(rows, np.int64)
         return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.index.d)
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:

@@ -111,10 +111,6 @@ def ensure_graph(graphs: Path, name: str, ckpt: Path | None, bert=None) -> Path:
     return path
 
 
-def ensure_explain_onnx(graphs: Path, ckpt: Path | None, bert=None) -> Path:
-    return ensure_graph(graphs, EXPLAIN_GRAPH, ckpt, bert)
-
-
 def ensure_int8_query(graphs: Path) -> Path:
     """<graphs>/query_tower.int8.onnx, quantized from the fp32 graph once (atomically)."""
     path = graphs / "query_tower.int8.onnx"
@@ -274,7 +270,7 @@ class Explainer:
         self.grid_side = bb.GRID
         # the indexer's backbone graph (one for all checkpoints), exported into the service's artifacts dir
         self.backbone = image_backbone_session(Path(settings.artifacts_dir), threads=settings.threads)
-        self.session = runtime.session(ensure_explain_onnx(graphs, settings.ckpt, bert), settings.threads,
+        self.session = runtime.session(ensure_graph(graphs, EXPLAIN_GRAPH, settings.ckpt, bert), settings.threads,
                                        settings.ort_spinning)
         # the exported graph returns the probe map for both outputs when CP has no cross layers
         self.mode = "query" if self._has_cross_layers() else "probes"
@@ -363,13 +359,6 @@ class IndexHandle:
         self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
         self.loaded_at = time.time()
         self.columns = ColumnCache()  # metadata columns for filters, read on the first filtered search
-        self._rows: dict[str, int] | None = None
-
-    def rows(self, ids: list[str]) -> list[int]:
-        """The FAISS rows of these (indexed) ids."""
-        if self._rows is None:
-            self._rows = {item_id: row for row, item_id in enumerate(self.reader.ids)}
-        return [self._rows[i] for i in ids]
 
     def __len__(self) -> int:
         return len(self.reader)

@@ -201,9 +201,9 @@ class Searcher:
             with clock.stage("filter"):
                 mask = self._columns(handle).mask(plan.filter)
                 if exclude:
-                    mask[handle.rows(list(exclude))] = False
+                    mask[reader.rows(list(exclude))] = False
             with clock.stage("ann"):
-                filtered = filters.search(reader.index, lambda rows: reader.vectors([reader.ids[r] for r in rows]),
+                filtered = filters.search(reader.index, reader.vectors_at,
                                           q.g_q, plan.shortlist, mask, self.settings.filter_exact_max)
             ids = [reader.ids[r] for r in filtered.rows]
             ann = np.asarray(filtered.scores, np.float32)
