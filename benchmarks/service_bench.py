@@ -27,17 +27,15 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.indexer import build, open_index
-from crossprobe.indexer import faiss_io
+from crossprobe.indexer import synthetic
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
-from crossprobe.indexer.store import atomic_write, new_version
 from crossprobe.service.server import free_port
 from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
 
@@ -87,52 +85,13 @@ def build_flickr(ixs: IndexSettings, ckpt: Path, fp: str, limit: int | None) -> 
 
 
 def synthesize(ixs: IndexSettings, total: int, seed: int = 0) -> str:
-    """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours, as one complete version."""
+    """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours (indexer/synthetic.py), with the
+    selectivity tags sel-0.01 / sel-0.1 / sel-1.0; reused when a complete one of that size (with them) exists."""
     name = f"flickr8k-{total // 1000}k" if total % 1000 == 0 else f"flickr8k-{total}"
     base = open_index("flickr8k", None, ixs)
-    if usable(name, base.fingerprint, ixs, total):
+    if usable(name, base.fingerprint, ixs, total) and "selectivity_tags" in open_index(name, None, ixs).manifest:
         return name
-    st = base.store
-    src = st.read_vectors("flickr8k", base.version)
-    n_real, d = src.shape
-    rng = np.random.default_rng(seed)
-    pick = np.arange(total - n_real) % n_real
-    noise = rng.standard_normal((total - n_real, d)).astype(np.float32) * (0.3 / np.sqrt(d))
-    gen = src[pick] + noise
-    gen /= np.linalg.norm(gen, axis=1, keepdims=True)
-    vectors = np.ascontiguousarray(np.concatenate([src, gen]), np.float32)
-    ids = list(base.ids) + [f"gen/{i:06d}_{base.ids[j]}" for i, j in enumerate(pick)]
-    version = new_version()
-    vdir = st.version_dir(name, version)
-    vdir.mkdir(parents=True, exist_ok=True)
-    st.r.sadd(st.versions_key(name), version)
-    chunk = 2000
-    for i in range(0, total, chunk):  # copy each source item's values under the new id (GET+SET: any Redis)
-        rows = ids[i:i + chunk]
-        srcs = [r if k + i < n_real else base.ids[pick[k + i - n_real]] for k, r in enumerate(rows)]
-        feats = st.r.mget([st.feat_key("flickr8k", base.version, s) for s in srcs])
-        metas = st.r.mget([st.meta_key("flickr8k", base.version, s) for s in srcs])
-        with st.r.pipeline(transaction=False) as p:
-            for r, f, m in zip(rows, feats, metas):
-                meta = json.loads(m)
-                meta["id"] = r
-                p.set(st.feat_key(name, version, r), f)
-                p.set(st.meta_key(name, version, r), json.dumps(meta))
-            p.execute()
-    factory = faiss_io.choose_factory(total, d, ixs)
-    t = time.perf_counter()
-    faiss_io.write_index(faiss_io.build_faiss(vectors, factory), vdir / "index.faiss")
-    print(f"{name}: FAISS {factory} over {total} vectors in {time.perf_counter() - t:.1f}s")
-    faiss_io.write_ids(ids, vdir / "ids")
-    faiss_io.write_vectors(vectors, vdir / "vectors.npy")
-    m = dict(base.manifest)
-    m.update(name=name, version=version, kind="synthetic", base_version=base.version, count=total, factory=factory,
-             created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
-             source={"synthetic": f"flickr8k/{base.version} + {total - n_real} noisy copies"},
-             keys={"active": st.active_key(name), "features": st.feat_key(name, version, "{id}"),
-                   "metadata": st.meta_key(name, version, "{id}")})
-    atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))
-    st.activate(name, version)
+    synthetic.grow(ixs, "flickr8k", name, total, seed)
     return name
 
 

@@ -40,7 +40,7 @@ from crossprobe.indexer.pipeline import StageTimes, progress, run_overlapped
 from crossprobe.indexer.push import JOB_NAMES, JobMetrics
 from crossprobe.indexer.reader import FingerprintMismatch
 from crossprobe.indexer.redis_conn import Settings, connect
-from crossprobe.indexer.sources import Item, Skip, read_source, recorded_items
+from crossprobe.indexer.sources import Item, Skip, item_metadata, read_source, recorded_items
 from crossprobe.indexer.store import Store, atomic_write, check_name, new_version
 
 
@@ -303,9 +303,8 @@ def _encode(name: str, version: str, items: list[Item], journal: Journal, store:
                     for row, val, meta in zip(dec.rows, codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels), dec.meta):
                         it = items[row]
                         pipe.set(store.feat_key(name, version, it.id), val)
-                        pipe.set(store.meta_key(name, version, it.id), json.dumps(
-                            {"id": it.id, "uri": it.uri, **meta, "caption": it.caption, "tags": it.tags},
-                            ensure_ascii=False))
+                        pipe.set(store.meta_key(name, version, it.id), json.dumps(item_metadata(it, meta),
+                                                                                  ensure_ascii=False))
             with times.stage("write_redis"):
                 for row, _ in dec.skips:  # a value left by an earlier, killed attempt whose file has since gone bad
                     pipe.unlink(store.feat_key(name, version, items[row].id), store.meta_key(name, version, items[row].id))

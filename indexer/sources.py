@@ -1,21 +1,53 @@
 """Reader stage: a folder, a JSONL manifest or an index version -> an ordered list of items with stable ids.
 
-Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str]}.
+Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str], <field>?: scalar, ...}.
+Any other key is a filterable field of the item (an album, a year, a rating: service/filters.py) when its
+value is a string, number or boolean and its name a plain identifier; "taken" (an ISO date) and "camera"
+override what the file's EXIF says. A nested value or an odd name makes the line a bad_manifest_line skip
+(counted in the report), not a silently dropped field.
 Relative uris are resolved against the manifest's folder. A folder is walked
 recursively in sorted order; an item's id is its path relative to the folder,
 posix style, so the same file keeps its id across machines and rebuilds.
 Duplicate ids keep the first occurrence (an index holds exactly one entry per id).
 An index version (reindex) gives back its items as it recorded them: each item's
-metadata value (written when it was built or added) holds its id, uri, caption, tags.
+metadata value (written when it was built or added) holds its id, uri, caption, tags, fields.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# keys the indexer writes itself: a manifest field of that name would shadow them (taken / camera may: a user's
+# own date or camera beats a missing or wrong EXIF tag)
+RESERVED = {"id", "uri", "caption", "tags", "fields", "width", "height", "format"}
+MAX_FIELDS = 64
+MAX_FIELD_CHARS = 1024
+
+
+def manifest_fields(d: dict) -> dict:
+    """A manifest line's extra keys -> {name: str | int | float | bool}; ValueError says what is wrong."""
+    out = {}
+    for k, v in d.items():
+        if k in RESERVED:
+            continue
+        if not FIELD_RE.match(k):
+            raise ValueError(f"field name {k[:80]!r}: use letters, digits and '_' (max 64, not starting with a digit)")
+        if isinstance(v, float) and not math.isfinite(v):  # json.loads reads NaN / Infinity
+            raise ValueError(f"field {k}: not a finite number")
+        if not isinstance(v, (str, int, float, bool)):
+            raise ValueError(f"field {k}: a string, number or boolean (nested values and null are not filterable)")
+        if isinstance(v, str) and len(v) > MAX_FIELD_CHARS:
+            raise ValueError(f"field {k}: longer than {MAX_FIELD_CHARS} characters")
+        out[k] = v
+    if len(out) > MAX_FIELDS:
+        raise ValueError(f"{len(out)} fields: at most {MAX_FIELDS} per item")
+    return out
 
 
 @dataclass
@@ -24,6 +56,7 @@ class Item:
     uri: str
     caption: str | None = None
     tags: list[str] = field(default_factory=list)
+    fields: dict = field(default_factory=dict)  # the manifest's other scalar keys (manifest_fields)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -56,6 +89,18 @@ def walk_folder(folder: Path) -> list[Item]:
     return items
 
 
+def item_metadata(item: Item, facts: dict) -> dict:
+    """An item's metadata value in Redis: what the manifest said and what the decoder read off the file
+    (width, height, format, and EXIF taken / camera where present). A manifest's own "taken" / "camera" win
+    over EXIF's at the top level; every manifest field is also kept as given under "fields" (what a reindex
+    reads back, and never shadowing the indexer's own keys)."""
+    own = {k: item.fields[k] for k in ("taken", "camera") if k in item.fields}
+    m = {"id": item.id, "uri": item.uri, **facts, **own, "caption": item.caption, "tags": item.tags}
+    if item.fields:
+        m["fields"] = dict(item.fields)
+    return m
+
+
 def read_manifest(path: Path) -> tuple[list[Item], list[Skip]]:
     path = Path(path).resolve()
     items, bad = [], []
@@ -70,8 +115,8 @@ def read_manifest(path: Path) -> tuple[list[Item], list[Skip]]:
                 if not isinstance(d["id"], str) or not d["id"] or not isinstance(tags, list):
                     raise ValueError("id must be a non-empty string and tags a list")
                 items.append(Item(id=d["id"], uri=str(uri if uri.is_absolute() else path.parent / uri),
-                                  caption=d.get("caption"), tags=[str(t) for t in tags]))
-            except (ValueError, KeyError, TypeError) as e:
+                                  caption=d.get("caption"), tags=[str(t) for t in tags], fields=manifest_fields(d)))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:  # AttributeError: a line that is not an object
                 bad.append(Skip(id=f"{path.name}:{lineno}", uri="", reason="bad_manifest_line", error=str(e)[:200]))
     return items, bad
 
@@ -113,7 +158,7 @@ def recorded_items(ids: list[str], metadata: list[bytes | str | None]) -> tuple[
             if not isinstance(m, dict) or not m.get("uri"):
                 raise ValueError("no metadata value in Redis" if raw is None else "its metadata has no uri")
             items.append(Item(id=item_id, uri=str(m["uri"]), caption=m.get("caption"),
-                              tags=[str(t) for t in m.get("tags") or []]))
+                              tags=[str(t) for t in m.get("tags") or []], fields=dict(m.get("fields") or {})))
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             skips.append(Skip(item_id, "", "no_source", str(e)[:200]))
     return items, skips

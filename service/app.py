@@ -20,6 +20,7 @@ from typing import Annotated, AsyncIterator
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, Query, Request
+from pydantic import ValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -35,7 +36,8 @@ from crossprobe.service.http_timeouts import TIMED_OUT_SCOPE_KEY
 from crossprobe.service.images import ImageUnavailable, resized_jpeg
 from crossprobe.service.pipeline import Outcome, public_metadata
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, ExplainRequest, ExplainResponse, ItemResponse,
-                                        SearchRequest, SearchResponse, error_responses, is_invisible)
+                                        SearchRequest, SearchResponse, error_responses, filter_from_json,
+                                        is_invisible)
 from crossprobe.service.settings import MAX_K, MAX_QUERY_CHARS, Rerank, Settings
 from crossprobe.service.state import ServiceState
 
@@ -127,12 +129,31 @@ async def _answer(state: ServiceState, plan) -> Response:
     return JSONResponse(payload, headers={"Server-Timing": server_timing(timings), **degraded_headers(out)})
 
 
-# an upload: the image file itself as the body (curl --data-binary @photo.jpg), the options as query parameters
+# an upload: the image file itself as the body (curl --data-binary @photo.jpg) or a multipart form (curl -F
+# image=@photo.jpg, an HTML form), the options as query parameters
+_BINARY = {"type": "string", "format": "binary"}
 _UPLOAD_BODY = {"requestBody": {"required": True, "description": "the image file's bytes (JPEG, PNG, WebP, GIF, BMP, "
-                                "TIFF), at most CROSSPROBE_QUERY_IMAGE_MAX_BYTES",
-                                "content": {"application/octet-stream": {"schema": {"type": "string",
-                                                                                     "format": "binary"}},
-                                            "image/*": {"schema": {"type": "string", "format": "binary"}}}}}
+                                "TIFF), at most CROSSPROBE_QUERY_IMAGE_MAX_BYTES; or a multipart form with the file "
+                                "in the field \"image\"",
+                                "content": {"application/octet-stream": {"schema": _BINARY},
+                                            "image/*": {"schema": _BINARY},
+                                            "multipart/form-data": {"schema": {
+                                                "type": "object", "required": ["image"],
+                                                "properties": {"image": _BINARY}}}}}}
+
+
+def parse_filter(text: str | None):
+    """/v1/search/image's `filter` query parameter (JSON) -> the same typed tree as /v1/search's; bad: 422."""
+    if text is None:
+        return None
+    try:
+        return filter_from_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "top level"
+        raise ApiError(422, "invalid_request", f"invalid request: filter: {first['msg']} at {where}") from None
+    except ValueError as e:
+        raise ApiError(422, "invalid_request", f"invalid request: filter: {e}") from None
 
 
 @query_routes.post("/v1/search/image", response_model=SearchResponse, openapi_extra=_UPLOAD_BODY,
@@ -149,21 +170,20 @@ async def search_image(request: Request,
                        weight: Annotated[float, Query(ge=0, le=1, description="the image's weight beside query")] = 0.5,
                        rerank: Annotated[Rerank | None, Query(description="with query: cp | temde | none")] = None,
                        index: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
-                       dedup: Annotated[float | None, Query(gt=0, le=1, description="near-duplicate cosine")] = None
+                       dedup: Annotated[float | None, Query(gt=0, le=1, description="near-duplicate cosine")] = None,
+                       filter: Annotated[str | None, Query(max_length=16_384, description="a metadata filter as "
+                                                           "JSON, the same as /v1/search's \"filter\"")] = None,
                        ) -> Response:
-    """Query by image as an upload: the body is the image file; the same search as /v1/search's "image"."""
+    """Query by image as an upload: the body is the image file, or a multipart form whose file field is "image";
+    the same search as /v1/search's "image"."""
     state = svc(request)
     state.require_ready()
     if query is not None and is_invisible(query):
         raise ApiError(422, "invalid_request", "invalid request: query: query is blank (only whitespace, control or "
                        "invisible characters)")
-    data = await request.body()
-    if len(data) > state.settings.query_image_max_bytes:
-        raise ApiError(413, "too_large", f"the image is {len(data)} bytes, over {state.settings.query_image_max_bytes} "
-                       "(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
-    if not data:
-        raise ApiError(422, "invalid_image", "the body is empty: send the image file's bytes")
-    plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup)
+    flt = parse_filter(filter)
+    data = await query_image.upload_bytes(request, state.settings.query_image_max_bytes)
+    plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup, filter=flt)
     return await _answer(state, plan)
 
 

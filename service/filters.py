@@ -1,34 +1,119 @@
 """Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector.
 
-Fields are what the indexer records for every item (its metadata value in Redis, indexer/jobs.py):
-  tags    list of strings (manifest "tags")       eq: has this tag; in: has any of these
-  format  string (the file's format: JPEG, PNG...)  eq / in (case-insensitive)
-  width, height  integers (pixels of the original)  eq / in / gt / gte / lt / lte
-  caption string (manifest "caption")              eq / in (exact text)
-EXIF dates and cameras are not recorded by the indexer, so they are not offered (an unknown field is 422).
+Fields are what the indexer records for every item (its metadata value in Redis, indexer/sources.py
+item_metadata):
+  tags    list of strings (manifest "tags")                 eq: has this tag; in: has any of these
+  format  string (the file's format: JPEG, PNG...)          eq / in, case-insensitive
+  camera  string (EXIF Make + Model, or the manifest's)     eq / in, case-insensitive
+  caption string (manifest "caption")                       eq / in (exact text)
+  width, height  integers (pixels of the original)          eq / in / gt / gte / lt / lte
+  taken   date taken (EXIF DateTimeOriginal, or the manifest's "taken"), ISO 8601
+                                                            gt / gte / lt / lte with ISO dates ("2019-05-01",
+                                                            "2019-05-01T14:00:00"); wall-clock time, zones ignored
+  <name>  any other scalar key of the manifest line (an album, a year, a rating, a flag)
+                                                            eq / in (strings exact, numbers, true / false);
+                                                            ranges with numbers, or with ISO dates where the
+                                                            values are ISO dates
+A field no item of the version has is 422 (a misspelt "albun" must not quietly match nothing).
 
 How: the first filtered search of an index version reads every item's metadata once (MGET in chunks) into
-columns (numpy arrays; tags as an inverted list tag -> rows) kept with the version's handle, so later filters
-cost a few vectorised numpy operations. The tree becomes a boolean mask over the version's rows, packed into
-the bitmap of a faiss.IDSelectorBitmap, and FAISS searches only those rows (SearchParameters.sel): with the
-exact Flat index (below 20,000 items) that is exact, k results whenever k items match. HNSW can stop short of
-k when few rows pass (its graph walk meets too few of them), so when it returns fewer than asked while more
-match, the matching rows' stored vectors are scanned exactly (at most Settings.filter_exact_max rows; more
-matching rows than that and HNSW's answer stands, marked by "exact": false). Chosen over over-fetching
-(search k x m, then filter): over-fetch has no bound that guarantees k for a selective filter, while the
-bitmap costs n / 8 bytes per query and skips the non-matching rows inside FAISS.
+columns (numpy arrays for numbers and dates; an inverted list value -> rows for tags and strings) kept with
+the version's handle, so later filters cost a few vectorised numpy operations. The tree becomes a boolean
+mask over the version's rows, packed into the bitmap of a faiss.IDSelectorBitmap, and FAISS searches only
+those rows (SearchParameters.sel): with the exact Flat index (below 20,000 items) that is exact, k results
+whenever k items match. HNSW can stop short of k when few rows pass (its graph walk meets too few of them),
+so when it returns fewer than asked while more match, the matching rows' stored vectors are scanned exactly
+(at most Settings.filter_exact_max rows; more matching rows than that and HNSW's answer stands, marked by
+"exact": false). Chosen over over-fetching (search k x m, then filter): over-fetch has no bound that
+guarantees k for a selective filter, while the bitmap costs n / 8 bytes per query and skips the non-matching
+rows inside FAISS.
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable
 
 import numpy as np
 
 NUMERIC = ("width", "height")
-STRINGS = ("format", "caption")
-FIELDS = ("tags",) + STRINGS + NUMERIC
+FOLDED = ("format", "camera")  # compared case-insensitively
+STRINGS = FOLDED + ("caption",)
+DATES = ("taken",)
+BUILTIN = ("tags",) + STRINGS + NUMERIC + DATES
+EPOCH = datetime(1970, 1, 1)
+
+
+class UnknownField(ValueError):
+    """A filter names a field that no item of the index version has (the service answers 422)."""
+
+
+def parse_date(v: Any) -> float | None:
+    """An ISO 8601 date or datetime -> seconds since 1970 (wall clock: a zone, when given, is dropped, as EXIF
+    dates have none); anything else -> None."""
+    if not isinstance(v, str) or not 8 <= len(v) <= 40:
+        return None
+    try:
+        d = datetime.fromisoformat(v)
+    except ValueError:
+        return None
+    return (d.replace(tzinfo=None) - EPOCH).total_seconds()
+
+
+def _number(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else math.nan
+
+
+class Column:
+    """One field over the version's rows: raw values, an inverted list value -> rows (strings, booleans,
+    tags), and numbers / dates as float arrays (NaN where a row has none: NaN matches no comparison)."""
+
+    def __init__(self, n: int, values: list, fold: bool = False, multi: bool = False):
+        self.n = n
+        self.fold = fold
+        inverted: dict[Any, list[int]] = {}
+        numbers = np.full(n, np.nan)
+        dates = np.full(n, np.nan)
+        for row, v in enumerate(values):
+            if v is None:
+                continue
+            for x in (v if multi else [v]):
+                if isinstance(x, (str, bool)):
+                    inverted.setdefault(self._key(x), []).append(row)
+            if not multi:
+                numbers[row] = _number(v)
+                dates[row] = np.nan if (t := parse_date(v)) is None else t
+        self.inverted = {key: np.asarray(rows, np.int64) for key, rows in inverted.items()}
+        self.numbers, self.dates = numbers, dates
+
+    def _key(self, x: Any) -> Any:
+        # bools keyed apart from strings ("true" is not true); case folded where the field says so
+        return ("b", x) if isinstance(x, bool) else x.lower() if self.fold else x
+
+    def equal(self, want: list) -> np.ndarray:
+        out = np.zeros(self.n, bool)
+        for w in want:
+            if isinstance(w, (str, bool)):
+                rows = self.inverted.get(self._key(w))
+                if rows is not None:
+                    out[rows] = True
+            else:
+                with np.errstate(invalid="ignore"):
+                    out |= self.numbers == w
+        return out
+
+    def between(self, bounds: dict[str, float | str]) -> np.ndarray:
+        """bounds {"gt"|"gte"|"lt"|"lte": number, or ISO date (then the row's value read as a date)}."""
+        dated = any(isinstance(b, str) for b in bounds.values())
+        col = self.dates if dated else self.numbers
+        out = np.ones(self.n, bool)
+        with np.errstate(invalid="ignore"):
+            for op, b in bounds.items():
+                x = parse_date(b) if dated else b
+                out &= {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less_equal}[op](col, x)
+        return out
 
 
 class Columns:
@@ -37,29 +122,21 @@ class Columns:
     def __init__(self, metas: list[dict | None]):
         n = len(metas)
         self.n = n
-        self.numeric = {f: np.full(n, np.nan) for f in NUMERIC}
-        self.strings: dict[str, np.ndarray] = {}
-        self.tags: dict[str, np.ndarray] = {}
-        tag_rows: dict[str, list[int]] = {}
-        strings = {f: [None] * n for f in STRINGS}
-        for row, m in enumerate(metas):
-            if not isinstance(m, dict):
-                continue
-            for f in NUMERIC:
-                v = m.get(f)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.numeric[f][row] = v
-            for f in STRINGS:
-                v = m.get(f)
-                if isinstance(v, str):
-                    strings[f][row] = v.lower() if f == "format" else v
-            for t in m.get("tags") or []:
-                tag_rows.setdefault(str(t), []).append(row)
-        self.strings = {f: np.array(v, dtype=object) for f, v in strings.items()}
-        self.tags = {t: np.asarray(rows, np.int64) for t, rows in tag_rows.items()}
+        ms = [m if isinstance(m, dict) else {} for m in metas]
+        self.cols: dict[str, Column] = {
+            "tags": Column(n, [[str(t) for t in (m.get("tags") or [])] for m in ms], multi=True)}
+        for f in STRINGS + NUMERIC + DATES:
+            self.cols[f] = Column(n, [m.get(f) for m in ms], fold=f in FOLDED)
+        names = sorted({k for m in ms for k in (m.get("fields") or {}) if k not in BUILTIN})
+        for f in names:
+            self.cols[f] = Column(n, [(m.get("fields") or {}).get(f) for m in ms])
+
+    @property
+    def fields(self) -> list[str]:
+        return list(self.cols)
 
     def mask(self, node) -> np.ndarray:
-        """A filter tree (schemas.Condition / AllOf / AnyOf) -> bool (n,)."""
+        """A filter tree (schemas.Condition / AllOf / AnyOf) -> bool (n,); UnknownField for a field no item has."""
         if hasattr(node, "and_"):
             out = np.ones(self.n, bool)
             for child in node.and_:
@@ -73,31 +150,14 @@ class Columns:
         return self._condition(node)
 
     def _condition(self, c) -> np.ndarray:
-        f = c.field
-        if f == "tags":
-            out = np.zeros(self.n, bool)
-            for t in ([c.eq] if c.eq is not None else c.in_):
-                rows = self.tags.get(str(t))
-                if rows is not None:
-                    out[rows] = True
-            return out
-        if f in STRINGS:
-            col = self.strings[f]
-            want = [c.eq] if c.eq is not None else list(c.in_)
-            want = {w.lower() if f == "format" else w for w in want}
-            return np.fromiter((v in want for v in col), bool, count=self.n)
-        col = self.numeric[f]
-        with np.errstate(invalid="ignore"):  # NaN (no value recorded) matches nothing
-            if c.eq is not None:
-                return col == c.eq
-            if c.in_ is not None:
-                return np.isin(col, np.asarray(c.in_, float))
-            out = np.ones(self.n, bool)
-            for bound, op in ((c.gt, np.greater), (c.gte, np.greater_equal), (c.lt, np.less),
-                              (c.lte, np.less_equal)):
-                if bound is not None:
-                    out &= op(col, bound)
-            return out
+        col = self.cols.get(c.field)
+        if col is None:
+            extra = [f for f in self.cols if f not in BUILTIN]
+            raise UnknownField(f"field {c.field!r} is not recorded for any item of this index (its fields: "
+                               f"{', '.join(BUILTIN)}{'; from its manifest: ' + ', '.join(extra[:20]) if extra else ''})")
+        if c.eq is not None or c.in_ is not None:
+            return col.equal([c.eq] if c.eq is not None else list(c.in_))
+        return col.between({op: getattr(c, op) for op in ("gt", "gte", "lt", "lte") if getattr(c, op) is not None})
 
 
 @dataclass

@@ -199,7 +199,10 @@ class Searcher:
         filtered = None
         if plan.filter is not None:
             with clock.stage("filter"):
-                mask = self._columns(handle).mask(plan.filter)
+                try:
+                    mask = self._columns(handle).mask(plan.filter)
+                except filters.UnknownField as e:
+                    raise ApiError(422, "invalid_request", f"invalid request: filter: {e}") from None
                 if exclude:
                     mask[reader.rows(list(exclude))] = False
             with clock.stage("ann"):

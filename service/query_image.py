@@ -27,6 +27,37 @@ _DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+;base64,", re.IGNORECASE)
 _WHITESPACE = re.compile(r"\s+")
 
 
+UPLOAD_FIELDS = ("image", "file")  # the multipart form's file field (the web page and curl -F use "image")
+
+
+async def upload_bytes(request, max_bytes: int) -> bytes:
+    """POST /v1/search/image's image: the body itself (curl --data-binary @photo.jpg), or a multipart/form-data
+    upload (curl -F image=@photo.jpg; an HTML form) whose file field is "image" (or "file"). Starlette's parser
+    (python-multipart) spools a large part to disk; the body size is already bounded by BodyGuard."""
+    ctype = request.headers.get("content-type", "").lower()
+    if not ctype.startswith("multipart/form-data"):
+        data = await request.body()
+    else:
+        try:
+            form = await request.form(max_files=1, max_fields=16)
+        except Exception as e:  # noqa: BLE001 - a malformed multipart body is the client's: 422, never a 500
+            raise ApiError(422, "invalid_request", f"invalid request: the multipart body cannot be read "
+                           f"({getattr(e, 'detail', e)})") from None
+        try:
+            part = next((form[f] for f in UPLOAD_FIELDS if f in form and hasattr(form[f], "read")), None)
+            if part is None:
+                raise ApiError(422, "invalid_request", "invalid request: the multipart form has no file field "
+                               "named \"image\" (curl -F image=@photo.jpg)")
+            data = await part.read(max_bytes + 1)
+        finally:
+            await form.close()
+    if len(data) > max_bytes:
+        raise ApiError(413, "too_large", f"the image is over {max_bytes} bytes (CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+    if not data:
+        raise ApiError(422, "invalid_image", "the image is empty: send the image file's bytes")
+    return data
+
+
 def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
     """base64 (standard or URL-safe alphabet, padding optional, a data: URL prefix allowed) -> bytes."""
     text = _WHITESPACE.sub("", _DATA_URL.sub("", text, count=1))

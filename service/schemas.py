@@ -16,8 +16,10 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator,
+                      model_validator)
 
+from crossprobe.service.filters import parse_date
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
 
@@ -41,35 +43,52 @@ VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or
 
 
 # ---- metadata filters (filters.py) -------------------------------------------------------------------------
-FilterValue = Annotated[str, Field(max_length=1024)] | float
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+FilterValue = Annotated[str, Field(max_length=1024)] | bool | Finite
+Bound = Finite | Annotated[str, Field(min_length=8, max_length=40)]  # a number, or an ISO 8601 date / datetime
+FieldName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 MAX_FILTER_CONDITIONS = 64  # conditions in one filter tree, all levels together
+FILTER_NUMERIC = ("width", "height")
+FILTER_STRINGS = ("tags", "format", "camera", "caption")
 
 
 class Condition(BaseModel):
-    """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable; numeric fields
-    only). tags: eq = has the tag, in = has any of them; format is compared case-insensitively."""
+    """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable). Fields: tags (eq =
+    has the tag, in = has any), format and camera (case-insensitive), caption, width, height, taken (ranges of
+    ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of numbers or
+    of ISO dates). A field that no item of the index has: 422."""
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    field: Literal["tags", "format", "caption", "width", "height"]
+    field: FieldName
     eq: FilterValue | None = None
     in_: list[FilterValue] | None = Field(None, alias="in", min_length=1, max_length=256)
-    gt: float | None = Field(None, allow_inf_nan=False)
-    gte: float | None = Field(None, allow_inf_nan=False)
-    lt: float | None = Field(None, allow_inf_nan=False)
-    lte: float | None = Field(None, allow_inf_nan=False)
+    gt: Bound | None = None
+    gte: Bound | None = None
+    lt: Bound | None = None
+    lte: Bound | None = None
 
     @model_validator(mode="after")
     def _one_test(self) -> "Condition":
-        ranged = any(v is not None for v in (self.gt, self.gte, self.lt, self.lte))
-        given = (self.eq is not None) + (self.in_ is not None) + ranged
+        bounds = [v for v in (self.gt, self.gte, self.lt, self.lte) if v is not None]
+        given = (self.eq is not None) + (self.in_ is not None) + bool(bounds)
         if given != 1:
             raise ValueError("a condition needs exactly one of eq, in, or a range (gt / gte / lt / lte)")
         values = [self.eq] if self.eq is not None else (self.in_ or [])
-        numeric = self.field in ("width", "height")
-        if ranged and not numeric:
-            raise ValueError(f"{self.field}: ranges are for numeric fields (width, height)")
-        if any(isinstance(v, str) == numeric for v in values):
-            raise ValueError(f"{self.field}: compare with {'numbers' if numeric else 'strings'}")
+        dated = [b for b in bounds if isinstance(b, str)]
+        f = self.field
+        if f in FILTER_STRINGS and bounds:
+            raise ValueError(f"{f}: ranges are for numbers (width, height) and dates (taken)")
+        if f in FILTER_STRINGS and any(not isinstance(v, str) for v in values):
+            raise ValueError(f"{f}: compare with strings")
+        if f in FILTER_NUMERIC and (dated or any(isinstance(v, (str, bool)) for v in values)):
+            raise ValueError(f"{f}: compare with numbers")
+        if f == "taken" and (values or len(dated) != len(bounds)):
+            raise ValueError("taken: a range (gt / gte / lt / lte) of ISO dates, e.g. {\"gte\": \"2019-05-01\"}")
+        if dated and len(dated) != len(bounds):
+            raise ValueError(f"{f}: a range's bounds are all numbers or all ISO dates")
+        if any(parse_date(b) is None for b in dated):
+            raise ValueError(f"{f}: {next(b for b in dated if parse_date(b) is None)!r} is not an ISO 8601 date "
+                             "(YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS)")
         return self
 
 
@@ -102,6 +121,18 @@ def _conditions(node) -> int:
     return 1 if children is None else sum(_conditions(c) for c in children)
 
 
+_FILTER = TypeAdapter(FilterNode)
+
+
+def filter_from_json(text: str):
+    """A filter tree sent as JSON text (POST /v1/search/image's `filter` parameter) -> the typed tree, with the
+    same rules as /v1/search's body; ValueError (pydantic's ValidationError is one) when it breaks one."""
+    node = _FILTER.validate_json(text)
+    if _conditions(node) > MAX_FILTER_CONDITIONS:
+        raise ValueError(f"more than {MAX_FILTER_CONDITIONS} conditions")
+    return node
+
+
 class SearchRequest(BaseModel):
     """A search: a text (`query`), an image (`image`), indexed items (`like`), or a text with one of the other two.
     Rules that span fields, which JSON Schema cannot express (so they are listed under x-constraints); broken:
@@ -128,8 +159,9 @@ class SearchRequest(BaseModel):
                                 "cosine >= this with a result ranked above it (e.g. 0.95)")
     filter: FilterNode | None = Field(None, description="only items whose metadata passes: a condition "
                                       "{\"field\", \"eq\" | \"in\" | \"gt\"/\"gte\"/\"lt\"/\"lte\"} or "
-                                      "{\"and\": [...]} / {\"or\": [...]} of them (fields: tags, format, caption, "
-                                      f"width, height; at most {MAX_FILTER_CONDITIONS} conditions). Applied inside "
+                                      "{\"and\": [...]} / {\"or\": [...]} of them (fields: tags, format, camera, "
+                                      "caption, width, height, taken, and the index manifest's own fields; at most "
+                                      f"{MAX_FILTER_CONDITIONS} conditions). Applied inside "
                                       "the ANN search: k results whenever k items match")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
     rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's "
