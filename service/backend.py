@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from redis.exceptions import RedisError
 
 from crossprobe.models import runtime
 from crossprobe.indexer.reader import FingerprintMismatch, IndexReader, open_index
@@ -39,7 +40,7 @@ from crossprobe.indexer.redis_conn import connect
 from crossprobe.indexer.store import NAME_RE, Store
 from crossprobe.service import metrics
 from crossprobe.service.errors import ApiError
-from crossprobe.service.filters import ColumnCache
+from crossprobe.service import filters
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
@@ -358,7 +359,7 @@ class IndexHandle:
         self.name, self.version = reader.name, reader.version
         self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
         self.loaded_at = time.time()
-        self.columns = ColumnCache()  # metadata columns for filters, read on the first filtered search
+        self.columns = filters.ColumnCache()  # metadata columns for filters, read on the first filtered search
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -416,6 +417,16 @@ class Registry:
         if len(h):  # touch what a query touches (pages of the FAISS index, one MGET) before going live
             reader.search(np.zeros((1, reader.index.d), np.float32), 1)
             reader.features(reader.ids[:1])
+            if self.settings.filter_preload:
+                t = time.perf_counter()
+                try:
+                    h.columns.get(lambda: filters.all_metadata(reader))
+                    log.info("%s/%s: filter columns of %d items read in %.2f s", name, version, len(h),
+                             time.perf_counter() - t)
+                except RedisError as e:  # not fatal: the first filtered search reads them (or answers 503)
+                    metrics.error("filter_preload")
+                    log.warning("%s/%s: filter columns not preloaded (%s); read on the first filtered search",
+                                name, version, e)
         return h
 
     def refresh(self, force: bool = False) -> dict[str, dict]:

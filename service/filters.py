@@ -176,11 +176,23 @@ class ColumnCache:
         self._cols: Columns | None = None
         self._lock = threading.Lock()
 
+    @property
+    def loaded(self) -> bool:
+        return self._cols is not None
+
     def get(self, load: Callable[[], list[dict | None]]) -> Columns:
         with self._lock:
             if self._cols is None:
                 self._cols = Columns(load())
             return self._cols
+
+
+def all_metadata(reader, chunk: int = 1000) -> list[dict | None]:
+    """Every item's metadata value of an index version, in row order (MGETs of `chunk` keys)."""
+    out: list[dict | None] = []
+    for i in range(0, len(reader.ids), chunk):
+        out += reader.metadata(reader.ids[i:i + chunk])
+    return out
 
 
 def search(index, vectors: Callable[[np.ndarray], np.ndarray], q: np.ndarray, k: int, mask: np.ndarray,

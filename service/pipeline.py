@@ -276,16 +276,8 @@ class Searcher:
     def _columns(self, handle: IndexHandle) -> filters.Columns:
         """The version's metadata columns (read once per version, MGETs of 1,000). Redis down: no filter can be
         answered, so 503 feature_store_unavailable (not a degraded answer: unfiltered results would be wrong)."""
-        reader = handle.reader
-
-        def load() -> list[dict | None]:
-            out: list[dict | None] = []
-            for i in range(0, len(reader.ids), 1000):
-                out += reader.metadata(reader.ids[i:i + 1000])
-            return out
-
         try:
-            return handle.columns.get(lambda: self.fs.call("filter_metadata", load))
+            return handle.columns.get(lambda: self.fs.call("filter_metadata", filters.all_metadata, handle.reader))
         except FeatureStoreUnavailable as e:
             raise feature_store_unavailable(e, self.fs.retry_after_s) from None
 

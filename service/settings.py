@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     # when an HNSW / IVF index returns fewer than k under a filter while more items match, scan the matching items'
     # stored vectors exactly if there are at most this many (~1 ms per 4,000 at d=256); more: FAISS's answer stands
     filter_exact_max: int = Field(20_000, ge=0)
+    # read a version's metadata into filter columns while loading it (before it goes live), so the first filtered
+    # search does not pay for it (100K items: one MGET pass, measured in docs/search_features.md); false: on the
+    # first filtered search instead (a service whose clients never filter saves the memory)
+    filter_preload: bool = True
 
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole

@@ -67,6 +67,12 @@ def _ids(r) -> set[str]:
     return {h["id"] for h in r.json()["results"]}
 
 
+def test_filter_columns_are_read_before_a_version_goes_live(described, client):
+    handle = client.app.state.svc.registry.get("described")
+    assert handle.columns.loaded  # Settings.filter_preload: the first filtered search pays nothing extra
+    assert {"album", "year", "favourite", "shot"} <= set(handle.columns.get(lambda: []).fields)
+
+
 def test_exif_and_manifest_fields_are_recorded(described, built):
     reader = open_index("described", None, built.ixs)
     metas = dict(zip(reader.ids, reader.metadata(reader.ids)))
