@@ -37,7 +37,8 @@ from crossprobe.indexer import synthetic
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
 from crossprobe.service.server import free_port
-from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
+from filter_latency import features_section  # benchmarks/ is sys.path[0] when run as a script
+from indexer_bench import machine
 
 RERANKS = ("none", "temde", "cp")
 
@@ -315,6 +316,7 @@ def write(res: dict, docs: Path) -> None:
               "representative, its rankings are not.",
               "- Rows differ by a few ms between runs on a shared machine; compare stages, not single cells."]
     lines += earlier_runs(docs)
+    lines += features_section(docs)  # benchmarks/filter_latency.py's rows, kept
     (docs / "latency.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

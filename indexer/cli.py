@@ -45,7 +45,7 @@ def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt:
 def build_cmd(
     name: str = typer.Option(..., help="index name (letters, digits, _ . -)"),
     images: Path = typer.Option(None, help="folder of images, walked recursively"),
-    manifest: Path = typer.Option(None, help='JSONL: {"id", "uri", "caption"?, "tags"?} per line'),
+    manifest: Path = typer.Option(None, help='JSONL: {"id", "uri", "caption"?, "tags"?, any scalar field?} per line (fields are filterable)'),
     ckpt: Path = _CKPT,
     root: Path = _ROOT,
     workers: int = typer.Option(None, help="decode threads overlapping the encoder (1 or 2 on 2 cores)"),

@@ -143,8 +143,8 @@ class Settings(BaseSettings):
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
     # -- metadata filters (/v1/search "filter"; service/filters.py) ----------------------------------------------
-    # when an HNSW / IVF index returns fewer than k under a filter while more items match, scan the matching items'
-    # stored vectors exactly if there are at most this many (~1 ms per 4,000 at d=256); more: FAISS's answer stands
+    # with an HNSW / IVF index, a filter that at most this many items pass is answered by scanning their stored
+    # vectors exactly (~1 ms per 4,000 at d=256); more: FAISS with the filter's bitmap (approximate, as unfiltered)
     filter_exact_max: int = Field(20_000, ge=0)
     # read a version's metadata into filter columns while loading it (before it goes live), so the first filtered
     # search does not pay for it (100K items: one MGET pass, measured in docs/search_features.md); false: on the

@@ -348,8 +348,9 @@ def test_tag_and_caption_filters_on_an_hnsw_index(client, tagged):
     assert [h["id"] for h in r.json()["results"]] == [tagged[3]["id"]]
 
 
-def test_an_hnsw_walk_that_stops_short_is_completed_by_an_exact_scan():
-    """filters.search: FAISS returning fewer rows than match (HNSW under a selective filter) -> exact scan."""
+def test_a_selective_filter_on_hnsw_is_an_exact_scan():
+    """filters.search on an approximate index: at most exact_max matching rows -> an exact scan of them (never
+    HNSW's starved walk); more -> FAISS with the bitmap, whose short answer stands, marked not exact."""
     import faiss
 
     from crossprobe.service import filters
