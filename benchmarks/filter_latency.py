@@ -132,8 +132,8 @@ def features_section(docs: Path) -> list[str]:
     if rec:
         lines += ["", f"ANN recall@100: the filtered ANN stage alone (service/filters.py, offline, the test images' "
                   f"stored vectors as {rec['queries']} queries) against an exhaustive search of the matching rows; "
-                  "\"exact-scan\" is HNSW's filtered walk returning fewer than 100 and the matching rows scanned "
-                  "exactly instead. Reading the 100K items' metadata into filter columns (done while a version "
+                  "\"exact-scan\": at most CROSSPROBE_FILTER_EXACT_MAX (20,000) items match, so their stored vectors "
+                  "are scanned exactly; \"faiss-idselector\": HNSW searched with the filter's bitmap. Reading the 100K items' metadata into filter columns (done while a version "
                   f"loads, CROSSPROBE_FILTER_PRELOAD): {rec['preload_s']} s."]
     return lines
 
