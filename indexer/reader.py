@@ -19,6 +19,13 @@ from crossprobe.indexer.redis_conn import Settings, connect
 from crossprobe.indexer.store import Store
 
 
+def ef_search(configured: int | None, n: int) -> int:
+    """HNSW's efSearch for an index of n items: the configured value, else by size (Settings.hnsw_ef_search)."""
+    if configured:
+        return configured
+    return 256 if n <= 200_000 else 2048
+
+
 class FingerprintMismatch(ValueError):
     """The index was built with another model than the one loaded."""
 
@@ -28,10 +35,10 @@ class IndexReader:
         self.store, self.name, self.version, self.manifest = store, name, version, manifest
         vdir = store.version_dir(name, version)
         self.index = faiss.read_index(str(vdir / "index.faiss"))
-        if hasattr(self.index, "hnsw"):
-            self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, 64)  # recall over the default 16
+        if hasattr(self.index, "hnsw"):  # FAISS's default 16 gives a poor shortlist: Settings.hnsw_ef_search says
+            self.index.hnsw.efSearch = ef_search(store.s.hnsw_ef_search, self.index.ntotal)
         if hasattr(self.index, "nprobe"):
-            self.index.nprobe = max(self.index.nprobe, 16)
+            self.index.nprobe = store.s.ivf_nprobe
         self.ids: list[str] = json.loads((vdir / "ids").read_text())
         self.layout = Layout.from_header(manifest["layout"])
         if self.index.ntotal != len(self.ids) or len(self.ids) != manifest["count"]:

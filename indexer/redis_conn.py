@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     factory: str | None = None  # force a faiss.index_factory string; default chosen by size
     flat_max: int = 20_000  # below this many vectors: exact "Flat"
     hnsw_max: int = 2_000_000  # below this: "HNSW32"; beyond: IVF-PQ trained on a sample
+    # search-time effort of approximate indexes (set on every reader; the built files do not change). HNSW efSearch:
+    # unset = by size, chosen on Flickr8k dev captions for recall@100 >= 0.95 against exact search (docs/scaling.md):
+    # 256 up to 200K items (100K: dev 0.974), 2048 above (1M: dev 0.969; 64 gave 0.43). IVF nprobe: lists visited
+    hnsw_ef_search: int | None = Field(None, ge=1, le=65_536)
+    ivf_nprobe: int = Field(16, ge=1, le=65_536)
     redis_batch: int = 1000  # keys per pipeline when copying or deleting
     throttle_s: float = Field(0.0, ge=0)  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
     progress: bool = True  # tqdm bar

@@ -229,7 +229,7 @@ def _params(index, sel) -> Any:
     import faiss
 
     if hasattr(index, "hnsw"):
-        return faiss.SearchParametersHNSW(sel=sel, efSearch=max(index.hnsw.efSearch, 64))
+        return faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)  # the reader's (Settings)
     if hasattr(index, "nprobe"):
-        return faiss.SearchParametersIVF(sel=sel, nprobe=max(index.nprobe, 16))
+        return faiss.SearchParametersIVF(sel=sel, nprobe=index.nprobe)
     return faiss.SearchParameters(sel=sel)
