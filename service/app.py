@@ -139,7 +139,8 @@ _UPLOAD_BODY = {"requestBody": {"required": True, "description": "the image file
                                             "image/*": {"schema": _BINARY},
                                             "multipart/form-data": {"schema": {
                                                 "type": "object", "required": ["image"],
-                                                "properties": {"image": _BINARY}}}}}}
+                                                "properties": {"image": _BINARY}}}}},
+                "x-constraints": ["the body (or the form's image) is an image file"]}
 
 
 def parse_filter(text: str | None):
@@ -171,8 +172,11 @@ async def search_image(request: Request,
                        rerank: Annotated[Rerank | None, Query(description="with query: cp | temde | none")] = None,
                        index: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
                        dedup: Annotated[float | None, Query(gt=0, le=1, description="near-duplicate cosine")] = None,
-                       filter: Annotated[str | None, Query(max_length=16_384, description="a metadata filter as "
-                                                           "JSON, the same as /v1/search's \"filter\"")] = None,
+                       filter: Annotated[str | None, Query(
+                           max_length=16_384, description="a metadata filter as JSON text, the same as /v1/search's "
+                           "\"filter\" (not JSON, or not such a filter: 422)",
+                           json_schema_extra={"contentMediaType": "application/json",
+                                              "x-constraints": ["JSON text of /v1/search's filter"]})] = None,
                        ) -> Response:
     """Query by image as an upload: the body is the image file, or a multipart form whose file field is "image";
     the same search as /v1/search's "image"."""

@@ -139,7 +139,9 @@ class SearchRequest(BaseModel):
     422 invalid_request. shortlist >= k when shortlist is given (k defaults to 10); at least one of query, image,
     like; not both image and like."""
     model_config = ConfigDict(extra="forbid", json_schema_extra={"x-constraints": [
-        "shortlist >= k", "at least one of query, image, like", "not both image and like"]})
+        "shortlist >= k", "at least one of query, image, like", "not both image and like",
+        "image is a base64-encoded image file",
+        "each filter condition: exactly one of eq, in or a range, with values of its field's type"]})
 
     query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
                               description=f"text to search images for: {VISIBLE_TEXT_HELP}")
@@ -373,7 +375,9 @@ def _knn_documented(schema: dict[str, Any]) -> None:
                           "description": "fetching URLs is not supported (the service reaches out to nowhere): "
                           "anything but null or \"\" is 422 unsupported; send the image itself as \"image\""}
     schema.pop("required", None)
-    schema["x-constraints"] = ["at least one of text, image, embedding_input"]
+    schema["x-constraints"] = ["at least one of text, image, embedding_input",
+                               "embedding_input has the index's dimension and is not all zeros",
+                               "image is a base64-encoded image file"]
 
 
 class KnnRequest(BaseModel):

@@ -10,8 +10,13 @@ rejected") would call the service's correct 422s failures. The hooks below, and 
                          one visible character, anything around it (NUL, zero-width, spaces). The coverage
                          phase builds its strings without format strategies, so filter_failure below also
                          drops an ST202 whose 422 says exactly "this query is blank" for a query that is.
-  x-constraints          /v1/search's "shortlist >= k": filter_failure drops an ST202 whose 422 names only that
-                         rule for a body that breaks it (tests/service/test_api.py checks that 422 itself).
+  x-constraints          the cross-field and index-dependent rules: /v1/search's "shortlist >= k" and "not both
+                         image and like", /knn-service's "embedding_input has the index's dimension and is not
+                         all zeros", /v1/search/image's "filter is JSON text of /v1/search's filter", and a
+                         filter condition's own rules (one test; values of the field's type).
+                         filter_failure drops an ST202 whose 422 names only such a rule for a request that
+                         breaks it, judged with the service's own parser where there is one (the filter); the
+                         tests (test_api.py, test_search_features.py, test_filters.py) check those 422s themselves.
 
 Every other failure of every check is kept; no check is switched off and no status is added to a check's
 expected ones.
@@ -23,7 +28,9 @@ import json
 import schemathesis
 from hypothesis import strategies as st
 
-from crossprobe.service.schemas import is_invisible
+from crossprobe.service import query_image
+from crossprobe.service.errors import ApiError
+from crossprobe.service.schemas import filter_from_json, is_invisible
 
 _visible_char = st.characters().filter(lambda c: not is_invisible(c))
 # <= 101 characters: inside every query field's maxLength (512)
@@ -42,21 +49,74 @@ def _int(v) -> int | None:
     return int(v) if isinstance(v, float) and v.is_integer() else None
 
 
-def _explained_422(path: str, body, error: dict) -> bool:
-    """Whether this 422 is one of the two rules above, broken by this body, and nothing else."""
+def _bad_filter_text(text) -> bool:
+    try:
+        filter_from_json(text)
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return True
+    return False
+
+
+def _not_an_image(value, b64: bool) -> bool:
+    """Whether the service's own decoder (query_image) refuses this as an image with a 422."""
+    if isinstance(value, str) and not b64:
+        value = value.encode("latin-1", "replace")
+    try:
+        data = query_image.b64_bytes(value, 1 << 30) if b64 else value
+        query_image.pixels(data, 1 << 40)
+    except ApiError as e:
+        return e.status == 422
+    except Exception:  # noqa: BLE001 - a value the decoder cannot even take is not an image either
+        return True
+    return False
+
+
+def _explained_422(path: str, body, error: dict, query: dict | None = None) -> bool:
+    """Whether this 422 is one of the rules above, broken by this request, and nothing else."""
+    message = error.get("message", "")
+    if path == "/v1/search/image":
+        text = (query or {}).get("filter")
+        if message.startswith("invalid request: filter: "):
+            return isinstance(text, str) and _bad_filter_text(text)
+        image = body.get("image") if isinstance(body, dict) else body
+        return error.get("code") == "invalid_image" and _not_an_image(image or b"", b64=False)
     if not isinstance(body, dict):
         return False
+    if error.get("code") == "invalid_image" and path in ("/v1/search", "/knn-service"):
+        return isinstance(body.get("image"), str) and _not_an_image(body["image"], b64=True)
     details = error.get("details") or []
     field = QUERY_FIELD.get(path)
     if field and isinstance(body.get(field), str) and is_invisible(body[field]):
         if path == "/knn-service":  # its own check, no details: "text: send a non-blank ..."
             return not details and "non-blank" in error.get("message", "")
         return bool(details) and all(d.get("field") == field and "blank" in d.get("message", "") for d in details)
-    if path == "/v1/search":
+    if path == "/knn-service" and all(body.get(f) is None for f in ("text", "image", "embedding_input")):
+        return not details and "send a non-blank \"text\", an \"image\" or an \"embedding_input\"" in message
+    if path == "/knn-service":
+        vec = body.get("embedding_input")
+        if isinstance(vec, list) and vec:
+            wrong_d = f"embedding_input has {len(vec)} values; index " in message and "holds vectors of" in message
+            zeros = "must be finite and not all zero" in message and not any(vec)
+            return (wrong_d and f"holds vectors of {len(vec)}" not in message) or zeros
+        return False
+    if path == "/v1/search":  # the model's cross-field rules this body breaks, each by its message
         k, shortlist = _int(body.get("k", 10)), _int(body.get("shortlist"))
+        broken = []
         if k is not None and shortlist is not None and shortlist < k:
-            return bool(details) and all("shortlist" in d.get("message", "") and "must be >= k" in d["message"]
-                                         for d in details)
+            broken.append("must be >= k")
+        if body.get("image") is not None and body.get("like") is not None:
+            broken.append("send image or like, not both")
+        if all(body.get(f) is None for f in ("query", "image", "like")):
+            broken.append("send a query, an image or like (at least one)")
+        # a filter condition's own rules (Condition._one_test: one test, values of the field's type, ISO dates)
+        # are model validators: a schema-valid condition can break only those, each a "value_error" under filter
+        in_filter = [d for d in details if str(d.get("field", "")).startswith("filter")]
+        if in_filter and all(d.get("type") == "value_error" for d in in_filter):
+            details = [d for d in details if d not in in_filter]
+            if not details:
+                return True
+        return bool(broken) and bool(details) and all(any(b in d.get("message", "") for b in broken)
+                                                      for d in details)
     return False
 
 
@@ -69,4 +129,4 @@ def filter_failure(ctx, failure, case, response) -> bool:
         error = json.loads(response.content)["error"]
     except (ValueError, KeyError, TypeError):
         return True
-    return not _explained_422(case.operation.path, case.body, error)
+    return not _explained_422(case.operation.path, case.body, error, case.query)

@@ -187,14 +187,24 @@ def test_the_document_says_what_json_schema_cannot(client):
     spec = client.get("/openapi.json").json()
     search = spec["components"]["schemas"]["SearchRequest"]
     assert search["x-constraints"] == ["shortlist >= k", "at least one of query, image, like",
-                                       "not both image and like"] and "shortlist >= k" in search["description"]
+                                       "not both image and like", "image is a base64-encoded image file",
+                                       "each filter condition: exactly one of eq, in or a range, with values of its "
+                                       "field's type"]
+    assert "shortlist >= k" in search["description"]
     assert search["properties"]["query"]["format"] == "visible-text"
     for path in ("/knn-service", "/metadata"):  # they parse raw bytes; the body is declared by hand
         body = spec["paths"][path]["post"]["requestBody"]
         assert body["required"] and "schema" in body["content"]["application/json"]
     knn = spec["paths"]["/knn-service"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "required" not in knn and knn["properties"]["modality"]["enum"] == ["image"]
-    assert knn["x-constraints"] == ["at least one of text, image, embedding_input"]
+    assert knn["x-constraints"] == ["at least one of text, image, embedding_input",
+                                    "embedding_input has the index's dimension and is not all zeros",
+                                    "image is a base64-encoded image file"]
+    upload = spec["paths"]["/v1/search/image"]["post"]
+    assert upload["x-constraints"] == ["the body (or the form's image) is an image file"]
+    assert "multipart/form-data" in upload["requestBody"]["content"]
+    flt = next(p for p in upload["parameters"] if p["name"] == "filter")
+    assert '"contentMediaType": "application/json"' in json.dumps(flt), flt
     assert {"image", "embedding_input", "text"} <= set(knn["properties"])
     assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
     assert list(spec["paths"]["/v1/items/{item_id}/image"]["get"]["responses"]["200"]["content"]) == ["image/jpeg"]
