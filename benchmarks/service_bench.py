@@ -174,6 +174,16 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
             "stages_ms": {k: round(statistics.median(s.get(k, 0.0) for s in stages), 3) for k in keys}}
 
 
+def text_vectors(texts: list[str]) -> np.ndarray:
+    """The served query tower's g_q (the service's own Models: the committed checkpoint, int8 ONNX graph, the
+    shipped settings) for these texts -> (N, d) float32: ANN queries as the service makes them."""
+    from crossprobe.service.backend import Models
+    from crossprobe.service.settings import Settings as ServiceSettings
+
+    models = Models(ServiceSettings(redis_url=None))
+    return np.stack([v.g_q for v in models.encode(list(texts))]).astype(np.float32)
+
+
 def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "int8", threads: int | None = None) -> dict:
     """The environment of `crossprobe serve` for these indexes (the shipped defaults except access log off, no
     reload polling and a deeper admission queue), on the benchmark's embedded Redis through its unix socket."""
