@@ -85,8 +85,9 @@ export function revokeImages() {
   objectUrls = [];
 }
 
-// without a key, the plain URL (the browser caches it); with one, fetched with the header into a blob: URL
-export function showImage(img, url) {
+// without a key, the plain URL (the browser caches it); with one, fetched with the header into a blob: URL,
+// revoked with the results (revokeImages) unless `own` (a chip's picture outlives the results it came from)
+export function showImage(img, url, own) {
   if (!currentKey) {
     img.src = url;
     return;
@@ -94,7 +95,8 @@ export function showImage(img, url) {
   fetchImage(url).then((blob) => {
     if (!img.isConnected) return; // the results were replaced meanwhile
     const u = URL.createObjectURL(blob);
-    objectUrls.push(u);
+    if (own) img.addEventListener("load", () => URL.revokeObjectURL(u), { once: true });
+    else objectUrls.push(u);
     img.src = u;
   }).catch(() => {
     img.alt += " (image unavailable)";

@@ -49,7 +49,7 @@ export function createQuery(hooks) {
     const img = document.createElement("img");
     img.alt = "";
     if (src) img.src = src;
-    else showImage(img, itemUrl);
+    else showImage(img, itemUrl, true);
     const words = document.createElement("span");
     words.className = "chip-text";
     words.textContent = text;

@@ -375,6 +375,21 @@ def test_image_query_finds_itself_first(page, gallery, tmp_path):
     assert card_ids(page)[0] == "cat.jpg" and page.locator("#query-chips .query-chip").count() == 1
     thumbnails_loaded(page)
     shot(page, "image-query.png", full_page=True)
+    # pasted (an image on the clipboard): it replaces the second one
+    data = base64.b64encode((gallery / "rocket.jpg").read_bytes()).decode()
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        page.evaluate("""b64 => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([Uint8Array.from(atob(b64), c => c.charCodeAt(0))], 'image.png', {type: 'image/jpeg'}));
+            document.querySelector('#q').dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true}));
+        }""", data)
+    results_shown(page, resp.value.json())
+    assert card_ids(page)[0] == "rocket.jpg"
+    # dropped again, the cat: shown in the screenshot
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        drop(page, gallery / "cat.jpg")
+    results_shown(page, resp.value.json())
+    thumbnails_loaded(page)
     # with a text too: text + image, weighed by the slider
     page.get_by_label("Describe the image you want").fill(QUERY)
     assert page.get_by_label("Weight of the image").is_visible()
@@ -514,6 +529,22 @@ def test_filter_chips_narrow_the_results(page):
             page.locator("#active-filters .chip-remove").first.click()
     wait_js(page, "document.querySelector('#filter-count').hidden")
     assert len(card_ids(page)) == 12
+
+
+def test_like_and_filters_are_restored_from_the_address(page):
+    flt = json.dumps({"tags": ["object"], "to": "2019-12-31"})
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        page.goto(f"/?like=coffee.jpg&k=6&filter={flt}")
+    assert resp.value.request.post_data_json == {"k": 6, "like": "coffee.jpg", "index": INDEX, "filter": {
+        "and": [{"field": "tags", "eq": "object"}, {"field": "taken", "lt": "2020-01-01"}]}}
+    body = resp.value.json()
+    results_shown(page, body)
+    want = {f"{n}.jpg" for n, (tags, _, taken) in MANIFEST.items()
+            if "object" in tags and taken and taken < "2020" and n != "coffee"}
+    assert set(card_ids(page)) == want == {"clock.jpg"}
+    assert page.locator("#query-chips").inner_text().startswith("like: coffee.jpg")
+    assert page.locator("#taken-to").input_value() == "2019-12-31"
+    assert page.locator("#filter-count").inner_text() == "1 item matches"
 
 
 def teardown_module(_module):
