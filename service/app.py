@@ -245,11 +245,14 @@ async def explain(body: ExplainRequest, request: Request) -> Response:
 async def indexes(request: Request) -> dict:
     state = svc(request)
     reg = state.registry
+    # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
+    limits = {"query_image_bytes": state.settings.query_image_max_bytes,
+              "query_image_pixels": state.settings.query_image_max_pixels}
     if reg is None:
-        return {"indexes": [], "default": None, "unavailable": {}}
+        return {"indexes": [], "default": None, "unavailable": {}, "limits": limits}
     default = reg.default_name()
     return {"indexes": [{**h.info(), "default": n == default} for n, h in sorted(reg.handles.items())],
-            "default": default, "unavailable": dict(reg.problems)}
+            "default": default, "unavailable": dict(reg.problems), "limits": limits}
 
 
 def _item(state: ServiceState, item_id: str, index: str | None):

@@ -3,6 +3,7 @@
 test of the same page is test_page_e2e.py (make test-e2e)."""
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from fnmatch import fnmatch
@@ -48,7 +49,7 @@ def test_page_loads_nothing_from_elsewhere(client):
         assert not re.search(r"""(src|href)=["']?(https?:)?//""", f), "a reference to another origin"
         assert "@import" not in f and "url(http" not in f
         assert "<script>" not in f and " style=" not in f  # would be refused by the policy
-    assert re.search(r'<script src="static/app.js" defer>', r.text)
+    assert re.search(r'<script type="module" src="static/app.js"></script>', r.text)  # modules: deferred
     assert '<link rel="stylesheet" href="static/app.css">' in r.text
 
 
@@ -59,12 +60,91 @@ def test_static_files_are_served(client):
         assert r.content == (STATIC / name).read_bytes()
     assert client.get("/static/nothing.js").status_code == 404
     assert client.get("/static/../app.py").status_code == 404
-    # every API route the script calls exists
-    js = (STATIC / "app.js").read_text()
-    for route in ("v1/indexes", "v1/search", "v1/explain", "v1/items/"):
+    # every API route the scripts call exists
+    js = "".join(p.read_text() for p in STATIC.glob("*.js"))
+    for route in ("v1/indexes", "v1/search", "v1/search/image?", "v1/explain", "v1/items/"):
         assert f'"{route}' in js, route
     paths = set(client.get("/openapi.json").json()["paths"])
-    assert {"/v1/indexes", "/v1/search", "/v1/explain", "/v1/items/{item_id}/image"} <= paths, paths
+    assert {"/v1/indexes", "/v1/search", "/v1/search/image", "/v1/explain", "/v1/items/{item_id}/image"} <= paths
+
+
+def test_modules_import_only_the_page_own_files(client):
+    """The page is ES modules without a build step: app.js imports the others by relative path. Every import is
+    one of the page's own files (served, shipped), and every script is reached from app.js."""
+    reached, todo = set(), ["app.js"]
+    while todo:
+        name = todo.pop()
+        reached.add(name)
+        src = (STATIC / name).read_text()
+        assert "require(" not in src and "eval(" not in src and "new Function" not in src  # the CSP refuses eval
+        for spec in re.findall(r'^import\s[^;]*?\sfrom\s+"([^"]+)";', src, re.M | re.S):
+            assert spec.startswith("./") and spec.endswith(".js"), spec  # relative: works under a path prefix
+            target = spec[2:]
+            assert (STATIC / target).is_file(), spec
+            assert client.get(f"/static/{target}").headers["content-type"].startswith("text/javascript")
+            if target not in reached:
+                todo.append(target)
+    assert reached == {p.name for p in STATIC.glob("*.js")}, reached
+    for p in STATIC.iterdir():
+        assert len(p.read_text().splitlines()) <= 500, p.name  # small files a newcomer can read
+
+
+def test_page_has_the_image_like_and_filter_controls(client):
+    html = client.get("/").text
+    # query by image: a button for the file picker, a picker limited to the formats the service decodes
+    assert '<button id="image-button" class="secondary" type="button"' in html and ">Search by image</button>" in html
+    m = re.search(r'<input id="image-file" type="file" hidden\s+accept="([^"]+)">', html)
+    assert m and set(m.group(1).split(",")) == {f"image/{t}" for t in ("jpeg", "png", "webp", "gif", "bmp", "tiff")}
+    assert 'id="query-chips"' in html and "Drop or paste an image" in html
+    # the text / image weight: a labelled 0..1 slider with its value shown
+    assert '<label id="weight-label" for="weight">' in html
+    assert re.search(r'<input id="weight" name="weight" type="range" min="0" max="1" step="0.1" value="0.5"', html)
+    assert '<output id="weight-value" for="weight">' in html
+    # filters: chips, the filters in force, the matching count, a labelled date range
+    assert '<section id="refine" class="refine" aria-labelledby="refine-title" hidden>' in html
+    for part in ('id="facets"', '<ul id="active-filters"', 'id="filter-count"'):
+        assert part in html, part
+    for end in ("from", "to"):
+        assert f'<label for="taken-{end}">{end}</label>' in html
+        assert f'<input id="taken-{end}" name="taken-{end}" type="date">' in html
+    js = "".join(p.read_text() for p in STATIC.glob("*.js"))
+    assert '"More like this"' in js and "aria-pressed" in js
+    assert "body.filtered" in js and "toLocaleString(\"en\")" in js  # the matching count, as "1,234"
+
+
+def test_indexes_tell_the_page_the_image_limit(client, built):
+    from crossprobe.service.settings import Settings
+
+    limits = client.get("/v1/indexes").json()["limits"]
+    assert limits == {"query_image_bytes": Settings().query_image_max_bytes,
+                      "query_image_pixels": Settings().query_image_max_pixels}
+
+
+def test_the_requests_the_page_builds_are_answered(client, built):
+    """The page's three new requests, as app.js builds them, against the real index: an image upload (multipart,
+    options and the filter as query parameters), "More like this" with chips' filter tree, and a date range."""
+    files = {i: built.gallery / i for i in built.ids}
+    item = built.ids[0]
+    fmt = client.get(f"/v1/items/{item}").json()["metadata"]["format"]
+    r = client.post("/v1/search/image", params={"k": "3", "query": "a red square", "rerank": "cp", "weight": "0.5",
+                                                "index": "photos",
+                                                "filter": json.dumps({"field": "format", "eq": fmt})},
+                    files={"image": (item.split("/")[-1], files[item].read_bytes(), "image/png")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["query_kind"] == "text+image" and body["filtered"]["matching"] >= 1
+    assert all(h["metadata"]["format"] == fmt for h in body["results"])
+    like = {"k": 12, "like": item, "index": "photos", "filter": {"and": [
+        {"field": "format", "in": [fmt, "GIF"]}, {"field": "width", "gte": 1}]}}
+    r = client.post("/v1/search", json=like)
+    assert r.status_code == 200, r.text
+    ids = [h["id"] for h in r.json()["results"]]
+    assert item not in ids and ids and all(h["metadata"]["format"] in (fmt, "GIF") for h in r.json()["results"])
+    # the date range ("taken", the day after "to" as an open bound): this gallery has no dates, none match
+    r = client.post("/v1/search", json={"query": "a red square", "filter": {
+        "field": "taken", "gte": "2021-01-01", "lt": "2022-01-01"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"] == [] and r.json()["filtered"]["matching"] == 0
 
 
 def test_static_files_ship_in_the_wheel():

@@ -2,15 +2,19 @@
 
 Playwright (PyPI, the `e2e` extra) drives Debian's chromium (/usr/bin/chromium: no browser download)
 against `crossprobe serve` in a subprocess on a free loopback port. The index is built by the indexer
-from scikit-image's sample photos with the committed checkpoint (models/checkpoints/default), so the page
-shows real rankings: "a cup of coffee" must find the coffee photo. Screenshots of the results, the explain
-view and the phone layout go to artifacts/e2e/ (gitignored), printed at the end of each test (-s shows them).
+from scikit-image's sample photos with the committed checkpoint (models/checkpoints/default), through a
+manifest that gives them tags, a camera and a date taken (MANIFEST), so the page shows real rankings ("a cup
+of coffee" must find the coffee photo; an indexed photo dropped on the page finds itself first) and real
+filters. Screenshots of the results, the explain view, the phone layout, the image query, "More like this"
+and the filter chips go to artifacts/e2e/ (gitignored), printed at the end of each test (-s shows them).
 
 The ONNX graphs of the committed checkpoint are kept under artifacts/e2e/ between runs (keyed by its
 fingerprint, written atomically), so a second run starts in seconds instead of exporting them again.
 """
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import subprocess
@@ -33,11 +37,24 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 QUERY = "a cup of coffee"
 INDEX = "samples"
+# the gallery's manifest: id (the file's name, as a folder build would give it) -> tags, camera, date taken
+SPACE, OBJECTS, SURFACES = ["space"], ["object"], ["texture"]
+MANIFEST = {
+    "astronaut": (SPACE + ["people"], "Canon EOS 80D", "2018-03-01"), "camera": (["people"] + OBJECTS, None, None),
+    "cat": (["animal"], "NIKON D750", "2019-06-10"), "coffee": (OBJECTS + ["food"], "NIKON D750", "2019-07-04"),
+    "coins": (OBJECTS, "Canon EOS 80D", "2020-01-20"), "horse": (["animal"], None, "2020-05-05"),
+    "moon": (SPACE, "Canon EOS 80D", "2021-02-02"), "rocket": (SPACE, "NIKON D750", "2021-09-09"),
+    "motorcycle": (OBJECTS + ["people"], "Apple iPhone 12", "2021-11-11"), "hubble": (SPACE, None, None),
+    "clock": (OBJECTS, "Apple iPhone 12", "2019-12-31"), "page": (SURFACES, None, None),
+    "brick": (SURFACES, "Apple iPhone 12", "2020-08-08"), "grass": (SURFACES, None, "2020-08-09"),
+    "retina": (["science"], None, None), "colorwheel": (SURFACES, None, None),
+}
 
 
 @pytest.fixture(scope="module")
-def server(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtures from tests/indexer)
-    """Base URL of a live service over an index of the sample photos, built with the committed checkpoint."""
+def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtures from tests/indexer)
+    """(base URL, gallery folder) of a live service over an index of the sample photos, built with the
+    committed checkpoint from a manifest (MANIFEST's tags, cameras and dates)."""
     from crossprobe.indexer import build
     from crossprobe.indexer.redis_conn import Settings as IndexSettings
     from crossprobe.service.demo import write_sample_gallery
@@ -47,9 +64,17 @@ def server(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixt
     redis_server.flushall()
     work = tmp_path_factory.mktemp("page-e2e")
     gallery = write_sample_gallery(work / "gallery")
+    lines = []
+    for name, (tags, camera, taken) in MANIFEST.items():
+        line = {"id": f"{name}.jpg", "uri": str(gallery / f"{name}.jpg"), "tags": tags}
+        line.update({k: v for k, v in (("camera", camera), ("taken", taken)) if v})
+        lines.append(json.dumps(line) + "\n")
+    assert len(lines) == len(list(gallery.glob("*.jpg")))
+    manifest = work / "samples.jsonl"
+    manifest.write_text("".join(lines))
     ixs = IndexSettings(redis_url=redis_url, root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
                         threads=2, progress=False)
-    build(INDEX, images=gallery, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
+    build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
     port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.root),
@@ -73,10 +98,20 @@ def server(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixt
                 pass
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
-        yield url
+        yield url, gallery
     finally:
         stop(proc)
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    return site[0]
+
+
+@pytest.fixture(scope="module")
+def gallery(site) -> Path:
+    return site[1]
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +125,15 @@ def browser():
 
 
 @pytest.fixture()
-def page(browser, server):
+def errors() -> list[str]:
+    """The page's script errors and failed resources (a test that provokes an error answer takes it out)."""
+    return []
+
+
+@pytest.fixture()
+def page(browser, server, errors):
     ctx = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server)
     pg = ctx.new_page()
-    errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
     yield pg
@@ -226,7 +266,7 @@ def test_keyboard_only(page):
         page.keyboard.press("Enter")
     page.wait_for_selector("#results li.card")
 
-    def tab_to(selector: str, limit: int = 12) -> None:
+    def tab_to(selector: str, limit: int = 60) -> None:  # the filter chips sit between the form and the results
         for _ in range(limit):
             page.keyboard.press("Tab")
             if page.evaluate("s => document.activeElement.matches(s)", selector):
@@ -248,6 +288,8 @@ def test_keyboard_only(page):
     tab_to("#results a.thumb")
     assert page.evaluate("document.activeElement.closest('li.card') === document.querySelector('#results li.card')")
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
+    page.keyboard.press("Tab")  # the result's "More like this"
+    assert page.evaluate("document.activeElement.matches('#results li.card:first-child button.more-like')")
     page.keyboard.press("Tab")  # the next result
     assert page.evaluate("document.activeElement.closest('li.card') === document.querySelectorAll('#results li.card')[1]")
     with page.context.expect_page() as popup:
@@ -266,16 +308,243 @@ def test_phone_width(browser, server):
         page.wait_for_selector("#results li.card")
         thumbnails_loaded(page)
         heat_maps_drawn(page)
+        shot(page, "phone.png", full_page=True)
         # nothing wider than the screen; two columns of results
-        assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+        wide = page.evaluate("""() => [...document.querySelectorAll('body *')].filter(e =>
+            e.getBoundingClientRect().right > document.documentElement.clientWidth + 0.5).map(e => e.id || e.className)""")
+        assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth"), wide
         cols = page.evaluate("getComputedStyle(document.querySelector('#results')).gridTemplateColumns.split(' ').length")
         assert cols == 2
         # the timings fold into one line, so the results come first
         assert page.locator("#timings").evaluate("d => !d.open")
         assert page.locator("#timings summary").inner_text().startswith("Stage timings: search ")
-        shot(page, "phone.png", full_page=True)
     finally:
         ctx.close()
+
+
+# ---- query by image, more like this, filters (issue 17) ------------------------------------------------
+def ready(page) -> None:
+    page.goto("/")
+    wait_js(page, "document.querySelector('#index option') && document.querySelector('#index').value !== ''")
+
+
+def card_ids(page) -> list[str]:
+    return page.locator("#results li.card").evaluate_all("els => els.map(e => e.dataset.id)")
+
+
+def results_shown(page, body: dict) -> None:
+    wait_js(page, "ids => JSON.stringify([...document.querySelectorAll('#results li.card')].map(e => e.dataset.id))"
+                  " === JSON.stringify(ids)", arg=[h["id"] for h in body["results"]])
+
+
+def drop(page, path: Path, mime: str = "image/jpeg", name: str | None = None) -> None:
+    """A file dropped on the search form, as a person drags one from their desktop: a DataTransfer holding it,
+    dispatched as dragenter / dragover / drop (Playwright cannot drag from outside the page)."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    dt = page.evaluate_handle("""([b64, name, type]) => {
+        const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+        const dt = new DataTransfer();
+        dt.items.add(new File([bytes], name, {type}));
+        return dt;
+    }""", [data, name or path.name, mime])
+    for event in ("dragenter", "dragover", "drop"):
+        page.dispatch_event("#search-form", event, {"dataTransfer": dt})
+
+
+def test_image_query_finds_itself_first(page, gallery, tmp_path):
+    ready(page)
+    # chosen with the button's file picker
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        with page.expect_file_chooser() as chooser:
+            page.get_by_role("button", name="Search by image").click()
+        chooser.value.set_files(str(gallery / "coffee.jpg"))
+    assert resp.value.status == 200, resp.value.text()
+    body = resp.value.json()
+    results_shown(page, body)
+    assert body["query_kind"] == "image" and card_ids(page)[0] == "coffee.jpg"
+    chip = page.locator("#query-chips .query-chip.image")
+    assert chip.is_visible() and "coffee.jpg" in chip.inner_text()
+    assert chip.locator("img").evaluate("i => i.src.startsWith('blob:') && i.complete && i.naturalWidth > 0")
+    assert "for the image “coffee.jpg”" in page.locator("#status").inner_text()
+    assert page.locator("#timings-search").get_by_text("encode_image", exact=True).is_visible()
+    # dropped on the search area: it replaces the first one
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        drop(page, gallery / "cat.jpg")
+    body = resp.value.json()
+    results_shown(page, body)
+    assert card_ids(page)[0] == "cat.jpg" and page.locator("#query-chips .query-chip").count() == 1
+    thumbnails_loaded(page)
+    shot(page, "image-query.png", full_page=True)
+    # pasted (an image on the clipboard): it replaces the second one
+    data = base64.b64encode((gallery / "rocket.jpg").read_bytes()).decode()
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        page.evaluate("""b64 => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([Uint8Array.from(atob(b64), c => c.charCodeAt(0))], 'image.png', {type: 'image/jpeg'}));
+            document.querySelector('#q').dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true}));
+        }""", data)
+    results_shown(page, resp.value.json())
+    assert card_ids(page)[0] == "rocket.jpg"
+    # dropped again, the cat: shown in the screenshot
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        drop(page, gallery / "cat.jpg")
+    results_shown(page, resp.value.json())
+    thumbnails_loaded(page)
+    # with a text too: text + image, weighed by the slider
+    page.get_by_label("Describe the image you want").fill(QUERY)
+    assert page.get_by_label("Weight of the image").is_visible()
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        page.keyboard.press("Enter")
+    assert "query=a+cup+of+coffee" in resp.value.url and "weight=0.5" in resp.value.url
+    assert resp.value.json()["query_kind"] == "text+image"
+    wait_js(page, "document.querySelector('#status').textContent.includes('and the image “cat.jpg”')")
+    # the chip's x: the text alone again
+    with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
+        page.get_by_role("button", name="Remove the image cat.jpg").click()
+    assert "image" not in req.value.post_data_json and req.value.post_data_json["query"] == QUERY
+    assert page.locator("#query-chips").is_hidden() and page.get_by_label("Weight of the image").is_hidden()
+
+
+def test_image_checks_say_what_is_wrong(page, errors, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    ready(page)
+    status = page.locator("#status")
+    # not an image: refused here, nothing is sent
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a picture")
+    sent = []
+    page.on("request", lambda r: "/v1/search" in r.url and sent.append(r.url))
+    page.set_input_files("#image-file", str(notes))
+    wait_js(page, "document.querySelector('#status').textContent.includes('is not an image')")
+    assert "“notes.txt” is not an image this service reads (text/plain)" in status.inner_text()
+    assert "error" in status.get_attribute("class") and not sent
+    # over the service's limit (768 KiB) and not decodable here: said, nothing sent
+    junk = tmp_path / "huge.jpg"
+    junk.write_bytes(os.urandom(900_000))
+    drop(page, junk)
+    wait_js(page, "document.querySelector('#status').textContent.includes('over this service')")
+    assert "“huge.jpg” is 900 KB, over this service's limit of 786 KB" in status.inner_text() and not sent
+    # over the limit but a real photo: shrunk here, then searched
+    big = tmp_path / "big.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (700, 900, 3), dtype=np.uint8)).save(big)
+    assert big.stat().st_size > 786_432
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        page.set_input_files("#image-file", str(big))
+    assert resp.value.status == 200
+    assert "shrunk from" in page.locator("#query-chips").inner_text()
+    # an image's name but not an image's bytes: the service's own 422 message, as it is
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 20)
+    with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
+        drop(page, bad, mime="image/png")
+    assert resp.value.status == 422
+    message = resp.value.json()["error"]["message"]
+    wait_js(page, "m => document.querySelector('#status').textContent === 'Search failed: ' + m", arg=message)
+    assert errors == ["Failed to load resource: the server responded with a status of 422 (Unprocessable Entity)"]
+    errors.clear()  # the one error answer this test asked for
+
+
+def test_more_like_this_leaves_the_item_out(page):
+    ready(page)
+    first = search(page)["results"][0]["id"]
+    thumbnails_loaded(page)
+    button = page.locator("#results li.card").first.get_by_role("button", name=f"More like this: {first}")
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        button.click()
+    assert resp.value.request.post_data_json == {"k": 12, "like": first, "index": INDEX}
+    body = resp.value.json()
+    results_shown(page, body)
+    ids = card_ids(page)
+    assert first not in ids and len(ids) == 12 and body["query_kind"] == "like"
+    chip = page.locator("#query-chips .query-chip.like")
+    assert chip.inner_text().startswith(f"like: {first}")
+    assert f"more like “{first}”" in page.locator("#status").inner_text()
+    assert page.get_by_label("Describe the image you want").input_value() == ""  # the text is kept aside
+    assert page.evaluate("document.activeElement.id") == "results"  # focus follows to the new results
+    assert f"like={first}" in page.url
+    thumbnails_loaded(page)
+    shot(page, "more-like-this.png", full_page=True)
+    # the chip's x: the text comes back and is searched again
+    with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
+        chip.get_by_role("button", name=f"Remove “more like {first}”").click()
+    assert req.value.post_data_json["query"] == QUERY and "like" not in req.value.post_data_json
+    wait_js(page, "document.querySelector('#query-chips').hidden")
+
+
+def test_filter_chips_narrow_the_results(page):
+    ready(page)
+    hits = search(page)["results"]
+    refine = page.locator("#refine")
+    assert refine.is_visible()
+    # a chip per tag, format and camera of the results, with how many of them carry it
+    space = refine.locator('button.facet-chip[data-field="tags"][data-value="space"]')
+    shown = sum("space" in h["metadata"]["tags"] for h in hits)
+    assert space.inner_text().split() == ["space", str(shown), "of", "12", "results"]  # "of 12 results": unseen
+    assert space.get_attribute("aria-pressed") == "false"
+    assert refine.locator('button.facet-chip[data-field="format"]').inner_text().split()[:2] == ["JPEG", "12"]
+    n_space = sum("space" in tags for tags, _, _ in MANIFEST.values())
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        space.click()
+    assert resp.value.request.post_data_json["filter"] == {"field": "tags", "eq": "space"}
+    body = resp.value.json()
+    results_shown(page, body)
+    assert len(body["results"]) == n_space == body["filtered"]["matching"]
+    assert all("space" in h["metadata"]["tags"] for h in body["results"])
+    assert page.locator("#filter-count").inner_text() == f"{n_space} items match"
+    assert page.locator("#active-filters").inner_text().startswith("tags: space")
+    assert refine.locator('button.facet-chip[data-value="space"]').get_attribute("aria-pressed") == "true"
+    # a second tag: OR within the field; a camera: AND across fields
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")):
+        refine.locator('button.facet-chip[data-field="tags"][data-value="people"]').click()
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        refine.locator('button.facet-chip[data-field="camera"][data-value="Canon EOS 80D"]').click()
+    assert resp.value.request.post_data_json["filter"] == {"and": [
+        {"field": "tags", "in": ["space", "people"]}, {"field": "camera", "eq": "Canon EOS 80D"}]}
+    want = {f"{n}.jpg" for n, (tags, cam, _) in MANIFEST.items() if {"space", "people"} & set(tags)
+            and cam == "Canon EOS 80D"}
+    body = resp.value.json()
+    results_shown(page, body)
+    assert set(card_ids(page)) == want and body["filtered"]["matching"] == len(want)
+    assert page.locator("#filter-count").inner_text() == f"{len(want)} items match"
+    thumbnails_loaded(page)
+    shot(page, "filter-chips.png", full_page=True)
+    # a date range taken from / to ("to" includes its day), kept in the address
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")):
+        page.locator("#taken-from").fill("2021-01-01")
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        page.locator("#taken-to").fill("2021-12-31")
+    flt = resp.value.request.post_data_json["filter"]
+    assert {"field": "taken", "gte": "2021-01-01", "lt": "2022-01-01"} in flt["and"]
+    in_2021 = {f"{n}.jpg" for n, (_, _, taken) in MANIFEST.items() if taken and taken.startswith("2021")}
+    results_shown(page, resp.value.json())
+    assert set(card_ids(page)) == want & in_2021 == {"moon.jpg"}
+    assert page.locator("#filter-count").inner_text() == "1 item matches"
+    assert "taken: 2021-01-01 – 2021-12-31" in page.locator("#active-filters").inner_text()
+    assert "filter=" in page.url
+    # every filter removed with its chip's x: all results again, no count
+    while page.locator("#active-filters .chip-remove").count():
+        with page.expect_response(lambda r: r.url.endswith("/v1/search")):
+            page.locator("#active-filters .chip-remove").first.click()
+    wait_js(page, "document.querySelector('#filter-count').hidden")
+    assert len(card_ids(page)) == 12
+
+
+def test_like_and_filters_are_restored_from_the_address(page):
+    flt = json.dumps({"tags": ["object"], "to": "2019-12-31"})
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        page.goto(f"/?like=coffee.jpg&k=6&filter={flt}")
+    assert resp.value.request.post_data_json == {"k": 6, "like": "coffee.jpg", "index": INDEX, "filter": {
+        "and": [{"field": "tags", "eq": "object"}, {"field": "taken", "lt": "2020-01-01"}]}}
+    body = resp.value.json()
+    results_shown(page, body)
+    want = {f"{n}.jpg" for n, (tags, _, taken) in MANIFEST.items()
+            if "object" in tags and taken and taken < "2020" and n != "coffee"}
+    assert set(card_ids(page)) == want == {"clock.jpg"}
+    assert page.locator("#query-chips").inner_text().startswith("like: coffee.jpg")
+    assert page.locator("#taken-to").input_value() == "2019-12-31"
+    assert page.locator("#filter-count").inner_text() == "1 item matches"
 
 
 def teardown_module(_module):
