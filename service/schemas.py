@@ -387,9 +387,10 @@ class KnnRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_knn_documented)
 
     text: str | None = Field(None, max_length=MAX_QUERY_CHARS)
-    image: str | None = None  # base64 image (query by image)
+    image: str | None = Field(None, min_length=1)  # base64 image (query by image); "" is 422, as documented
     image_url: str | None = None  # refused: no outbound fetches
-    embedding_input: list[float] | None = Field(None, max_length=4096)  # a query vector of the index's d
+    # a query vector of the index's d; [] is 422 (the document says minItems 1), not "no vector"
+    embedding_input: list[float] | None = Field(None, min_length=1, max_length=4096)
     modality: Literal["image", "text"] = "image"  # which index to search: images (text -> image search)
     num_images: int = Field(40, ge=1)  # results with metadata; clamped to MAX_K
     num_result_ids: int | None = Field(None, ge=1)  # ranked ids returned (metadata only for the first num_images)

@@ -231,9 +231,11 @@ def test_knn_service_image_and_embedding_queries(client, built):
     r2 = client.post("/knn-service", json={**base, "embedding_input": vec.tolist(), "text": "a red square"})
     assert [x["id"] for x in r2.json()] == [x["id"] for x in res]
 
-    for bad in ([0.1] * (len(vec) + 1), [0.0] * len(vec), ["a"] * len(vec)):
-        r = client.post("/knn-service", json={**base, "embedding_input": bad})
+    for bad in ([0.1] * (len(vec) + 1), [0.0] * len(vec), ["a"] * len(vec), []):
+        r = client.post("/knn-service", json={**base, "embedding_input": bad, "text": "a red square"})
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    r = client.post("/knn-service", json={**base, "image": "", "text": "a red square"})  # "" is no image: 422
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
     r = client.post("/knn-service", content=b'{"embedding_input": [NaN' + b", 0.1" * (len(vec) - 1) + b"]}")
     assert r.status_code == 422, r.text
 
