@@ -1,4 +1,6 @@
-"""Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector.
+"""Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector
+(for an index version held by Milvus, the backend turns the same tree into a Milvus filter expression over
+the collection's scalar fields instead: indexer/ann/milvus_filter.py; these columns are then never read).
 
 Fields are what the indexer records for every item (its metadata value in Redis, indexer/jobs.py):
   tags    list of strings (manifest "tags")       eq: has this tag; in: has any of these
@@ -21,10 +23,12 @@ bitmap costs n / 8 bytes per query and skips the non-matching rows inside FAISS.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+
+from crossprobe.indexer.ann.base import Filtered  # noqa: F401 (re-exported: the result of a filtered search)
+from crossprobe.indexer.ann.faiss_backend import bitmap_search
 
 NUMERIC = ("width", "height")
 STRINGS = ("format", "caption")
@@ -100,15 +104,6 @@ class Columns:
             return out
 
 
-@dataclass
-class Filtered:
-    rows: np.ndarray  # (<=k,) int64 rows of the version, best first
-    scores: np.ndarray  # (<=k,) float32 inner products
-    matching: int  # rows passing the filter (and not excluded)
-    exact: bool  # every matching row was considered (Flat, or the exact scan)
-    how: str  # "faiss-idselector" | "exact-scan" | "none-match"
-
-
 class ColumnCache:
     """Columns per IndexHandle, built on first use (one at a time per handle)."""
 
@@ -123,39 +118,6 @@ class ColumnCache:
             return self._cols
 
 
-def search(index, vectors: Callable[[np.ndarray], np.ndarray], q: np.ndarray, k: int, mask: np.ndarray,
-           exact_max: int) -> Filtered:
-    """The k best rows among mask's True rows: FAISS with an IDSelectorBitmap, then an exact scan of the
-    matching rows' vectors when FAISS returned fewer than it could have (HNSW under a selective filter)."""
-    import faiss
-
-    matching = int(mask.sum())
-    if matching == 0:
-        return Filtered(np.zeros(0, np.int64), np.zeros(0, np.float32), 0, True, "none-match")
-    want = min(k, matching)
-    bits = np.packbits(mask, bitorder="little")
-    sel = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(bits))
-    params = _params(index, sel)
-    q = np.ascontiguousarray(q.reshape(1, -1), np.float32)
-    scores, rows = index.search(q, want, params=params)
-    keep = rows[0] >= 0
-    rows, scores = rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
-    flat = isinstance(index, faiss.IndexFlat)  # faiss.read_index / index_factory give the concrete class
-    if len(rows) >= want or flat:
-        return Filtered(rows, scores, matching, flat or matching <= len(rows), "faiss-idselector")
-    if matching > exact_max:  # too many to scan: FAISS's (approximate) answer stands
-        return Filtered(rows, scores, matching, False, "faiss-idselector")
-    cand = np.flatnonzero(mask)
-    s = vectors(cand) @ q[0]
-    top = np.argsort(-s, kind="stable")[:want]
-    return Filtered(cand[top], s[top].astype(np.float32), matching, True, "exact-scan")
-
-
-def _params(index, sel) -> Any:
-    import faiss
-
-    if hasattr(index, "hnsw"):
-        return faiss.SearchParametersHNSW(sel=sel, efSearch=max(index.hnsw.efSearch, 64))
-    if hasattr(index, "nprobe"):
-        return faiss.SearchParametersIVF(sel=sel, nprobe=max(index.nprobe, 16))
-    return faiss.SearchParameters(sel=sel)
+# FAISS's bitmap search (kept under its old name: indexer/ann/faiss_backend.py holds it now, beside the other
+# backends; Milvus turns the same tree into its own filter expression instead: indexer/ann/milvus_filter.py)
+search = bitmap_search
