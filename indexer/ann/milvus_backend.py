@@ -255,7 +255,10 @@ class MilvusWriter(AnnWriter):
         elif kind == "IVF_FLAT":
             params = {"nlist": s.milvus_ivf_nlist or 1 << max(0, round(math.log2(4 * math.sqrt(max(n, 1)))))}
         ip = self.c.prepare_index_params()
-        ip.add_index("vec", index_type=kind, metric_type="IP", params=params)
+        # pymilvus 3 sends each build parameter as a key of its own; milvus-lite 3.2 reads only the older form,
+        # one "params" key holding them as JSON (and used its defaults, M=16 / efConstruction=200, without it).
+        # A Milvus server merges both forms (its proxy parses a "params" key too), so both are sent.
+        ip.add_index("vec", index_type=kind, metric_type="IP", params={**params, "params": params} if params else {})
         _call("create_index", self.c.create_index, self.collection, ip, timeout=self._t)
         # loading builds (lite) or waits for (a server) the index over every segment: searchable when this returns
         _call("load", self.c.load_collection, self.collection, timeout=self._t)
