@@ -127,7 +127,7 @@ def run_one(config: str, data: Path) -> dict:
 
         factory = {"faiss_flat": "Flat", "faiss_hnsw": "HNSW32"}[config]
         index = FaissIndex(faiss_io.build_faiss(vectors, factory))
-        desc = f"faiss {factory}, efSearch max(64, k)" if "hnsw" in config else "faiss Flat"
+        desc = f"faiss {factory}, efSearch 64 (the reader's)" if "hnsw" in config else "faiss Flat"
     else:
         from crossprobe.indexer.ann.milvus_backend import MilvusBackend
         from crossprobe.indexer.redis_conn import Settings
@@ -226,7 +226,7 @@ def main() -> None:
                 row[config] = {"error": (p.stderr or p.stdout)[-2000:]}
                 print(f"  {config}: FAILED\n{p.stderr[-2000:]}", flush=True)
                 continue
-            row[config] = json.loads(line[len("RESULT "):])
+            row[config] = {**json.loads(line[len("RESULT "):]), "command": command, "machine": res["machine"]}
             print(f"  {config}: {row[config]}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=1) + "\n")
