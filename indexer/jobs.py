@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from crossprobe.indexer import codec, faiss_io
+from crossprobe.indexer import ann, codec, faiss_io
 from crossprobe.indexer.decode import Decoded, decode_batch
 from crossprobe.indexer.encoder import Dims, Encoder, identify
 from crossprobe.indexer.journal import Journal
@@ -371,17 +371,20 @@ def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, 
                  if kind == "add" else {"deleted": len(base_ids) - len(keep),
                                         "not_found": sorted(set(del_ids) - set(base_ids))[:1000]})
     vectors = np.ascontiguousarray(vectors, np.float32)  # (N, d)
-    with times.stage("write_faiss"):
-        factory = faiss_io.choose_factory(len(ids), dims.d, s)
-        index = faiss_io.build_faiss(vectors, factory)
-        faiss_io.write_index(index, vdir / "index.faiss")
+    backend = ann.backend(s)  # FAISS (index.faiss here) by default, or a Milvus collection (indexer/ann/)
+    with times.stage(f"write_{backend.name}"):
+        writer = backend.writer(name, version, dims.d, vdir)
+        metas = [json.loads(m) if m else None for m in store.metadata(name, version, ids)] \
+            if writer.wants_metadata else None  # the filterable fields, stored beside the vectors
+        writer.add(vectors, ids, metas)
+        factory = writer.commit()
         faiss_io.write_ids(ids, vdir / "ids")
         faiss_io.write_vectors(vectors, vdir / "vectors.npy")
     report = _write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": fingerprint,
         "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk, "labels": dims.cells},
-        "count": len(ids), "factory": factory, "metric": "inner_product",
+        "count": len(ids), "factory": factory, "metric": "inner_product", "ann": writer.manifest_entry(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": layout.header(),
         "keys": {"active": store.active_key(name), "features": store.feat_key(name, version, "{id}"),

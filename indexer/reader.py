@@ -1,4 +1,4 @@
-"""Reading an index version: FAISS search, one-MGET feature fetch, metadata.
+"""Reading an index version: ANN search (FAISS or Milvus: indexer/ann/), one-MGET feature fetch, metadata.
 
 `open_index(name, fingerprint)` pins the version that is active *now* and checks
 that it was built with the caller's model: scores computed from a query tower
@@ -11,19 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import faiss
 import numpy as np
 
+from crossprobe.indexer import ann
 from crossprobe.indexer.codec import Layout, decode
 from crossprobe.indexer.redis_conn import Settings, connect
 from crossprobe.indexer.store import Store
-
-
-def ef_search(configured: int | None, n: int) -> int:
-    """HNSW's efSearch for an index of n items: the configured value, else by size (Settings.hnsw_ef_search)."""
-    if configured:
-        return configured
-    return 256 if n <= 200_000 else 2048
 
 
 class FingerprintMismatch(ValueError):
@@ -34,16 +27,16 @@ class IndexReader:
     def __init__(self, store: Store, name: str, version: str, manifest: dict):
         self.store, self.name, self.version, self.manifest = store, name, version, manifest
         vdir = store.version_dir(name, version)
-        self.index = faiss.read_index(str(vdir / "index.faiss"))
-        if hasattr(self.index, "hnsw"):  # FAISS's default 16 gives a poor shortlist: Settings.hnsw_ef_search says
-            self.index.hnsw.efSearch = ef_search(store.s.hnsw_ef_search, self.index.ntotal)
-        if hasattr(self.index, "nprobe"):
-            self.index.nprobe = store.s.ivf_nprobe
+        # the backend the version was built with (its manifest says; FAISS for versions older than the field)
+        self.ann: ann.AnnIndex = ann.backend_for(store.s, manifest).open(name, version, manifest, vdir)
+        self.index = getattr(self.ann, "index", None)  # the faiss.Index of a FAISS version (tools, tests)
+        self.d: int = manifest["dims"]["g"]
         self.ids: list[str] = json.loads((vdir / "ids").read_text())
         self.layout = Layout.from_header(manifest["layout"])
-        if self.index.ntotal != len(self.ids) or len(self.ids) != manifest["count"]:
-            raise ValueError(f"{name}/{version}: index.faiss ({self.index.ntotal}), ids ({len(self.ids)}) and "
-                             f"manifest ({manifest['count']}) disagree")
+        held = self.ann.count()
+        if held != len(self.ids) or len(self.ids) != manifest["count"]:
+            raise ValueError(f"{name}/{version}: the ANN index ({self.ann.describe()}: {held}), ids ({len(self.ids)}) "
+                             f"and manifest ({manifest['count']}) disagree")
         self._vdir = vdir
         self._rows: dict[str, int] | None = None  # id -> row, made on the first rows() call
         self._vectors: np.ndarray | None = None  # vectors.npy, memory-mapped on the first vectors() call
@@ -58,12 +51,12 @@ class IndexReader:
     def search(self, q: np.ndarray, k: int) -> tuple[list[list[str]], np.ndarray]:
         """q (B, d) unit-norm query vectors -> ids [B][<=k], scores (B, k) inner products (-inf past the end)."""
         q = np.ascontiguousarray(np.atleast_2d(q), np.float32)
-        scores, rows = self.index.search(q, min(k, max(len(self.ids), 1)))
+        scores, rows = self.ann.search(q, min(k, max(len(self.ids), 1)))
         ids = [[self.ids[j] for j in row if j >= 0] for row in rows]
         return ids, np.where(rows >= 0, scores, -np.inf)
 
     def rows(self, ids: list[str]) -> list[int]:
-        """The FAISS rows of these ids (KeyError for an id that is not in this version)."""
+        """The rows of these ids (KeyError for an id that is not in this version)."""
         if self._rows is None:  # id -> row, made once per version on first use
             self._rows = {item_id: row for row, item_id in enumerate(self.ids)}
         return [self._rows[i] for i in ids]
@@ -78,7 +71,7 @@ class IndexReader:
         if self._vectors is None:
             self._vectors = np.load(self._vdir / "vectors.npy", mmap_mode="r")
         rows = np.asarray(rows, np.int64)
-        return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.index.d)
+        return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.d)
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:
         """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 import redis
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -76,6 +76,33 @@ class Settings(BaseSettings):
     # reindex: refuse to activate when more than this fraction of the old version's items could not be
     # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
     reindex_max_lost: float = Field(0.01, ge=0, le=1)
+
+    # -- ANN backend (indexer/ann/): where new versions keep their vectors' index ---------------------------
+    # Variables named CROSSPROBE_ANN_BACKEND / CROSSPROBE_MILVUS_*, shared with the service (which reads a
+    # version from the backend its manifest names, so switching affects only versions built afterwards).
+    # faiss: index.faiss in the version directory, searched in the service's process; milvus: a collection
+    # per version (<prefix>_<name>_<version>) in the Milvus at milvus_uri
+    ann_backend: Literal["faiss", "milvus"] = Field(
+        "faiss", validation_alias=AliasChoices("CROSSPROBE_ANN_BACKEND", "ann_backend"))
+    # http://host:19530 (a Milvus server), or a path ending in .db: milvus-lite inside this process (one process
+    # per file); unset: <root>/milvus.db
+    milvus_uri: str | None = Field(None, validation_alias=AliasChoices("CROSSPROBE_MILVUS_URI", "milvus_uri"))
+    milvus_token: SecretStr | None = Field(  # "user:password" or an API key; unset: no authentication
+        None, validation_alias=AliasChoices("CROSSPROBE_MILVUS_TOKEN", "milvus_token"))
+    # one search / query / count call waits at most this long (the service sets its own, shorter one)
+    milvus_timeout_s: float = Field(10.0, gt=0, le=600, validation_alias=AliasChoices(
+        "CROSSPROBE_MILVUS_TIMEOUT_S", "milvus_timeout_s"))
+    # one build call (insert batch, flush, index build + load) waits at most this long
+    milvus_build_timeout_s: float = Field(1800.0, gt=0, le=86_400)
+    # index type of a new collection: AUTO = FLAT below flat_max vectors, HNSW above (as FAISS's factory)
+    milvus_index: Literal["AUTO", "FLAT", "HNSW", "IVF_FLAT"] = "AUTO"
+    milvus_hnsw_m: int = Field(32, ge=4, le=128)  # HNSW graph degree (FAISS's HNSW32 has 32)
+    milvus_hnsw_ef_construction: int = Field(40, ge=8, le=2048)  # HNSW build beam (FAISS's default: 40)
+    milvus_ivf_nlist: int | None = Field(None, ge=1, le=65_536)  # IVF_FLAT lists; unset: 4 sqrt(n), a power of 2
+    # search beam of HNSW (raised to k when k is larger: Milvus refuses ef < k); FAISS's reader uses 64 too
+    milvus_ef: int = Field(64, ge=1, le=32_768, validation_alias=AliasChoices("CROSSPROBE_MILVUS_EF", "milvus_ef"))
+    milvus_nprobe: int = Field(16, ge=1, le=65_536, validation_alias=AliasChoices(  # IVF lists searched
+        "CROSSPROBE_MILVUS_NPROBE", "milvus_nprobe"))
 
     # -- Pushgateway (push.py): build and reindex push their progress while running and at the end -----
     # Variables named CROSSPROBE_PUSHGATEWAY_*, not CROSSPROBE_INDEX_*: one deployment setting for every batch job.

@@ -194,6 +194,9 @@ class Store:
                 batch = []
         if batch:
             n += self.r.unlink(*batch)
+        from crossprobe.indexer import ann  # a version's Milvus collection, if any, goes with it (before its manifest)
+
+        ann.drop_version(self.s, name, version, self.read_manifest(name, version))
         self.r.srem(self.versions_key(name), version)
         shutil.rmtree(self.version_dir(name, version), ignore_errors=True)
         return n
@@ -212,4 +215,7 @@ class Store:
                     removed.append((info.version, self.drop(name, info.version)))
             except RuntimeError:
                 continue
+        from crossprobe.indexer import ann  # collections whose version the store no longer knows (Milvus only)
+
+        ann.gc_orphans(self.s, name, {info.version for info in self.versions(name)})
         return removed

@@ -13,7 +13,7 @@ Explainer: POST /v1/explain's per-region attention maps (the image backbone grap
 models/export.py's explain graph, loaded on the first explain call: a service that is never
 asked pays nothing for them).
 
-Registry: name -> IndexHandle (one pinned version: FAISS index, ids, Redis keys).
+Registry: name -> IndexHandle (one pinned version: its ANN index (FAISS, or a Milvus collection), ids, Redis keys).
 A new version is loaded completely beside the old one, then the dict is
 replaced by a new dict in one assignment: a request that already took a handle
 finishes on its version; the next request sees the new one.
@@ -35,6 +35,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from crossprobe.models import runtime
+from crossprobe.indexer.ann import AnnUnavailable
 from crossprobe.indexer.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.indexer.redis_conn import connect
 from crossprobe.indexer.store import NAME_RE, Store
@@ -415,7 +416,7 @@ class Registry:
         reader = open_index(name, self.fingerprint, self.ixs, version=version, store=self.store)
         h = IndexHandle(reader)
         if len(h):  # touch what a query touches (pages of the FAISS index, one MGET) before going live
-            reader.search(np.zeros((1, reader.index.d), np.float32), 1)
+            reader.search(np.zeros((1, reader.d), np.float32), 1)
             reader.features(reader.ids[:1])
             if self.settings.filter_preload:
                 t = time.perf_counter()
@@ -464,6 +465,9 @@ class Registry:
                     h = self.load(name, active)
                 except FingerprintMismatch as e:
                     out[name] = self._failed(name, cur, active, str(e), "fingerprint_mismatch")
+                    continue
+                except AnnUnavailable as e:  # the vector engine is down or starting: retried at the next poll
+                    out[name] = self._failed(name, cur, None, f"{type(e).__name__}: {e}", "ann_unavailable")
                     continue
                 except Exception as e:  # noqa: BLE001 - a bad version never takes down the served one
                     out[name] = self._failed(name, cur, active, f"{type(e).__name__}: {e}", "load_failed")

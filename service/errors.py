@@ -21,6 +21,8 @@ Clients branch on `code`, never on the message. Codes:
   feature_store_unavailable 503  Redis (features, metadata) is down or paused: routes that need it
                         (items, images, /metadata; searches with CROSSPROBE_REDIS_DOWN_SEARCH=fail) answer
                         this at once while the circuit breaker is open; retry after Retry-After seconds
+  ann_unavailable 503   the vector engine holding the index version (Milvus) cannot be reached or timed out;
+                        retry after Retry-After seconds (FAISS versions are in the process: never)
   internal 500          a bug: never the answer to bad input
 """
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector.
+"""Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector
+(for an index version held by Milvus, the backend turns the same tree into a Milvus filter expression over
+the collection's scalar fields instead: indexer/ann/milvus_filter.py; these columns are then never read).
 
 Fields are what the indexer records for every item (its metadata value in Redis, indexer/sources.py
 item_metadata):
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
 import numpy as np
+
+from crossprobe.indexer.ann.base import Filtered  # noqa: F401 (re-exported: the result of a filtered search)
+from crossprobe.indexer.ann.faiss_backend import bitmap_search
 
 NUMERIC = ("width", "height")
 FOLDED = ("format", "camera")  # compared case-insensitively
@@ -162,15 +166,6 @@ class Columns:
         return col.between({op: getattr(c, op) for op in ("gt", "gte", "lt", "lte") if getattr(c, op) is not None})
 
 
-@dataclass
-class Filtered:
-    rows: np.ndarray  # (<=k,) int64 rows of the version, best first
-    scores: np.ndarray  # (<=k,) float32 inner products
-    matching: int  # rows passing the filter (and not excluded)
-    exact: bool  # every matching row was considered (Flat, or the exact scan)
-    how: str  # "faiss-idselector" | "exact-scan" | "none-match"
-
-
 class ColumnCache:
     """Columns per IndexHandle, built on first use (one at a time per handle)."""
 
@@ -197,39 +192,6 @@ def all_metadata(reader, chunk: int = 1000) -> list[dict | None]:
     return out
 
 
-def search(index, vectors: Callable[[np.ndarray], np.ndarray], q: np.ndarray, k: int, mask: np.ndarray,
-           exact_max: int) -> Filtered:
-    """The k best rows among mask's True rows. Flat index: FAISS with an IDSelectorBitmap (exact). Approximate
-    index (HNSW, IVF) with at most exact_max matching rows: an exact scan of their stored vectors (measured over
-    100K items: HNSW's filtered walk returned fewer than 100 for 92-100% of 1%- and 10%-selective queries, and
-    when it did return enough its recall could be as low as 0.3; the scan is exact at ~1 ms per 4,000 rows).
-    More matching rows: FAISS with the bitmap (the filter barely prunes, so HNSW's own recall holds)."""
-    import faiss
-
-    matching = int(mask.sum())
-    if matching == 0:
-        return Filtered(np.zeros(0, np.int64), np.zeros(0, np.float32), 0, True, "none-match")
-    want = min(k, matching)
-    flat = isinstance(index, faiss.IndexFlat)  # faiss.read_index / index_factory give the concrete class
-    if not flat and matching <= exact_max:
-        cand = np.flatnonzero(mask)
-        s = vectors(cand) @ np.asarray(q, np.float32).reshape(-1)
-        top = np.argpartition(-s, want - 1)[:want] if want < len(s) else np.arange(len(s))
-        top = top[np.argsort(-s[top], kind="stable")]
-        return Filtered(cand[top], s[top].astype(np.float32), matching, True, "exact-scan")
-    bits = np.packbits(mask, bitorder="little")
-    sel = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(bits))
-    scores, rows = index.search(np.ascontiguousarray(q.reshape(1, -1), np.float32), want, params=_params(index, sel))
-    keep = rows[0] >= 0
-    rows, scores = rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
-    return Filtered(rows, scores, matching, flat or matching <= len(rows), "faiss-idselector")
-
-
-def _params(index, sel) -> Any:
-    import faiss
-
-    if hasattr(index, "hnsw"):
-        return faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)  # the reader's (Settings)
-    if hasattr(index, "nprobe"):
-        return faiss.SearchParametersIVF(sel=sel, nprobe=index.nprobe)
-    return faiss.SearchParameters(sel=sel)
+# FAISS's bitmap search (kept under its old name: indexer/ann/faiss_backend.py holds it now, beside the other
+# backends; Milvus turns the same tree into its own filter expression instead: indexer/ann/milvus_filter.py)
+search = bitmap_search

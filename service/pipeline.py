@@ -40,6 +40,8 @@ from typing import Iterator
 import numpy as np
 from redis.exceptions import RedisError
 
+from crossprobe.indexer.ann import AnnUnavailable
+from crossprobe.indexer.ann.base import UnsupportedFilter
 from crossprobe.service import filters, metrics, query_image
 from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Registry
 from crossprobe.service.batcher import QueryBatcher
@@ -146,9 +148,9 @@ class Searcher:
             if unknown:
                 raise ApiError(404, "item_not_found", f"{len(unknown)} of the \"like\" ids are not in "
                                f"{handle.name}/{handle.version}: {unknown[:5]}", {"ids": unknown[:100]})
-        if plan.embedding is not None and len(plan.embedding) != handle.reader.index.d:
+        if plan.embedding is not None and len(plan.embedding) != handle.reader.d:
             raise ApiError(422, "invalid_request", f"invalid request: embedding_input has {len(plan.embedding)} "
-                           f"values; index {handle.name} holds vectors of {handle.reader.index.d}")
+                           f"values; index {handle.name} holds vectors of {handle.reader.d}")
         loop = asyncio.get_running_loop()
         clock = StageClock()
         vector = None
@@ -193,21 +195,29 @@ class Searcher:
     # ---- the stages after encode: one worker thread per request ---------------------
     def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
                       retried: bool = False) -> Outcome:
+        try:
+            return self._ranked(q, handle, plan, clock, retried)
+        except AnnUnavailable as e:  # a Milvus down or past its timeout: nothing to answer from, say so (no 500)
+            metrics.error("ann_unavailable")
+            raise ApiError(503, "ann_unavailable", f"the vector engine of {handle.name}/{handle.version} is "
+                           f"unavailable: {e}", headers={"Retry-After": "1"}) from None
+
+    def _ranked(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
+                retried: bool = False) -> Outcome:
         reader = handle.reader
         degraded: list[tuple[str, str]] = []
         exclude = set(plan.like)
         filtered = None
         if plan.filter is not None:
-            with clock.stage("filter"):
+            with clock.stage("filter"):  # the backend's own form: a FAISS row bitmap, or a Milvus expression
                 try:
-                    mask = self._columns(handle).mask(plan.filter)
-                except filters.UnknownField as e:
+                    prepared = reader.ann.prepare_filter(plan.filter, reader.rows(list(exclude)) if exclude else [],
+                                                         lambda: self._columns(handle))
+                except (filters.UnknownField, UnsupportedFilter) as e:
                     raise ApiError(422, "invalid_request", f"invalid request: filter: {e}") from None
-                if exclude:
-                    mask[reader.rows(list(exclude))] = False
             with clock.stage("ann"):
-                filtered = filters.search(reader.index, reader.vectors_at,
-                                          q.g_q, plan.shortlist, mask, self.settings.filter_exact_max)
+                filtered = reader.ann.search_filtered(q.g_q, plan.shortlist, prepared, reader.vectors_at,
+                                                      self.settings.filter_exact_max)
             ids = [reader.ids[r] for r in filtered.rows]
             ann = np.asarray(filtered.scores, np.float32)
         else:
@@ -232,7 +242,7 @@ class Searcher:
                 if not retried and newer is not None and newer is not handle:
                     # our version was deleted (gc) after a newer one went live: answer from the newer one
                     metrics.error("version_gone_retried")
-                    return self._after_encode(q, newer, plan, clock, retried=True)
+                    return self._ranked(q, newer, plan, clock, retried=True)
                 metrics.error("fetch_missing")
                 degraded.append(("features_missing", f"rerank skipped, features missing in Redis: {e}"))
             except (RedisError, ValueError) as e:  # an error reply / a value of the wrong size

@@ -155,6 +155,17 @@ class Settings(BaseSettings):
     # first filtered search instead (a service whose clients never filter saves the memory)
     filter_preload: bool = True
 
+    # -- Milvus (indexer/ann/): read only for index versions the indexer built with CROSSPROBE_ANN_BACKEND=milvus
+    # (a version's manifest names its backend; FAISS versions never touch these) --------------------------------
+    # http://host:19530, or a milvus-lite .db path (an engine inside this process: one process per file, so not
+    # while an indexer process uses the same file); unset: <index_root>/milvus.db
+    milvus_uri: str | None = None
+    milvus_token: SecretStr | None = None  # "user:password" or an API key; unset: no authentication
+    # one search / count call waits at most this long; past it the search fails with 503 ann_unavailable
+    milvus_timeout_s: float = Field(1.0, gt=0, le=60)
+    milvus_ef: int = Field(64, ge=1, le=32_768)  # HNSW search beam (raised to the shortlist when that is larger)
+    milvus_nprobe: int = Field(16, ge=1, le=65_536)  # IVF_FLAT lists searched
+
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
 
@@ -191,4 +202,7 @@ class Settings(BaseSettings):
                              redis_connect_timeout_s=self.redis_connect_timeout_s, redis_retries=self.redis_retries,
                              redis_backoff_base_s=self.redis_backoff_base_s,
                              redis_backoff_cap_s=self.redis_backoff_cap_s,
-                             redis_health_check_interval_s=self.redis_health_check_interval_s)
+                             redis_health_check_interval_s=self.redis_health_check_interval_s,
+                             milvus_uri=self.milvus_uri, milvus_token=self.milvus_token,
+                             milvus_timeout_s=self.milvus_timeout_s, milvus_ef=self.milvus_ef,
+                             milvus_nprobe=self.milvus_nprobe)

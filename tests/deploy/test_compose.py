@@ -18,7 +18,10 @@ from tests.deploy.conftest import DASHBOARD, DEPLOY, PROMETHEUS_YML, REPO, compo
 # Where the upstream images listen unless their command / environment says otherwise (their documented
 # defaults); the api's port comes from service/settings.py instead.
 UPSTREAM_PORTS = {"redis": ("--port", 6379), "prometheus": ("--web.listen-address", 9090),
-                  "pushgateway": ("--web.listen-address", 9091), "grafana": ("GF_SERVER_HTTP_PORT", 3000)}
+                  "pushgateway": ("--web.listen-address", 9091), "grafana": ("GF_SERVER_HTTP_PORT", 3000),
+                  "milvus": ("PROXY_PORT", 19530), "milvus-etcd": ("-listen-client-urls", 2379),
+                  "milvus-minio": ("--address", 9000)}
+MILVUS_SERVICES = {"milvus", "milvus-etcd", "milvus-minio"}  # the milvus profile
 OWN_VARS = re.compile(r"^(CROSSPROBE_\w+|REDIS_URL)$")
 
 
@@ -42,10 +45,15 @@ def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg)
     assert "WARNING" not in p.stderr, p.stderr
     profiles = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config", "--profiles"],
                    cwd=REPO)
-    assert profiles.returncode == 0 and profiles.stdout.split() == ["batch"], profiles.stdout + profiles.stderr
+    assert profiles.returncode == 0 and sorted(profiles.stdout.split()) == ["batch", "milvus"], \
+        profiles.stdout + profiles.stderr
     batch = {n for n, s in cfg["services"].items() if "batch" in s.get("profiles", [])}
     assert batch == {"indexer", "reindex"}
-    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "prometheus", "pushgateway", "grafana"}
+    # docker-compose 1.29's `config` renders every service whatever --profile says: the profiles key decides
+    assert {n for n, s in cfg["services"].items() if not s.get("profiles")} == \
+        {"redis", "api", "prometheus", "pushgateway", "grafana"}
+    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "prometheus", "pushgateway", "grafana",
+                                    *MILVUS_SERVICES}
 
 
 def _binds(service: dict) -> list[tuple[str, str]]:
@@ -115,6 +123,8 @@ def test_every_port_and_url_matches_what_listens_there(cfg):
         env = svc.get("environment") or {}
         if "REDIS_URL" in env:
             check_url(f"{name} REDIS_URL", env["REDIS_URL"], "redis")
+        if "CROSSPROBE_MILVUS_URI" in env:
+            check_url(f"{name} CROSSPROBE_MILVUS_URI", env["CROSSPROBE_MILVUS_URI"], "milvus")
         if "CROSSPROBE_PUSHGATEWAY_URL" in env:
             check_url(f"{name} CROSSPROBE_PUSHGATEWAY_URL", env["CROSSPROBE_PUSHGATEWAY_URL"], "pushgateway")
     jobs = {j["job_name"]: j for j in load_yaml(PROMETHEUS_YML)["scrape_configs"]}
@@ -245,3 +255,43 @@ def test_services_are_wired_as_documented(cfg):
     uids = {p["datasource"]["uid"] for p in dash["panels"] if "datasource" in p}
     uids |= {t["datasource"]["uid"] for p in dash["panels"] for t in p.get("targets", [])}
     assert uids == {ds["uid"]}
+
+
+def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_dir, cfg):
+    """--profile milvus adds Milvus standalone (its own etcd and minio, nothing published); the api and the batch
+    jobs reach it at CROSSPROBE_MILVUS_URI, and CROSSPROBE_ANN_BACKEND (default faiss) selects it for new
+    versions. Without the profile none of the three runs, and the default stays FAISS."""
+    p, m = compose_config({"IMAGES": str(images_dir), "CROSSPROBE_ANN_BACKEND": "milvus"}, "--profile", "milvus",
+                          "--profile", "batch")
+    assert p.returncode == 0 and m, p.stderr
+    assert "WARNING" not in p.stderr, p.stderr
+    s = m["services"]
+    assert MILVUS_SERVICES <= set(s)
+    for name in MILVUS_SERVICES:
+        assert s[name]["profiles"] == ["milvus"] and not s[name].get("ports"), name  # compose network only
+    mil = s["milvus"]
+    assert mil["image"].startswith("milvusdb/milvus:v2.") and mil["command"] == ["milvus", "run", "standalone"]
+    assert {k: v["condition"] for k, v in mil["depends_on"].items()} == \
+        {"milvus-etcd": "service_healthy", "milvus-minio": "service_healthy"}
+    env = mil["environment"]
+    etcd_port = int(next(a for a in s["milvus-etcd"]["command"] if a.startswith("-listen-client-urls="))
+                    .rsplit(":", 1)[1])
+    assert env["ETCD_ENDPOINTS"] == f"milvus-etcd:{etcd_port}" and env["MINIO_ADDRESS"] == "milvus-minio:9000"
+    assert "/minio_data" in s["milvus-minio"]["command"]
+    assert "http://localhost:9091/healthz" in mil["healthcheck"]["test"]  # Milvus' own health endpoint
+    declared = set(m.get("volumes", {}))
+    for name in MILVUS_SERVICES:
+        assert {src for kind, src, _ in _binds(s[name]) if kind == "volume"} <= declared, name
+
+    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.service.settings import Settings as ServiceSettings
+
+    for name in ("api", "indexer", "reindex"):
+        e = s[name]["environment"]
+        u = urlparse(e["CROSSPROBE_MILVUS_URI"])
+        assert (u.scheme, u.hostname, u.port) == ("http", "milvus", 19530), name  # Milvus' gRPC port (its default)
+        assert e["CROSSPROBE_ANN_BACKEND"] == "milvus", name
+    assert cfg["services"]["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"] == "faiss"  # the default
+    ixs = IndexSettings(ann_backend=s["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"],
+                        milvus_uri=s["indexer"]["environment"]["CROSSPROBE_MILVUS_URI"])
+    assert ixs.ann_backend == "milvus" and ServiceSettings(milvus_uri=ixs.milvus_uri).milvus_uri == ixs.milvus_uri
