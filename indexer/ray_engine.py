@@ -75,18 +75,25 @@ def start(s: Settings) -> bool:
 
 
 def plan_resources(s: Settings, cluster: dict) -> dict:
-    """-> decode tasks, encoder actors, and each actor's resources and ONNX Runtime threads, from the cluster's
-    resources (ray.cluster_resources()). GPUs: one actor each. CPUs only: a quarter of them (at least
-    Settings.workers, the single engine's decode threads) for decode tasks, the rest for encoder actors,
-    each with an equal share of CPUs as its ONNX Runtime threads (unless Settings.threads says otherwise)."""
-    cpus, gpus = max(1, int(cluster.get("CPU", 1))), int(cluster.get("GPU", 0))
-    decoders = max(1, s.workers, cpus // 4)
+    """-> decode tasks, encoder actors, each actor's resources and ONNX Runtime threads, from the cluster's
+    resources (ray.cluster_resources()). Decode tasks: a quarter of the CPUs (at least Settings.workers, the
+    single engine's decode threads; at most half), one CPU each (half of the only one on a 1-CPU node).
+    GPUs: one actor each. CPUs only: the CPUs left, shared equally by the actors (one per CPU unless
+    Settings.ray_actors says; fractions are fine: Ray only counts them), each with its share as ONNX Runtime
+    threads unless Settings.threads says otherwise. Never more than the cluster has: a pool that cannot be
+    placed would wait for ever."""
+    cpus, gpus = max(1.0, float(cluster.get("CPU", 1))), int(cluster.get("GPU", 0))
+    decoders = min(max(1, s.workers, int(cpus) // 4), max(1, int(cpus) // 2))
+    dec_cpu = 1.0 if cpus >= 2 else 0.5
+    left = cpus - decoders * dec_cpu
     if gpus:
-        actors = s.ray_actors or gpus
-        return {"decoders": decoders, "actors": actors, "num_gpus": 1, "num_cpus": 1, "threads": s.threads}
-    actors = s.ray_actors or max(1, cpus - decoders)
-    share = max(1, (cpus - decoders) // actors)
-    return {"decoders": decoders, "actors": actors, "num_gpus": 0, "num_cpus": share, "threads": s.threads or share}
+        actors = min(s.ray_actors or gpus, gpus)
+        return {"decoders": decoders, "decode_cpus": dec_cpu, "actors": actors, "num_gpus": 1,
+                "num_cpus": min(1.0, left / actors), "threads": s.threads}
+    actors = s.ray_actors or max(1, int(left))
+    share = left / actors
+    return {"decoders": decoders, "decode_cpus": dec_cpu, "actors": actors, "num_gpus": 0, "num_cpus": share,
+            "threads": s.threads or max(1, round(share))}
 
 
 def encode(items: list[Item], todo: list[int], layout: codec.Layout, s: Settings, times: StageTimes, ckpt, model,
@@ -101,9 +108,9 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, s: Settings
         with times.stage("load_model"):
             identity = prepare(s, ckpt, model, bert)  # graphs exported once, here, before any actor loads them
         res = plan_resources(s, ray.cluster_resources())
+        where = "1 GPU" if res["num_gpus"] else f"{res['num_cpus']:g} CPU"
         say(f"engine ray: {'cluster ' + s.ray_address if s.ray_address else 'local Ray'}, {len(todo)} batches, "
-            f"{res['decoders']} decode tasks, {res['actors']} encoder actor(s) "
-            f"({'1 GPU' if res['num_gpus'] else str(res['num_cpus']) + ' CPU'} and "
+            f"{res['decoders']} decode tasks, {res['actors']} encoder actor(s) ({where} and "
             f"{res['threads'] or 'default'} ONNX threads each)")
         ds = _dataset(items, todo, layout, s, res, identity, ckpt, model, bert)
         d = identity[1].d
@@ -124,7 +131,8 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, s: Settings
         raise RuntimeError(f"the Ray engine failed: {e}") from e
     finally:
         if started:
-            ray.shutdown()
+            with times.stage("ray_stop"):
+                ray.shutdown()
 
 
 def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, s: Settings, res: dict,
@@ -141,7 +149,7 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, s: Settin
             for b in todo]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": s.max_pixels},
-                        compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=1,
+                        compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
                         # a remote-args function keeps Ray Data from fusing decode into the encoder actors (it
                         # fuses task -> actor maps of equal size and args: on 2 CPUs, 1 and 1): fused, one actor
                         # would decode and encode in turn instead of decoding in a task beside the encoder

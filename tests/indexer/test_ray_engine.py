@@ -84,7 +84,8 @@ def test_ray_build_equals_the_single_process_build(local_ray, settings, folder, 
     said = []
     res = build("ray", images=folder, settings=settings.model_copy(update={"engine": "ray"}), ckpt=ckpt, bert=bert,
                 log=said.append)
-    assert any(line.startswith("engine ray: local Ray, 4 batches, 1 decode tasks, 1 encoder actor(s)") for line in said)
+    assert any(line.startswith("engine ray: local Ray, 4 batches, 1 decode tasks, 1 encoder actor(s) (1 CPU and 2 ONNX")
+               for line in said), said
     assert res.count == one.count == 13 and res.encoded == 13
     # bad files: counted and reported exactly as the single-process engine does
     assert res.skipped == one.skipped == {"not_image": 1, "empty": 1}
@@ -111,16 +112,29 @@ def test_ray_reindex_equals_the_single_process_reindex(local_ray, settings, fold
     _assert_same_version(settings, "a", "b")
 
 
-def test_start_settings_choose_actors_and_decoders():
-    s = Settings()
-    assert ray_engine.plan_resources(s, {"CPU": 2.0}) == {"decoders": 1, "actors": 1, "num_gpus": 0, "num_cpus": 1,
-                                                         "threads": 1}
-    assert ray_engine.plan_resources(s.model_copy(update={"threads": 2}), {"CPU": 2.0})["threads"] == 2
-    big = ray_engine.plan_resources(s, {"CPU": 16.0})
-    assert big["decoders"] == 4 and big["actors"] == 12 and big["num_cpus"] == 1
-    gpu = ray_engine.plan_resources(s, {"CPU": 32.0, "GPU": 4.0})
-    assert gpu["actors"] == 4 and gpu["num_gpus"] == 1 and gpu["decoders"] == 8
-    assert ray_engine.plan_resources(s.model_copy(update={"ray_actors": 3}), {"CPU": 8.0})["actors"] == 3
+def test_plan_resources_fits_the_cluster():
+    """Actors and decode tasks from the cluster's resources; never more than it has (a pool that cannot be
+    placed would wait for ever)."""
+    s = Settings(threads=None, ray_actors=None, workers=1)
+    plan = ray_engine.plan_resources
+    assert plan(s, {"CPU": 2.0}) == {"decoders": 1, "decode_cpus": 1.0, "actors": 1, "num_gpus": 0, "num_cpus": 1.0,
+                                     "threads": 1}
+    assert plan(s.model_copy(update={"threads": 2}), {"CPU": 2.0})["threads"] == 2  # as set
+    two = plan(s.model_copy(update={"ray_actors": 2}), {"CPU": 2.0})  # 2 actors on the 1 CPU left: half each
+    assert two["actors"] == 2 and two["num_cpus"] == 0.5 and two["threads"] == 1
+    one = plan(s, {"CPU": 1.0})
+    assert one["decode_cpus"] + one["actors"] * one["num_cpus"] <= 1.0 and one["actors"] == 1
+    big = plan(s, {"CPU": 16.0})
+    assert big["decoders"] == 4 and big["actors"] == 12 and big["num_cpus"] == 1.0
+    gpu = plan(s, {"CPU": 32.0, "GPU": 4.0})
+    assert gpu["actors"] == 4 and gpu["num_gpus"] == 1 and gpu["decoders"] == 8 and gpu["num_cpus"] == 1.0
+    assert plan(s.model_copy(update={"ray_actors": 8}), {"CPU": 32.0, "GPU": 4.0})["actors"] == 4  # one per GPU
+    assert plan(s.model_copy(update={"ray_actors": 3}), {"CPU": 8.0})["num_cpus"] == 2.0
+    for cl in ({"CPU": c, **({"GPU": g} if g else {})} for c in (1.0, 2.0, 3.0, 5.0, 64.0) for g in (0, 1, 8)):
+        for a in (None, 1, 3):
+            p = plan(s.model_copy(update={"ray_actors": a}), cl)
+            assert p["decoders"] * p["decode_cpus"] + p["actors"] * p["num_cpus"] <= cl["CPU"] + 1e-9, (cl, a, p)
+            assert p["actors"] * p["num_gpus"] <= cl.get("GPU", 0)
 
 
 AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
