@@ -118,18 +118,19 @@ def test_plan_resources_fits_the_cluster():
     s = Settings(threads=None, ray_actors=None, workers=1)
     plan = ray_engine.plan_resources
     assert plan(s, {"CPU": 2.0}) == {"decoders": 1, "decode_cpus": 1.0, "actors": 1, "num_gpus": 0, "num_cpus": 1.0,
-                                     "threads": 1}
-    assert plan(s.model_copy(update={"threads": 2}), {"CPU": 2.0})["threads"] == 2  # as set
+                                     "threads": 2}  # ORT threads: the actor's share of all CPUs (decode is light)
+    assert plan(s.model_copy(update={"threads": 1}), {"CPU": 2.0})["threads"] == 1  # as set
     two = plan(s.model_copy(update={"ray_actors": 2}), {"CPU": 2.0})  # 2 actors on the 1 CPU left: half each
     assert two["actors"] == 2 and two["num_cpus"] == 0.5 and two["threads"] == 1
     one = plan(s, {"CPU": 1.0})
     assert one["decode_cpus"] + one["actors"] * one["num_cpus"] <= 1.0 and one["actors"] == 1
     big = plan(s, {"CPU": 16.0})
-    assert big["decoders"] == 4 and big["actors"] == 12 and big["num_cpus"] == 1.0
+    assert big["decoders"] == 4 and big["actors"] == 12 and big["num_cpus"] == 1.0 and big["threads"] == 1
     gpu = plan(s, {"CPU": 32.0, "GPU": 4.0})
     assert gpu["actors"] == 4 and gpu["num_gpus"] == 1 and gpu["decoders"] == 8 and gpu["num_cpus"] == 1.0
     assert plan(s.model_copy(update={"ray_actors": 8}), {"CPU": 32.0, "GPU": 4.0})["actors"] == 4  # one per GPU
-    assert plan(s.model_copy(update={"ray_actors": 3}), {"CPU": 8.0})["num_cpus"] == 2.0
+    assert plan(s.model_copy(update={"ray_actors": 3}), {"CPU": 8.0}) | {"decoders": 0} == {
+        "decoders": 0, "decode_cpus": 1.0, "actors": 3, "num_gpus": 0, "num_cpus": 2.0, "threads": 3}
     for cl in ({"CPU": c, **({"GPU": g} if g else {})} for c in (1.0, 2.0, 3.0, 5.0, 64.0) for g in (0, 1, 8)):
         for a in (None, 1, 3):
             p = plan(s.model_copy(update={"ray_actors": a}), cl)
