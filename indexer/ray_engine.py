@@ -152,10 +152,12 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, s: Settin
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": s.max_pixels},
                         compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
-                        # a remote-args function keeps Ray Data from fusing decode into the encoder actors (it
-                        # fuses task -> actor maps of equal size and args: on 2 CPUs, 1 and 1): fused, one actor
-                        # would decode and encode in turn instead of decoding in a task beside the encoder
-                        ray_remote_args_fn=_no_extra_args)
+                        # Ray Data retries a task whose worker died for ever by default; a file that crashes
+                        # the decoder itself (not a Python error: those are skips) must fail the job instead.
+                        # Also, these args differ from the actors', which keeps Ray Data from fusing decode
+                        # into the encoder actors (it fuses a task map into the next actor map when sizes and
+                        # args match: 1 and 1 on 2 CPUs), where one actor would decode and encode in turn
+                        max_retries=3)
     actor_settings = s.model_copy(update={"threads": res["threads"]})
     torch_head = s.head == "torch"  # the actors then need the model (PyTorch); else prepare() exported the graph
     return ds.map_batches(
@@ -163,10 +165,6 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, s: Settin
         num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
         fn_constructor_kwargs={"s": actor_settings, "layout": layout, "identity": identity, "ckpt": ckpt,
                                "model": model if torch_head else None, "bert": bert if torch_head else None})
-
-
-def _no_extra_args() -> dict:
-    return {}
 
 
 def _decode(batch: dict, bs: int, max_pixels: int) -> dict:

@@ -181,6 +181,9 @@ def test_killed_ray_build_resumes_to_the_same_result(local_ray, settings, env, t
         ray_procs = _tree(proc.pid)
         names = {p.pid: _name(p) for p in ray_procs}
         assert "raylet" in names.values(), f"no local Ray under the CLI: {names}"
+        # the encoder actor runs encode only: decode stays in tasks beside it (not fused into the actor)
+        workers = [n for n in names.values() if n.startswith("ray::MapWorker")]  # + ".submit" while it runs
+        assert workers and all(n.startswith("ray::MapWorker(MapBatches(_EncodeActor))") for n in workers), workers
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # fate-sharing: the GCS, the raylet and every worker die with the killed driver. Ray's two agents notice
