@@ -44,9 +44,6 @@ from crossprobe.indexer.sink import EncodedBatch
 from crossprobe.indexer.sources import Item, Skip
 from crossprobe.models import backbones as bb
 
-log = logging.getLogger("crossprobe.indexer")
-
-
 def start(s: Settings) -> bool:
     """Connect to RAY_ADDRESS's cluster, or start a local Ray instance -> True when this call initialised Ray
     (the caller then shuts it down), False when this process already had Ray running."""
@@ -92,8 +89,8 @@ def plan_resources(s: Settings, cluster: dict) -> dict:
     actors = s.ray_actors or max(1, int(left))
     # ONNX Runtime threads: the actor's share of ALL the CPUs, decode's included: decode is light (about an
     # eighth of the work on Flickr8k) and mostly waits, as in the single engine, whose encoder also runs
-    # ORT's default (every core) beside its decode thread. On 2 cores: 2 threads, measured 143 img/s
-    # marginal vs 125 with 1 (docs/scaling-ray.md)
+    # ORT's default (every core) beside its decode thread. On 2 cores: 2 threads, measured 148 img/s
+    # marginal vs 107 with 1 (131 vs 119 in an earlier session; docs/scaling-ray.md)
     return {"decoders": decoders, "decode_cpus": dec_cpu, "actors": actors, "num_gpus": 0, "num_cpus": left / actors,
             "threads": s.threads or max(1, round(cpus / actors))}
 

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from crossprobe.indexer import build, open_index, reindex
+from crossprobe.indexer import add, build, open_index, reindex
 from crossprobe.indexer import ray_engine
 from crossprobe.indexer.redis_conn import Settings, connect
 from crossprobe.indexer.store import Store
@@ -109,6 +109,20 @@ def test_ray_reindex_equals_the_single_process_reindex(local_ray, settings, fold
     assert res.kind == "reindex" and res.count == one.count == 13 and res.encoded == 13
     assert res.extra["lost"] == one.extra["lost"] == 0 and res.extra["base"] != res.version
     assert open_index("b", None, settings).version == res.version  # activated
+    _assert_same_version(settings, "a", "b")
+
+
+def test_ray_add_equals_the_single_process_add(local_ray, settings, folder, ckpt, bert, tmp_path):
+    """`add` encodes too: new items (one replacing an old id, one bad file) on Ray equal the same add here."""
+    more = tmp_path / "more"
+    make_images(more, 6, seed=7)  # ids img_000.jpg ... overlap the folder's: replaced when they decode
+    (more / "bad.png").write_bytes(b"\x89PNG not really")
+    for name in ("a", "b"):
+        build(name, images=folder, settings=settings, ckpt=ckpt, bert=bert, **QUIET)
+    one = add("a", images=more, settings=settings, ckpt=ckpt, bert=bert, **QUIET)
+    res = add("b", images=more, settings=settings.model_copy(update={"engine": "ray"}), ckpt=ckpt, bert=bert, **QUIET)
+    assert res.kind == "add" and res.encoded == one.encoded == 6 and res.skipped == one.skipped == {"not_image": 1}
+    assert res.extra["replaced"] == one.extra["replaced"] > 0
     _assert_same_version(settings, "a", "b")
 
 
