@@ -14,6 +14,10 @@ reindex  re-encode every item of the active version from the source it recorded
 Never editing the live version in place is what keeps FAISS and Redis in
 agreement for every reader: a reader sees the old version or the new one, whole.
 
+Build, add and reindex decode and encode in this process (the default) or on
+Ray Data (Settings.engine = "ray", ray_engine.py); either way every batch is
+written through sink.BatchWriter, so both engines make the same version.
+
 All four are resumable: the spec of a job (kind, source, base version,
 fingerprint, layout...) names its journal, so running the same command after a
 kill finds the unfinished version and continues it (journal.py). Build and
