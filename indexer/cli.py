@@ -15,14 +15,21 @@ index_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata)")
 
 _ROOT = typer.Option(None, help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")
+_ENGINE = typer.Option(None, help="single | ray: who decodes and encodes (default single: this process; ray: Ray "
+                       "Data with an actor pool of encoders, on RAY_ADDRESS or a local Ray; env CROSSPROBE_INDEX_ENGINE)")
 _CKPT = typer.Option(None, envvar="CROSSPROBE_CKPT", show_envvar=True,
                      help="checkpoint directory (default: the committed one)")
 
 
 def _settings(**overrides):
+    from pydantic import ValidationError
+
     from crossprobe.indexer.redis_conn import Settings
 
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:  # e.g. --engine spark: a usage error, not a traceback
+        _fail("; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}" for er in e.errors()), 2)
 
 
 def _fail(e: Exception | str, code: int = 1) -> None:
@@ -56,11 +63,12 @@ def build_cmd(
     threads: int = typer.Option(None, help="ONNX Runtime threads"),
     head: str = typer.Option(None, help="onnx | torch runtime for the image-tower head"),
     throttle: float = typer.Option(None, help="seconds to sleep after each batch (share a busy machine)"),
+    engine: str = _ENGINE,
 ):
     """Encode a folder or manifest into a new version and activate it (run again to resume after a kill)."""
     _job("build", name, images, manifest, ckpt, root=root, workers=workers, batch_size=batch_size,
          quantization=quantization, factory=factory, max_pixels=max_pixels, threads=threads, head=head,
-         throttle_s=throttle)
+         throttle_s=throttle, engine=engine)
 
 
 @index_app.command("add")
@@ -76,10 +84,11 @@ def add_cmd(
     max_pixels: int = typer.Option(None),
     threads: int = typer.Option(None),
     throttle: float = typer.Option(None),
+    engine: str = _ENGINE,
 ):
     """Add (or replace) items: a new version = active items + these, then one switch."""
     _job("add", name, images, manifest, ckpt, root=root, workers=workers, batch_size=batch_size, factory=factory,
-         max_pixels=max_pixels, threads=threads, throttle_s=throttle)
+         max_pixels=max_pixels, threads=threads, throttle_s=throttle, engine=engine)
 
 
 @index_app.command("delete")
@@ -118,6 +127,7 @@ def reindex_cmd(
     threads: int = typer.Option(None),
     head: str = typer.Option(None),
     throttle: float = typer.Option(None),
+    engine: str = _ENGINE,
 ):
     """Re-encode every item of an index from its recorded sources with the current checkpoint into a new
     version and activate it (how an index moves to a new model; run again to resume after a kill). The old
@@ -129,7 +139,7 @@ def reindex_cmd(
     from crossprobe.indexer.store import Store, check_name
 
     s = _settings(root=root, reindex_max_lost=max_lost, workers=workers, batch_size=batch_size, factory=factory,
-                  max_pixels=max_pixels, threads=threads, head=head, throttle_s=throttle)
+                  max_pixels=max_pixels, threads=threads, head=head, throttle_s=throttle, engine=engine)
     if bool(names) == all_:
         _fail("give index names or --all (not both)", 2)
     if quantization not in (None, "float16", "int8"):

@@ -61,10 +61,13 @@ def model_dims(model_cfg: dict) -> Dims:
 class Encoder:
     """Callable pieces of the encode stage; `backbone` and `head` are timed as separate stages."""
 
-    def __init__(self, settings: Settings, ckpt: Path | None = None, model=None, bert=None):
+    def __init__(self, settings: Settings, ckpt: Path | None = None, model=None, bert=None,
+                 identity: tuple[str, Dims] | None = None):
+        """identity: (fingerprint, dims) when the caller already knows them (the Ray engine's actors, which
+        get no in-memory model to fingerprint: prepare() exported the head graph for them)."""
         from crossprobe.models.data.features import image_backbone_session
 
-        self.fingerprint, self.dims = identify(ckpt, model)
+        self.fingerprint, self.dims = identity or identify(ckpt, model)
         self.settings = settings
         models = settings.models
         models.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,24 @@ class Encoder:
                 out = [o.numpy() for o in self._torch(torch.from_numpy(grid))]
         g, p_v, b_bar, s_i, *labels = out
         return Encoded(np.ascontiguousarray(g, np.float32), p_v, b_bar, s_i, labels[0] if labels else None)
+
+
+def prepare(settings: Settings, ckpt: Path | None = None, model=None, bert=None) -> tuple[str, Dims]:
+    """Export what an Encoder needs (the backbone graph, this fingerprint's head graph) without building any
+    session -> (fingerprint, dims). The Ray engine calls it once in the driver, so its actors only load
+    graphs: N actors never export the same file at once, nor each load the PyTorch model."""
+    from crossprobe.models.data.features import export_image_backbone
+
+    fingerprint, dims = identify(ckpt, model)
+    models = settings.models
+    models.mkdir(parents=True, exist_ok=True)
+    if not (models / "image_backbone.onnx").exists():
+        export_image_backbone(models / "image_backbone.onnx")
+    if settings.head == "onnx" and not (models / fingerprint / "image_tower.onnx").exists():
+        if model is None:
+            model, _ = checkpoint.load(ckpt, bert)
+        _export_head(model, fingerprint, models)
+    return fingerprint, dims
 
 
 def identify(ckpt: Path | None = None, model=None) -> tuple[str, Dims]:

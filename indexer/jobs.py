@@ -14,6 +14,10 @@ reindex  re-encode every item of the active version from the source it recorded
 Never editing the live version in place is what keeps FAISS and Redis in
 agreement for every reader: a reader sees the old version or the new one, whole.
 
+Build, add and reindex decode and encode in this process (the default) or on
+Ray Data (Settings.engine = "ray", ray_engine.py); either way every batch is
+written through sink.BatchWriter, so both engines make the same version.
+
 All four are resumable: the spec of a job (kind, source, base version,
 fingerprint, layout...) names its journal, so running the same command after a
 kill finds the unfinished version and continues it (journal.py). Build and
@@ -40,7 +44,8 @@ from crossprobe.indexer.pipeline import StageTimes, progress, run_overlapped
 from crossprobe.indexer.push import JOB_NAMES, JobMetrics
 from crossprobe.indexer.reader import FingerprintMismatch
 from crossprobe.indexer.redis_conn import Settings, connect
-from crossprobe.indexer.sources import Item, Skip, item_metadata, read_source, recorded_items
+from crossprobe.indexer.sink import BatchWriter, EncodedBatch
+from crossprobe.indexer.sources import Item, Skip, read_source, recorded_items
 from crossprobe.indexer.store import Store, atomic_write, check_name, new_version
 
 
@@ -195,7 +200,8 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
                 if metrics:
                     done, skipped = journal.progress(items, s.batch_size)
                     metrics.start(len(items), done, skipped + len(reader_skips))
-                encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert, metrics)
+                encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert, metrics,
+                                  log)
                 finished = _finalize(kind, name, version, base, items, reader_skips, ids, journal, store, layout,
                                      dims, fingerprint, spec, s, times, t0, encoded, reused)
             else:
@@ -272,59 +278,53 @@ def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: floa
 
 
 def _encode(name: str, version: str, items: list[Item], journal: Journal, store: Store, layout: codec.Layout,
-            s: Settings, times: StageTimes, ckpt, model, bert, metrics: JobMetrics | None = None) -> int:
-    """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed."""
+            s: Settings, times: StageTimes, ckpt, model, bert, metrics: JobMetrics | None = None,
+            log: Callable[[str], None] = print) -> int:
+    """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed.
+    s.engine "ray" hands decode and encode to Ray Data (ray_engine.py); the writes are the same (sink.py)."""
     bs = s.batch_size
     committed = journal.committed()
     todo = [b for b in range(math.ceil(len(items) / bs)) if b not in committed]
     if not todo:
         return 0
-    with times.stage("load_model"):
-        enc = Encoder(s, ckpt, model, bert)
     done = sum(len(items[b * bs:(b + 1) * bs]) for b in committed)
     bar = progress(len(items), done, f"index {name}", s.progress)
-    encoded = 0
-    n_skipped = 0
+    writer = BatchWriter(name, version, items, journal, store, times, metrics, bar, s.throttle_s)
+    try:
+        if s.engine == "ray":
+            from crossprobe.indexer import ray_engine
+
+            ray_engine.encode(items, todo, layout, s, times, ckpt, model, bert, writer.write, say=log)
+        else:
+            _encode_here(items, todo, layout, s, times, ckpt, model, bert, writer.write)
+    finally:
+        bar.close()
+    return writer.encoded
+
+
+def _encode_here(items: list[Item], todo: list[int], layout: codec.Layout, s: Settings, times: StageTimes,
+                 ckpt, model, bert, write: Callable[[EncodedBatch], None]) -> None:
+    """The single-process engine: decode threads a few batches ahead of one encoder in this process."""
+    bs = s.batch_size
+    with times.stage("load_model"):
+        enc = Encoder(s, ckpt, model, bert)
 
     def produce(b: int) -> Decoded:
         return decode_batch(items[b * bs:(b + 1) * bs], b * bs, s.max_pixels)
 
     def consume(b: int, dec: Decoded) -> None:
-        nonlocal encoded, n_skipped
-        g = np.zeros((0, enc.dims.d), np.float32)
-        with store.r.pipeline(transaction=False) as pipe:
-            if dec.rows:
-                with times.stage("backbone"):
-                    grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
-                with times.stage("head"):
-                    e = enc.head(grid)
-                g = e.g
-                with times.stage("write_redis"):
-                    for row, val, meta in zip(dec.rows, codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels), dec.meta):
-                        it = items[row]
-                        pipe.set(store.feat_key(name, version, it.id), val)
-                        pipe.set(store.meta_key(name, version, it.id), json.dumps(item_metadata(it, meta),
-                                                                                  ensure_ascii=False))
+        g, values = np.zeros((0, enc.dims.d), np.float32), []
+        if dec.rows:
+            with times.stage("backbone"):
+                grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
+            with times.stage("head"):
+                e = enc.head(grid)
+            g = e.g
             with times.stage("write_redis"):
-                for row, _ in dec.skips:  # a value left by an earlier, killed attempt whose file has since gone bad
-                    pipe.unlink(store.feat_key(name, version, items[row].id), store.meta_key(name, version, items[row].id))
-                pipe.execute()
-        with times.stage("commit"):
-            journal.commit(b, dec.rows, g, dec.skips)
-        encoded += len(dec.rows)
-        n_skipped += len(dec.skips)
-        if metrics:
-            metrics.advance(len(dec.rows) + len(dec.skips), len(dec.skips), len(dec.rows))
-        bar.update(len(dec.rows) + len(dec.skips))
-        bar.set_postfix(skipped=n_skipped, refresh=False)
-        if s.throttle_s:
-            time.sleep(s.throttle_s)
+                values = codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels)
+        write(EncodedBatch(b, dec.rows, dec.meta, dec.skips, values, g))
 
-    try:
-        run_overlapped(todo, produce, consume, s.workers, times)
-    finally:
-        bar.close()
-    return encoded
+    run_overlapped(todo, produce, consume, s.workers, times)
 
 
 def _copy_values(store: Store, name: str, src: str, dst: str, ids: list[str], chunk: int) -> None:

@@ -104,6 +104,15 @@ class Settings(BaseSettings):
     milvus_nprobe: int = Field(16, ge=1, le=65_536, validation_alias=AliasChoices(  # IVF lists searched
         "CROSSPROBE_MILVUS_NPROBE", "milvus_nprobe"))
 
+    # -- engine (ray_engine.py): who runs decode -> encode for build / add / reindex -------------------
+    # single: this process (decode threads + one encoder); ray: Ray Data, an actor pool of encoders (one per GPU, else CPU)
+    engine: Literal["single", "ray"] = "single"
+    ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "ray_address"))  # a Ray cluster; unset: start a local Ray
+    ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of the local Ray instance (default: this machine's)
+    ray_actors: int | None = Field(None, ge=1)  # encoder actors (default: one per GPU, else CPUs - decode tasks)
+    ray_object_store_mb: int = Field(1024, ge=100)  # object store of the local Ray instance (pixels in flight)
+    ray_temp_dir: Path | None = None  # the local Ray instance's session dir root (default: Ray's /tmp/ray)
+
     # -- Pushgateway (push.py): build and reindex push their progress while running and at the end -----
     # Variables named CROSSPROBE_PUSHGATEWAY_*, not CROSSPROBE_INDEX_*: one deployment setting for every batch job.
     # Pushgateway URL (http://host:9091) for the progress of build and reindex; unset: nothing is pushed
