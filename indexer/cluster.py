@@ -8,11 +8,13 @@ is what a build wants.
 
 The service must not wait for a failover. redis-py's cluster pipeline (and so mget_nonatomic)
 re-sends every command of a node that timed out ONE AT A TIME, each waiting its own socket
-timeout, and refreshes the topology after each: measured on the local cluster (node timeout 1 s,
-socket timeout 200 ms) one mget_nonatomic of 100 keys blocked 2.0 s while a master was paused,
-and it blocks for the whole cluster-node-timeout (15 s by default) in production. fetch() below
+timeout, and refreshes the topology after each, so one call lasts until the replica is promoted:
+measured on the local cluster (cluster-node-timeout 1 s, socket timeout 200 ms), one mget_nonatomic of
+100 keys blocked 2.0 s while a master was paused (docs/results/redis_cluster.json, failover), and the
+promotion itself waits for cluster-node-timeout (Redis' default: 15 s). fetch() below
 sends the same per-slot MGETs, grouped per master by redis-py's own slot table and over redis-py's
-own node clients (one pipeline, one round trip per master), but gives up at the first node that
+own node clients and connection pools (every master's MGETs written before any reply is read, as
+redis-py's pipeline does: one round trip per master, overlapped), but gives up at the first node that
 does not answer: the caller (the service's circuit breaker, service/breaker.py) degrades the search
 at once, and the topology is refreshed so that the next call after the failover reaches the
 promoted replica. Redirections (MOVED / ASK: a resharding, or a table that went stale while
@@ -25,7 +27,7 @@ from urllib.parse import urlsplit
 
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -79,29 +81,54 @@ def _by_node(rc: RedisCluster, keys: list) -> list[tuple[ClusterNode, list[list]
 
 
 def fetch(rc: RedisCluster, keys: list) -> list[bytes | None]:
-    """The values of keys (None where missing), in order: one MGET per slot, pipelined per master (one
-    round trip per master). A master that does not answer within the socket timeout fails the whole
-    call (after a topology refresh): never a wait for the failover."""
-    got: dict = {}
-    for node, groups in _by_node(rc, keys):
-        client = rc.get_redis_connection(node)
-        try:
-            with client.pipeline(transaction=False) as p:
-                for ks in groups:
-                    p.mget(ks)
-                replies = p.execute(raise_on_error=False)
-        except (RedisConnectionError, RedisTimeoutError) as e:
-            refresh(rc, node, e)
-            raise
-        for ks, rep in zip(groups, replies):
-            if isinstance(rep, (MovedError, AskError)):  # slots moved: redis-py follows the redirections
-                return rc.mget_nonatomic(keys)
-            if isinstance(rep, (ClusterDownError, TryAgainError)):
-                refresh(rc, node, rep)
-                raise ClusterUnavailable(f"{node.name}: {rep}") from rep
-            if isinstance(rep, Exception):
-                raise rep
-            got.update(zip(ks, rep))
+    """The values of keys (None where missing), in order: one MGET per slot, the MGETs of each master in one
+    packet, written to every master before any reply is read (as redis-py's cluster pipeline does): one round
+    trip per master, overlapped. A master that does not answer within the socket timeout fails the whole call
+    (after a slot table refresh): never a wait for the failover."""
+    plan = _by_node(rc, keys)
+    sent: list[tuple[ClusterNode, object, object, list[list]]] = []  # node, its client, connection, key groups
+    clean = set()  # connections whose replies were all read (the others are dropped: a late reply must not
+    got: dict = {}  # reach the next user of the connection)
+    failed = None
+    try:
+        for node, groups in plan:
+            failed = node
+            client = rc.get_redis_connection(node)
+            conn = client.connection_pool.get_connection()
+            sent.append((node, client, conn, groups))
+            conn.send_packed_command(conn.pack_commands([("MGET", *ks) for ks in groups]))
+        for node, client, conn, groups in sent:
+            failed = node
+            replies = []
+            for _ in groups:
+                try:
+                    replies.append(client.parse_response(conn, "MGET"))
+                except ResponseError as e:  # an error reply (MOVED, CLUSTERDOWN...): the next ones still come
+                    replies.append(e)
+            clean.add(id(conn))
+            for ks, rep in zip(groups, replies):
+                if isinstance(rep, (MovedError, AskError)):  # slots moved: redis-py follows the redirections
+                    failed = None
+                    try:
+                        return rc.mget_nonatomic(keys)
+                    except (ClusterDownError, TryAgainError) as e:  # the failover is still settling
+                        raise ClusterUnavailable(f"{node.name}: {e}") from e
+                if isinstance(rep, (ClusterDownError, TryAgainError)):
+                    raise ClusterUnavailable(f"{node.name}: {rep}") from rep
+                if isinstance(rep, Exception):
+                    failed = None
+                    raise rep
+                got.update(zip(ks, rep))
+        failed = None
+    except (RedisConnectionError, RedisTimeoutError) as e:
+        if failed is not None:
+            refresh(rc, failed, e)
+        raise
+    finally:
+        for _, client, conn, _ in sent:
+            if id(conn) not in clean:
+                conn.disconnect()
+            client.connection_pool.release(conn)
     return [got[k] for k in keys]
 
 

@@ -102,13 +102,13 @@ def test_a_shortlist_is_one_pipeline_per_master(cluster_settings, redis_cluster,
     for m in masters:
         m.client().config_resetstat()
     executes = []
-    real = redis.client.Pipeline.execute
+    real = redis.connection.AbstractConnection.send_packed_command
 
-    def counting(self, *a, **k):  # a spy on redis-py's own pipeline: each execute is one round trip to one node
-        executes.append(self.connection_pool.connection_kwargs["port"])
+    def counting(self, *a, **k):  # a spy on redis-py's connections: each packet sent is one round trip to a node
+        executes.append(self.port)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
     got = store.fetch([keys.feat(i) for i in shortlist])
     monkeypatch.undo()
     assert got == want and all(v is not None for v in got)
