@@ -106,18 +106,19 @@ def synthesize(ixs: IndexSettings, total: int, seed: int = 0) -> str:
     vdir = st.version_dir(name, version)
     vdir.mkdir(parents=True, exist_ok=True)
     st.r.sadd(st.versions_key(name), version)
+    keys, src_keys = st.layout(name, version), st.layout("flickr8k", base.version)  # the new version: current layout
     chunk = 2000
     for i in range(0, total, chunk):  # copy each source item's values under the new id (GET+SET: any Redis)
         rows = ids[i:i + chunk]
         srcs = [r if k + i < n_real else base.ids[pick[k + i - n_real]] for k, r in enumerate(rows)]
-        feats = st.r.mget([st.feat_key("flickr8k", base.version, s) for s in srcs])
-        metas = st.r.mget([st.meta_key("flickr8k", base.version, s) for s in srcs])
+        feats = st.mget([src_keys.feat(s) for s in srcs])
+        metas = st.mget([src_keys.meta(s) for s in srcs])
         with st.r.pipeline(transaction=False) as p:
             for r, f, m in zip(rows, feats, metas):
                 meta = json.loads(m)
                 meta["id"] = r
-                p.set(st.feat_key(name, version, r), f)
-                p.set(st.meta_key(name, version, r), json.dumps(meta))
+                p.set(keys.feat(r), f)
+                p.set(keys.meta(r), json.dumps(meta))
             p.execute()
     factory = faiss_io.choose_factory(total, d, ixs)
     t = time.perf_counter()
@@ -129,8 +130,7 @@ def synthesize(ixs: IndexSettings, total: int, seed: int = 0) -> str:
     m.update(name=name, version=version, kind="synthetic", base_version=base.version, count=total, factory=factory,
              created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
              source={"synthetic": f"flickr8k/{base.version} + {total - n_real} noisy copies"},
-             keys={"active": st.active_key(name), "features": st.feat_key(name, version, "{id}"),
-                   "metadata": st.meta_key(name, version, "{id}")})
+             keys=keys.manifest(st.active_key(name)))
     atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))
     st.activate(name, version)
     return name
