@@ -162,7 +162,7 @@ class Store:
     def meta_key(self, name: str, version: str, item_id: str) -> str:
         return self.layout(name, version).meta(item_id)
 
-    # ---- cluster-aware multi-key reads / deletes ------------------------------
+    # ---- reads that differ on a cluster: batch MGET, request-path fetch, health check ----
     @property
     def cluster(self) -> bool:
         from crossprobe.indexer.cluster import is_cluster
