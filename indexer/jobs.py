@@ -46,7 +46,7 @@ from crossprobe.indexer.reader import FingerprintMismatch
 from crossprobe.indexer.redis_conn import Settings, connect
 from crossprobe.indexer.sink import BatchWriter, EncodedBatch
 from crossprobe.indexer.sources import Item, Skip, read_source, recorded_items
-from crossprobe.indexer.store import Store, atomic_write, check_name, new_version
+from crossprobe.indexer.store import KeyLayout, Store, atomic_write, check_name, new_version
 
 
 @dataclass
@@ -119,6 +119,21 @@ def _source_desc(images: Path | None, manifest: Path | None) -> dict:
     return {"images": str(Path(images).resolve())} if images else {"manifest": str(Path(manifest).resolve())}
 
 
+def _key_buckets(kind: str, store: Store, name: str, base_manifest: dict | None, s: Settings) -> int:
+    """The key layout of the new version (store.py): build / reindex write every value afresh, in the current
+    layout; add / delete COPY the kept values server-side, so they keep their base's (on a cluster, COPY
+    needs both keys in one slot: the same tag). In the spec, so a resumed job keeps the layout it began
+    with, and a journal from before the tag (no key_buckets in its spec) is not resumed but started afresh."""
+    buckets = s.key_buckets if kind in ("build", "reindex") else KeyLayout.of(store.prefix, base_manifest).buckets
+    if store.cluster and not buckets:
+        if kind in ("build", "reindex"):
+            raise ValueError("CROSSPROBE_INDEX_KEY_BUCKETS=0 (untagged keys) cannot serve a shortlist in bounded "
+                             "round trips on a Redis Cluster; use >= 1 (default 64)")
+        raise ValueError(f"index {name!r} (version {base_manifest['version']}) has untagged keys from before the "
+                         f"cluster layout; move it to the current layout first: crossprobe index reindex {name}")
+    return buckets
+
+
 def _find_resumable(store: Store, name: str, spec: dict) -> str | None:
     d = store.root / name
     for p in sorted(d.glob("v*/build/spec.json"), reverse=True) if d.is_dir() else []:
@@ -164,6 +179,7 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
         spec = {"kind": kind, "name": name, "base": base, "source": _source_desc(images, manifest),
                 "fingerprint": fingerprint, "quantization": quant, "batch_size": s.batch_size,
                 "max_pixels": s.max_pixels, "factory": s.factory}
+    spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, s)
     if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, s, log)) is not None:
         return done
     if kind == "delete" and not set(ids or ()) & set(store.read_ids(name, base)):
@@ -200,8 +216,8 @@ def _run(kind: str, name: str, s: Settings, images=None, manifest=None, ids=None
                 if metrics:
                     done, skipped = journal.progress(items, s.batch_size)
                     metrics.start(len(items), done, skipped + len(reader_skips))
-                encoded = _encode(name, version, items, journal, store, layout, s, times, ckpt, model, bert, metrics,
-                                  log)
+                keys = store.layout(name, version, spec["key_buckets"])
+                encoded = _encode(keys, items, journal, store, layout, s, times, ckpt, model, bert, metrics, log)
                 finished = _finalize(kind, name, version, base, items, reader_skips, ids, journal, store, layout,
                                      dims, fingerprint, spec, s, times, t0, encoded, reused)
             else:
@@ -277,19 +293,20 @@ def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: floa
             f"crossprobe index activate {name} {version} (or rerun with --max-lost {math.ceil(lost / old * 100) / 100}).")
 
 
-def _encode(name: str, version: str, items: list[Item], journal: Journal, store: Store, layout: codec.Layout,
+def _encode(keys: KeyLayout, items: list[Item], journal: Journal, store: Store, layout: codec.Layout,
             s: Settings, times: StageTimes, ckpt, model, bert, metrics: JobMetrics | None = None,
             log: Callable[[str], None] = print) -> int:
     """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed.
-    s.engine "ray" hands decode and encode to Ray Data (ray_engine.py); the writes are the same (sink.py)."""
+    s.engine "ray" hands decode and encode to Ray Data (ray_engine.py); the writes are the same (sink.py: one
+    pipeline per batch, on a cluster one round trip per master)."""
     bs = s.batch_size
     committed = journal.committed()
     todo = [b for b in range(math.ceil(len(items) / bs)) if b not in committed]
     if not todo:
         return 0
     done = sum(len(items[b * bs:(b + 1) * bs]) for b in committed)
-    bar = progress(len(items), done, f"index {name}", s.progress)
-    writer = BatchWriter(name, version, items, journal, store, times, metrics, bar, s.throttle_s)
+    bar = progress(len(items), done, f"index {keys.name}", s.progress)
+    writer = BatchWriter(keys, items, journal, store, times, metrics, bar, s.throttle_s)
     try:
         if s.engine == "ray":
             from crossprobe.indexer import ray_engine
@@ -327,16 +344,18 @@ def _encode_here(items: list[Item], todo: list[int], layout: codec.Layout, s: Se
     run_overlapped(todo, produce, consume, s.workers, times)
 
 
-def _copy_values(store: Store, name: str, src: str, dst: str, ids: list[str], chunk: int) -> None:
-    """Server-side COPY of kept items' two values from version src to dst, pipelined (idempotent: REPLACE)."""
+def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:
+    """Server-side COPY of kept items' two values from version src to dst, pipelined (idempotent: REPLACE).
+    Both layouts have the same tag per item (_key_buckets), so on a cluster each COPY stays in one slot."""
     for i in range(0, len(ids), chunk):
         with store.r.pipeline(transaction=False) as p:
             for it in ids[i:i + chunk]:
-                p.copy(store.feat_key(name, src, it), store.feat_key(name, dst, it), replace=True)
-                p.copy(store.meta_key(name, src, it), store.meta_key(name, dst, it), replace=True)
+                p.copy(src.feat(it), dst.feat(it), replace=True)
+                p.copy(src.meta(it), dst.meta(it), replace=True)
             res = p.execute()
         if not all(res):
-            raise RuntimeError(f"{name}/{src}: some Redis values of the base version are missing; cannot derive {dst}")
+            raise RuntimeError(f"{src.name}/{src.version}: some Redis values of the base version are missing; "
+                               f"cannot derive {dst.version}")
 
 
 def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, store, layout, dims, fingerprint,
@@ -364,7 +383,8 @@ def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, 
         drop = set(new_ids) if kind == "add" else set(del_ids)
         keep = [i for i, it in enumerate(base_ids) if it not in drop]
         with times.stage("copy_redis"):
-            _copy_values(store, name, base, version, [base_ids[i] for i in keep], s.redis_batch)
+            _copy_values(store, store.layout(name, base), store.layout(name, version, spec["key_buckets"]),
+                         [base_ids[i] for i in keep], s.redis_batch)
         ids = [base_ids[i] for i in keep] + new_ids
         vectors = np.concatenate([base_vecs[keep], g]) if len(g) else base_vecs[keep]
         extra = ({"replaced": len(base_ids) - len(keep), "added": len(new_ids) - (len(base_ids) - len(keep))}
@@ -387,8 +407,7 @@ def _finalize(kind, name, version, base, items, reader_skips, del_ids, journal, 
         "count": len(ids), "factory": factory, "metric": "inner_product", "ann": writer.manifest_entry(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": layout.header(),
-        "keys": {"active": store.active_key(name), "features": store.feat_key(name, version, "{id}"),
-                 "metadata": store.meta_key(name, version, "{id}")},
+        "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
         "source": spec.get("source"), "skipped": report["counts"]["skipped"],
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete

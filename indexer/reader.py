@@ -16,7 +16,7 @@ import numpy as np
 from crossprobe.indexer import ann
 from crossprobe.indexer.codec import Layout, decode
 from crossprobe.indexer.redis_conn import Settings, connect
-from crossprobe.indexer.store import Store
+from crossprobe.indexer.store import KeyLayout, Store
 
 
 class FingerprintMismatch(ValueError):
@@ -33,6 +33,7 @@ class IndexReader:
         self.d: int = manifest["dims"]["g"]
         self.ids: list[str] = json.loads((vdir / "ids").read_text())
         self.layout = Layout.from_header(manifest["layout"])
+        self.keys = KeyLayout.of(store.prefix, manifest)  # the version's own key names (tagged or not)
         held = self.ann.count()
         if held != len(self.ids) or len(self.ids) != manifest["count"]:
             raise ValueError(f"{name}/{version}: the ANN index ({self.ann.describe()}: {held}), ids ({len(self.ids)}) "
@@ -74,17 +75,16 @@ class IndexReader:
         return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.d)
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:
-        """One MGET -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""
-        st = self.store
-        vals = st.r.mget([st.feat_key(self.name, self.version, i) for i in ids]) if ids else []
+        """One MGET (a cluster: one round trip per master) -> {"p_v": (K, n, dc), "b_bar": (K, dc),
+        "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""
+        vals = self.store.fetch([self.keys.feat(i) for i in ids])
         missing = [i for i, v in zip(ids, vals) if v is None]
         if missing:
             raise KeyError(f"{self.name}/{self.version}: no features for {missing[:5]} (version gc'ed?)")
         return decode(self.layout, vals)
 
     def metadata(self, ids: list[str]) -> list[dict | None]:
-        st = self.store
-        vals = st.r.mget([st.meta_key(self.name, self.version, i) for i in ids]) if ids else []
+        vals = self.store.fetch([self.keys.meta(i) for i in ids])
         return [json.loads(v) if v is not None else None for v in vals]
 
 

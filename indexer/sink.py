@@ -19,7 +19,7 @@ from crossprobe.indexer.journal import Journal
 from crossprobe.indexer.pipeline import StageTimes
 from crossprobe.indexer.push import JobMetrics
 from crossprobe.indexer.sources import Item, Skip, item_metadata
-from crossprobe.indexer.store import Store
+from crossprobe.indexer.store import KeyLayout, Store
 
 
 @dataclass
@@ -34,24 +34,24 @@ class EncodedBatch:
 
 
 class BatchWriter:
-    def __init__(self, name: str, version: str, items: list[Item], journal: Journal, store: Store,
+    def __init__(self, keys: KeyLayout, items: list[Item], journal: Journal, store: Store,
                  times: StageTimes, metrics: JobMetrics | None, bar, throttle_s: float = 0.0):
-        self.name, self.version, self.items = name, version, items
+        self.keys, self.items = keys, items  # the version's key names (hash-tagged on a cluster: store.py)
         self.journal, self.store, self.times = journal, store, times
         self.metrics, self.bar, self.throttle_s = metrics, bar, throttle_s
         self.encoded = 0  # items written by this run
         self.skipped = 0  # decode skips committed by this run
 
     def write(self, eb: EncodedBatch) -> None:
-        st, name, version, items = self.store, self.name, self.version, self.items
+        st, keys, items = self.store, self.keys, self.items
         with st.r.pipeline(transaction=False) as pipe:
             with self.times.stage("write_redis"):
                 for row, val, meta in zip(eb.rows, eb.values, eb.meta):
                     it = items[row]
-                    pipe.set(st.feat_key(name, version, it.id), val)
-                    pipe.set(st.meta_key(name, version, it.id), json.dumps(item_metadata(it, meta), ensure_ascii=False))
+                    pipe.set(keys.feat(it.id), val)
+                    pipe.set(keys.meta(it.id), json.dumps(item_metadata(it, meta), ensure_ascii=False))
                 for row, _ in eb.skips:  # a value left by an earlier, killed attempt whose file has since gone bad
-                    pipe.unlink(st.feat_key(name, version, items[row].id), st.meta_key(name, version, items[row].id))
+                    pipe.unlink(keys.feat(items[row].id), keys.meta(items[row].id))  # one slot: an item's two keys
                 pipe.execute()
         with self.times.stage("commit"):
             self.journal.commit(eb.b, eb.rows, eb.g, eb.skips)

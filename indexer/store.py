@@ -7,10 +7,20 @@ Disk:   <root>/<name>/<version>/  index.faiss, ids (JSON list: row -> item id),
         .lock (flock held by the process building it).
 Redis:  <prefix>:<name>:active                 -> version (the ONE switch: a single SET)
         <prefix>:<name>:versions               -> set of versions ever started (for gc)
-        <prefix>:<name>:<version>:f:<item id>  -> codec value (P_v, b_bar, s_I)
-        <prefix>:<name>:<version>:m:<item id>  -> metadata JSON
+        <prefix>:<name>:<version>:f:{<name>:<bucket>}:<item id>  -> codec value (P_v, b_bar, s_I)
+        <prefix>:<name>:<version>:m:{<name>:<bucket>}:<item id>  -> metadata JSON
 A reader resolves `active` once and then only touches its version's keys, so it
 keeps working through an activation until that version is gc'ed.
+
+The {<name>:<bucket>} part is a Redis Cluster hash tag (bucket = crc32(item id) % buckets, the
+version's manifest records `buckets`): a shortlist of 100 items touches at most `buckets` slots, so
+it is at most that many MGETs, pipelined as one round trip per master (indexer/cluster.py), and the
+index still spreads over every master. The tag leaves the version out on purpose: an item's keys in
+two versions share a slot, so add / delete COPY them server-side on a cluster too (COPY needs both
+keys in one slot), and an item's two keys share a slot, so one UNLINK removes both. Versions built
+before the tag (manifest without `buckets`) keep their untagged keys <...>:f:<item id> and stay
+readable; add / delete derive new versions in their base's layout, build / reindex use the current one.
+On one Redis the tag is just part of the name.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ import os
 import re
 import shutil
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +64,56 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class KeyLayout:
+    """The Redis key names of one version's values (see the module docstring)."""
+    prefix: str
+    name: str
+    version: str
+    buckets: int  # 0: untagged keys (versions built before the hash tag)
+
+    @classmethod
+    def of(cls, prefix: str, manifest: dict) -> "KeyLayout":
+        """A complete version's layout, from its manifest (no `buckets` there: built before the tag)."""
+        return cls(prefix, manifest["name"], manifest["version"], int(manifest.get("keys", {}).get("buckets", 0)))
+
+    @property
+    def base(self) -> str:
+        """Every value key of the version starts with this (SCAN MATCH base*)."""
+        return f"{self.prefix}:{self.name}:{self.version}:"
+
+    def bucket(self, item_id: str) -> int:
+        """crc32 of the UTF-8 id (stable across processes and languages, unlike Python's hash())."""
+        return zlib.crc32(item_id.encode()) % self.buckets
+
+    def tag(self, item_id: str) -> str:
+        return "{%s:%d}:" % (self.name, self.bucket(item_id)) if self.buckets else ""
+
+    def feat(self, item_id: str) -> str:
+        return f"{self.base}f:{self.tag(item_id)}{item_id}"
+
+    def meta(self, item_id: str) -> str:
+        return f"{self.base}m:{self.tag(item_id)}{item_id}"
+
+    def parse(self, key: str | bytes) -> tuple[str, str]:
+        """A value key of this version -> ("f" | "m", item id): the inverse of feat / meta."""
+        key = key.decode() if isinstance(key, bytes) else key
+        if not key.startswith(self.base):
+            raise ValueError(f"{key!r} is not a key of {self.name}/{self.version}")
+        kind, rest = key[len(self.base):].split(":", 1)
+        if self.buckets:  # strip the tag "{<name>:<bucket>}:"
+            rest = rest.split("}:", 1)[1]
+        return kind, rest
+
+    def manifest(self, active_key: str) -> dict:
+        """manifest.json "keys": how a reader in any language finds a value."""
+        if not self.buckets:
+            return {"active": active_key, "features": self.feat("{id}"), "metadata": self.meta("{id}")}
+        tag = "{%s:<bucket>}:" % self.name
+        return {"active": active_key, "features": f"{self.base}f:{tag}<id>", "metadata": f"{self.base}m:{tag}<id>",
+                "buckets": self.buckets, "bucket": "crc32(utf-8 id) % buckets"}
+
+
 @dataclass
 class VersionInfo:
     name: str
@@ -80,11 +141,59 @@ class Store:
     def key_base(self, name: str, version: str) -> str:
         return f"{self.prefix}:{name}:{version}:"
 
+    def layout(self, name: str, version: str, buckets: int | None = None) -> KeyLayout:
+        """A version's key names: `buckets` given (a job writing a version), else its manifest's; a version
+        without a manifest (being built) uses its journal's spec, else the current setting."""
+        if buckets is None:
+            m = self.read_manifest(name, version)
+            if m is not None:
+                return KeyLayout.of(self.prefix, m)
+            else:
+                spec = self.version_dir(name, version) / "build" / "spec.json"
+                try:
+                    buckets = int(json.loads(spec.read_text())["key_buckets"])
+                except (OSError, ValueError, KeyError):
+                    buckets = self.s.key_buckets
+        return KeyLayout(self.prefix, name, version, buckets)
+
     def feat_key(self, name: str, version: str, item_id: str) -> str:
-        return f"{self.prefix}:{name}:{version}:f:{item_id}"
+        return self.layout(name, version).feat(item_id)
 
     def meta_key(self, name: str, version: str, item_id: str) -> str:
-        return f"{self.prefix}:{name}:{version}:m:{item_id}"
+        return self.layout(name, version).meta(item_id)
+
+    # ---- reads that differ on a cluster: batch MGET, request-path fetch, health check ----
+    @property
+    def cluster(self) -> bool:
+        from crossprobe.indexer.cluster import is_cluster
+
+        return is_cluster(self.r)
+
+    def mget(self, keys: list[str]) -> list[bytes | None]:
+        """MGET for batch jobs: on a cluster redis-py's mget_nonatomic (one MGET per slot, pipelined per
+        node; it rides through a failover by re-sending)."""
+        if not keys:
+            return []
+        return self.r.mget_nonatomic(keys) if self.cluster else self.r.mget(keys)
+
+    def fetch(self, keys: list[str]) -> list[bytes | None]:
+        """MGET for the request path: on a cluster one round trip per master that fails fast when a master
+        does not answer (indexer/cluster.py says why it is not mget_nonatomic)."""
+        if not keys:
+            return []
+        if self.cluster:
+            from crossprobe.indexer.cluster import fetch
+
+            return fetch(self.r, keys)
+        return self.r.mget(keys)
+
+    def ping(self) -> bool:
+        """The service's health check: PING the Redis, or every master of the cluster."""
+        if self.cluster:
+            from crossprobe.indexer.cluster import ping
+
+            return ping(self.r)
+        return bool(self.r.ping())
 
     # ---- disk -------------------------------------------------------------
     def version_dir(self, name: str, version: str) -> Path:
@@ -103,8 +212,9 @@ class Store:
     def metadata(self, name: str, version: str, ids: list[str]) -> list[bytes | None]:
         """The metadata values of `ids` in one version (None where missing), MGET in chunks of redis_batch."""
         out: list[bytes | None] = []
+        keys = self.layout(name, version)
         for i in range(0, len(ids), self.s.redis_batch):
-            out += self.r.mget([self.meta_key(name, version, it) for it in ids[i:i + self.s.redis_batch]])
+            out += self.mget([keys.meta(it) for it in ids[i:i + self.s.redis_batch]])
         return out
 
     @contextmanager
@@ -164,7 +274,8 @@ class Store:
         if m is None:
             raise ValueError(f"{name}/{version} is not a complete version (no manifest.json)")
         ids = self.read_ids(name, version)
-        if ids and self.r.exists(self.feat_key(name, version, ids[0]), self.feat_key(name, version, ids[-1])) != 2:
+        keys = self.layout(name, version)
+        if ids and self.r.exists(keys.feat(ids[0]), keys.feat(ids[-1])) != 2:  # on a cluster: one EXISTS per slot
             raise ValueError(f"{name}/{version}: its Redis values are missing (gc'ed or another Redis?)")
         key = self.active_key(name)
         if not check_expect:
@@ -184,7 +295,8 @@ class Store:
                 raise RuntimeError(f"{name}: active version changed during this job; run it again") from None
 
     def drop(self, name: str, version: str) -> int:
-        """Delete one version's Redis keys (SCAN + UNLINK, pipelined) and its directory."""
+        """Delete one version's Redis keys (SCAN + UNLINK, pipelined) and its directory. On a cluster redis-py
+        SCANs every master and splits each UNLINK by slot."""
         n = 0
         batch: list[bytes] = []
         for k in self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.s.redis_batch):

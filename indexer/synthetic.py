@@ -58,19 +58,20 @@ def grow(ixs: Settings, base: str, name: str, total: int, seed: int = 0, factory
     vdir = st.version_dir(name, version)
     vdir.mkdir(parents=True, exist_ok=True)
     st.r.sadd(st.versions_key(name), version)
+    keys, src_keys = st.layout(name, version, st.s.key_buckets), src_ix.keys  # the new version: current layout
     chunk = 2000
     for i in range(0, total, chunk):  # each item's values under its own id, the source's copied
         rows = ids[i:i + chunk]
         srcs = [r if k + i < n_real else base_ids[pick[k + i - n_real]] for k, r in enumerate(rows)]
-        feats = st.r.mget([st.feat_key(base, src_ix.version, s) for s in srcs])
-        metas = st.r.mget([st.meta_key(base, src_ix.version, s) for s in srcs])
+        feats = st.mget([src_keys.feat(s) for s in srcs])
+        metas = st.mget([src_keys.meta(s) for s in srcs])
         with st.r.pipeline(transaction=False) as p:
             for k, (r, f, m) in enumerate(zip(rows, feats, metas)):
                 meta = json.loads(m)
                 meta["id"] = r
                 meta["tags"] = list(meta.get("tags") or []) + tags[i + k]
-                p.set(st.feat_key(name, version, r), f)
-                p.set(st.meta_key(name, version, r), json.dumps(meta))
+                p.set(keys.feat(r), f)
+                p.set(keys.meta(r), json.dumps(meta))
             p.execute()
     factory = factory or faiss_io.choose_factory(total, d, ixs)
     t = time.perf_counter()
@@ -83,8 +84,7 @@ def grow(ixs: Settings, base: str, name: str, total: int, seed: int = 0, factory
              factory=factory, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
              source={"synthetic": f"{base}/{src_ix.version} + {total - n_real} noisy copies, seed {seed}"},
              selectivity_tags=[f"sel-{f}" for f in SELECTIVITY],
-             keys={"active": st.active_key(name), "features": st.feat_key(name, version, "{id}"),
-                   "metadata": st.meta_key(name, version, "{id}")})
+             keys=keys.manifest(st.active_key(name)))
     atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))  # last: a version without it is incomplete
     st.activate(name, version)
     return version

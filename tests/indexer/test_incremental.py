@@ -13,10 +13,9 @@ from tests.indexer.conftest import make_images
 
 def _redis_ids(rd) -> tuple[set[str], set[str]]:
     """Item ids that have a feature value / a metadata value in the reader's version."""
-    base = rd.store.key_base(rd.name, rd.version)
     ids = {"f": set(), "m": set()}
-    for k in rd.store.r.scan_iter(match=base + "*", count=1000):
-        kind, item = k.decode()[len(base):].split(":", 1)
+    for k in rd.store.r.scan_iter(match=rd.keys.base + "*", count=1000):
+        kind, item = rd.keys.parse(k)
         ids[kind].add(item)
     return ids["f"], ids["m"]
 
