@@ -165,6 +165,7 @@ def main() -> None:
             row["image_queries"] = ann_stage(reader, image_queries)
             cp = row["search"]["cp"]
             row.update(p50_ms=cp["p50_ms"], p99_ms=cp["p99_ms"])  # the headline: cp, the served default
+            row.update(command=command, machine=mach)
             print(f"{name}: {json.dumps(row)}")
             block[key] = row
     finally:
