@@ -104,7 +104,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
         image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
     plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
                                image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
-                               filter=body.filter)
+                               filter=body.filter, facets=body.facets)
     return await _answer(state, plan)
 
 
@@ -122,6 +122,7 @@ async def _answer(state: ServiceState, plan) -> Response:
         "rerank_skipped": plan.rerank_skipped,
         "deduplicated": out.deduplicated,
         "filtered": out.filtered,
+        "facets": out.facets,
         "timings_ms": timings,
         "degraded": bool(out.degraded),
         "degraded_reason": out.degraded_reason,

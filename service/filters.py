@@ -137,6 +137,15 @@ class Columns:
         for f in names:
             self.cols[f] = Column(n, [(m.get("fields") or {}).get(f) for m in ms])
 
+    def tag_counts(self, mask: np.ndarray | None, top: int) -> dict[str, int]:
+        """Items per tag among mask's rows (all rows without one): the `top` most frequent, most frequent first
+        (ties by tag). One vectorised count per distinct tag."""
+        inv = self.cols["tags"].inverted
+        counts = {t: (int(np.count_nonzero(mask[rows])) if mask is not None else len(rows)) for t, rows in inv.items()}
+        best = sorted((c, t) for t, c in counts.items() if c)
+        best.sort(key=lambda ct: (-ct[0], ct[1]))
+        return {t: c for c, t in best[:top]}
+
     @property
     def fields(self) -> list[str]:
         return list(self.cols)

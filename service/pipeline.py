@@ -47,6 +47,7 @@ from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Regist
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore, FeatureStoreUnavailable
 from crossprobe.service.errors import ApiError, feature_store_unavailable
+from crossprobe.service.schemas import MAX_FACETS
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
@@ -77,6 +78,7 @@ class Plan:
     embedding: np.ndarray | None = None  # a raw query vector (d,) (clip-retrieval's embedding_input)
     weight: float = 0.5  # the vector part's weight beside a text: (1 - w) g_q + w v, renormalised
     dedup: float | None = None  # drop results with cosine >= this to a result ranked above them
+    facets: bool = False  # count items per tag among those passing the filter (stage facets)
     filter: object | None = None  # schemas.FilterNode: only rows whose metadata passes (filters.py)
     rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
 
@@ -106,6 +108,7 @@ class Outcome:
     batch_size: int = 1
     deduplicated: int = 0  # results dropped as near duplicates (plan.dedup)
     filtered: dict | None = None  # with plan.filter: {"matching", "exact", "method"}
+    facets: dict | None = None  # with plan.facets: {"tags": {tag: items}}
     degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
 
     @property
@@ -126,7 +129,7 @@ class Searcher:
     def plan(self, query: str | None, k: int, rerank: str | None = None, shortlist: int | None = None,
              index: str | None = None, min_score: float | None = None, tail: int = 0, *, image: bytes | None = None,
              like: list[str] | None = None, embedding: np.ndarray | None = None, weight: float = 0.5,
-             dedup: float | None = None, filter: object | None = None) -> Plan:
+             dedup: float | None = None, filter: object | None = None, facets: bool = False) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
         like = list(dict.fromkeys(like or []))
         mode = rerank or self.settings.default_rerank
@@ -138,7 +141,7 @@ class Searcher:
         if shortlist is None:
             shortlist = min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST)
         return Plan(query, k, mode, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
-                    weight=weight, dedup=dedup, filter=filter, rerank_skipped=skipped)
+                    weight=weight, dedup=dedup, filter=filter, facets=facets, rerank_skipped=skipped)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
@@ -279,9 +282,16 @@ class Searcher:
                 metas = [None] * len(hits)
         for h, m in zip(hits, metas):
             h.metadata = public_metadata(m, self.settings.expose_uri)
+        facets = None
+        if plan.facets:
+            with clock.stage("facets"):  # over the metadata columns, whichever backend holds the vectors
+                cols = self._columns(handle)
+                mask = cols.mask(plan.filter) if plan.filter is not None else None
+                facets = {"tags": cols.tag_counts(mask, MAX_FACETS)}
         return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded,
                        filtered=None if filtered is None else
-                       {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how})
+                       {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how},
+                       facets=facets)
 
     def _columns(self, handle: IndexHandle) -> filters.Columns:
         """The version's metadata columns (read once per version, MGETs of 1,000). Redis down: no filter can be

@@ -48,6 +48,7 @@ FilterValue = Annotated[str, Field(max_length=1024)] | bool | Finite
 Bound = Finite | Annotated[str, Field(min_length=8, max_length=40)]  # a number, or an ISO 8601 date / datetime
 FieldName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 MAX_FILTER_CONDITIONS = 64  # conditions in one filter tree, all levels together
+MAX_FACETS = 50  # tags in a facets answer
 FILTER_NUMERIC = ("width", "height")
 FILTER_STRINGS = ("tags", "format", "camera", "caption")
 
@@ -165,6 +166,9 @@ class SearchRequest(BaseModel):
                                       "caption, width, height, taken, and the index manifest's own fields; at most "
                                       f"{MAX_FILTER_CONDITIONS} conditions). Applied inside "
                                       "the ANN search: k results whenever k items match")
+    facets: bool = Field(False, strict=True, description="also count the items per tag among all the items that "
+                         f"pass the filter (all the index's items without one): the answer's facets.tags, the "
+                         f"{MAX_FACETS} most frequent tags")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
     rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's "
                                   "CROSSPROBE_DEFAULT_RERANK); without a query text: none (see rerank_skipped)")
@@ -251,6 +255,9 @@ class SearchResponse(BaseModel):
                                        "default) asked for a reranker: the query had no text")
     deduplicated: int = Field(0, description="results dropped as near duplicates (dedup)")
     filtered: FilterInfo | None = Field(None, description="with a filter: how many items passed it")
+    facets: dict[str, dict[str, int]] | None = Field(None, description="with facets: {\"tags\": {tag: items}}, the "
+                                                     f"{MAX_FACETS} most frequent tags among the items that pass "
+                                                     "the filter (or all items), most frequent first")
     timings_ms: dict[str, float] = Field(description="per stage: queue, encode (text), decode_image, encode_image "
                                          "(image), like (stored vectors), ann, fetch, rerank, dedup, metadata; total")
     degraded: bool = Field(description="true when part of the path failed and a fallback answered (see reason); "

@@ -197,3 +197,17 @@ def _all_meta(reader) -> list[dict | None]:
     for i in range(0, len(reader.ids), 5000):
         out += reader.metadata(reader.ids[i:i + 5000])
     return out
+
+
+def test_tag_facets_count_the_matching_items(big, client):
+    """facets: items per tag among all the items passing the filter (not only the k returned)."""
+    r = _search(client, query="a red square", index="big", k=5, rerank="none", facets=True)
+    assert r.status_code == 200, r.text
+    tags = r.json()["facets"]["tags"]
+    assert tags["sel-1.0"] == 100_000 and tags["sel-0.1"] == 10_000 and tags["sel-0.01"] == 1_000
+    assert list(tags) == sorted(tags, key=lambda t: (-tags[t], t))  # most frequent first
+    r = _search(client, query="a red square", index="big", k=5, rerank="none", facets=True,
+                filter={"field": "tags", "eq": "sel-0.1"})
+    tags = r.json()["facets"]["tags"]
+    assert tags["sel-0.1"] == tags["sel-1.0"] == 10_000 and tags["sel-0.01"] == 1_000  # sel-0.01 is inside sel-0.1
+    assert _search(client, query="a red square", index="big", k=5).json()["facets"] is None  # off by default

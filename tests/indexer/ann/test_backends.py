@@ -19,7 +19,7 @@ from crossprobe.indexer.ann import milvus_filter
 from crossprobe.indexer.ann.faiss_backend import FaissIndex, FaissWriter
 from crossprobe.indexer.ann.milvus_backend import MilvusBackend
 from crossprobe.service.filters import Columns
-from crossprobe.service.schemas import FilterNode
+from crossprobe.service.schemas import Condition, FilterNode
 
 N, D, K = 2000, 32, 10
 CAPTIONS = ['he said "hi"', "it's", "back\\slash", "new\nline", "tab\there", "ünïcødé 日本", "", "plain"]
@@ -172,5 +172,8 @@ def test_filters_match_the_faiss_path(flat_pair, data, flt):
 def test_literals_and_numbers_are_milvus_syntax():
     assert milvus_filter.literal('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
     assert milvus_filter.number(3) == "3.0" and milvus_filter.number(2.5) == "2.5"
-    node = TypeAdapter(FilterNode).validate_python({"field": "width", "in": [float("nan")]})
+    with pytest.raises(ValueError):  # the API refuses a non-finite number before any backend sees it (422)
+        TypeAdapter(FilterNode).validate_python({"field": "width", "in": [float("nan")]})
+    # and the expression builder still matches nothing for one, should a caller build a tree by hand
+    node = Condition.model_construct(field="width", eq=None, in_=[float("nan")], gt=None, gte=None, lt=None, lte=None)
     assert milvus_filter.expression(node) == milvus_filter.NOTHING
