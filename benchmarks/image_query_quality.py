@@ -34,8 +34,9 @@ from crossprobe.indexer import build, open_index
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
 from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
+from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
+from indexer_bench import machine, require_flickr8k  # benchmarks/ is sys.path[0] when run as a script
 
 NAME = "flickr8k"
 CROP, SIDE, QUALITY = 0.8, 192, 70
@@ -99,11 +100,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/search-features"))
     ap.add_argument("--out", type=Path, default=Path("docs/results/search_features.json"))
     args = ap.parse_args()
-    if not available():
-        print(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
-        sys.exit(0)
+    require_flickr8k()
     command = "python benchmarks/image_query_quality.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
     from service_bench import start_server, stop_server
 
     ds = Flickr8k.load()

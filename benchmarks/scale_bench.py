@@ -39,8 +39,9 @@ from crossprobe.indexer import open_index, synthetic
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
 from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
+from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
+from indexer_bench import machine, require_flickr8k  # benchmarks/ is sys.path[0] when run as a script
 
 RERANKS = ("none", "temde", "cp")
 
@@ -102,13 +103,10 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/search-features"))
     ap.add_argument("--out", type=Path, default=Path("docs/results/scale.json"))
     args = ap.parse_args()
-    if not available():
-        print(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
-        sys.exit(0)
+    require_flickr8k()
     factories = [f for f in args.factories.split(";") if f]
     command = "python benchmarks/scale_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     from image_query_quality import NAME, ensure_index  # benchmarks/ is sys.path[0] when run as a script
-    from indexer_bench import machine
     from service_bench import start_server, stop_server
 
     mach = machine()

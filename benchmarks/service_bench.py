@@ -31,14 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
+from crossprobe.models.data.flickr8k import Flickr8k, dataset_root
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer import synthetic
 from crossprobe.indexer.redis_conn import Settings as IndexSettings
 from crossprobe.indexer.redis_conn import close_embedded, connect
 from crossprobe.service.server import free_port
 from filter_latency import features_section  # benchmarks/ is sys.path[0] when run as a script
-from indexer_bench import machine
+from indexer_bench import machine, require_flickr8k
 
 RERANKS = ("none", "temde", "cp")
 
@@ -255,9 +255,7 @@ def main() -> None:
     ap.add_argument("--query-precision", default="int8,fp32",
                     help="query-tower graphs to serve, comma separated; the first is the headline table")
     args = ap.parse_args()
-    if not available():
-        print(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
-        sys.exit(0)
+    require_flickr8k()
     command = "python benchmarks/service_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     mach = machine()
     ixs, redis_client, ckpt, fp, random_weights, names, queries = prepare(args.workdir, args.ckpt, args.limit, args.big)

@@ -118,6 +118,17 @@ export function openWithKey(url) {
   });
 }
 
+// the "x" of a removable chip (query.js's image and like chips, filters.js's filters in force)
+export function removeButton(label, onRemove) {
+  const x = document.createElement("button");
+  x.type = "button";
+  x.className = "chip-remove";
+  x.setAttribute("aria-label", label);
+  x.textContent = "\u00d7";
+  x.addEventListener("click", onRemove);
+  return x;
+}
+
 export const sleep = (t) => new Promise((res) => setTimeout(res, t));
 
 export function ms(v) {

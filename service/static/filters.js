@@ -5,6 +5,8 @@
 // service's filter tree (docs/search_features.md). app.js sends filter() with each search and hands every
 // answer to update().
 
+import { removeButton } from "./api.js";
+
 const $ = (id) => document.getElementById(id);
 
 // fields offered as chips, in this order: the metadata key and its heading
@@ -133,12 +135,7 @@ export function createFilters(hooks) {
     el.className = "chip active-chip";
     const words = document.createElement("span");
     words.textContent = text;
-    const x = document.createElement("button");
-    x.type = "button";
-    x.className = "chip-remove";
-    x.setAttribute("aria-label", removeLabel);
-    x.textContent = "×";
-    x.addEventListener("click", () => {
+    const x = removeButton(removeLabel, () => {
       remove();
       hooks.onChange();
     });

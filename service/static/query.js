@@ -2,7 +2,7 @@
 // with the "Search by image" button, or pasted) or an indexed item ("More like this" on a result), shown as a
 // chip with a remove button above the box; with a text too, a slider weighs the two (the API's "weight").
 // app.js builds the request from query.image() / query.like() / query.weight() and is told of every change.
-import { imageUrl, showImage, size } from "./api.js";
+import { imageUrl, removeButton, showImage, size } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -54,12 +54,7 @@ export function createQuery(hooks) {
     words.className = "chip-text";
     words.textContent = text;
     words.title = text;
-    const x = document.createElement("button");
-    x.type = "button";
-    x.className = "chip-remove";
-    x.setAttribute("aria-label", removeLabel);
-    x.textContent = "×";
-    x.addEventListener("click", () => {
+    const x = removeButton(removeLabel, () => {
       remove();
       input.focus();
     });
