@@ -211,6 +211,7 @@ class Searcher:
         degraded: list[tuple[str, str]] = []
         exclude = set(plan.like)
         filtered = None
+        prepared = None  # the backend's form of plan.filter (FAISS: the row mask, reused by facets)
         if plan.filter is not None:
             with clock.stage("filter"):  # the backend's own form: a FAISS row bitmap, or a Milvus expression
                 try:
@@ -286,7 +287,8 @@ class Searcher:
         if plan.facets:
             with clock.stage("facets"):  # over the metadata columns, whichever backend holds the vectors
                 cols = self._columns(handle)
-                mask = cols.mask(plan.filter) if plan.filter is not None else None
+                mask = prepared if isinstance(prepared, np.ndarray) else (
+                    cols.mask(plan.filter) if plan.filter is not None else None)  # Milvus: its own mask
                 facets = {"tags": cols.tag_counts(mask, MAX_FACETS)}
         return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded,
                        filtered=None if filtered is None else
