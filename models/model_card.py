@@ -39,7 +39,9 @@ def reranker_lines(ckpt: Path, meta: dict) -> list[str]:
         pre = tc.get("pretrain_by_method", {}).get(module, 0)
         epochs = tc.get("epochs_by_method", {}).get(module)
         best = meta["training"][module].get("best_epoch")
-        budget = (f"{epochs} epochs of " if epochs else "") + "listwise training"
+        caps = tc.get("captions_by_method", {}).get(module, 1)
+        budget = (f"{epochs} epochs of " if epochs else "") + "listwise training" + (
+            f" ({caps} captions of each training image per epoch)" if caps > 1 else "")
         kept = f" (kept: epoch {best}, best on dev)" if epochs and best else ""
         a, b = _fusion(ckpt / "model.safetensors", module)
         mix = (f"ranking logit = s_tt + {b / a:.2f} x s_{module}" if a else f"ranked by s_{module} alone")

@@ -48,6 +48,11 @@ class TrainConfig:
     # the served rerankers' recipe (docs/rerank_experiments.md): in-batch pretraining on their own score,
     # then listwise training on their own score, the fusion weight chosen on dev (RerankTrainConfig.standalone)
     pretrain_by_method: dict = field(default_factory=lambda: {"cp": 5, "temde": 5})
+    # captions drawn per training image per listwise epoch (RerankTrainConfig.captions_per_image elsewhere). T-EMDE
+    # with all 5 (3 epochs, best at 2) beat 1 caption x 3, 6 or 10 epochs on both dev sets: f8k-dev 22.74 vs
+    # 22.24 / 22.40 / 22.70, coco-mini-dev+f8k-dev 35.25 vs 31.25 / 33.50 / 34.50 (benchmarks/temde_sweep.py,
+    # docs/results/temde_sweep.json); 19 min instead of 6 on 2 cores
+    captions_by_method: dict = field(default_factory=lambda: {"temde": 5})
     standalone_methods: tuple[str, ...] = ("cp", "temde")
     # rerankers taken from another checkpoint (--reuse) whose fusion weight w is fit again on this run's dev banks:
     # their two-tower score s_tt changes when g_I does (e.g. the label bridge), the reranker's own score does not
@@ -68,6 +73,7 @@ def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     """The training budget of one reranker (the ablation reuses it, so options train like the default)."""
     rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs),
                                pretrain_epochs=cfg.pretrain_by_method.get(method, cfg.rerank.pretrain_epochs),
+                               captions_per_image=cfg.captions_by_method.get(method, cfg.rerank.captions_per_image),
                                standalone=method in cfg.standalone_methods or cfg.rerank.standalone)
     if method in ("sm", "tv"):  # joint layers over ~65 tokens per pair: a cheaper dev check
         rcfg = dataclasses.replace(rcfg, dev_k=min(20, rcfg.dev_k), dev_queries=300)
