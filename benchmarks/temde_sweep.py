@@ -119,7 +119,7 @@ def main() -> None:
     model, meta = checkpoint.load(args.ckpt)
     if args.ensembles:
         require_dev_sets()
-        ensembles(model, meta, args.run_dir, args.out)
+        ensembles(model, meta, args.ckpt, args.run_dir, args.out)
         return
     if args.test_against:
         require_dev_sets()
@@ -195,7 +195,7 @@ def merged(members: list[Temde]) -> Temde:
     return out.eval()
 
 
-def ensembles(model, meta: dict, run_dir: Path, out: Path) -> None:
+def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path) -> None:
     doc = json.loads(out.read_text())
     members = {"served": model.temde}
     for f in sorted(run_dir.glob("*.weights.pt")):
@@ -216,7 +216,7 @@ def ensembles(model, meta: dict, run_dir: Path, out: Path) -> None:
             rows["+".join(combo)] = {"N": model.temde.cfg.N, "fusion_w": w, "selection_R@1@50": round(sel, 2), **dev.score(model)}
             print("+".join(combo), rows["+".join(combo)], flush=True)
     doc["ensembles"] = {"served": meta["fingerprint"], "rows": rows,
-                        "command": "python benchmarks/temde_sweep.py --ensembles --ckpt <4a5badc96f3d85d6>"}
+                        "command": "python benchmarks/temde_sweep.py --ensembles" + (f" --ckpt {ckpt}" if ckpt else "")}
     _write(out, doc)
 
 
@@ -232,14 +232,16 @@ def test_report(model, meta: dict, old_ckpt: Path, out: Path, resamples: int = 1
     for name, m in ((meta["fingerprint"], model), (old_meta["fingerprint"], old)):
         fused = PairScorer(m, "temde", text, images, region=False).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
         hits[name] = M.t2i_ranks(M.apply_rerank(S, cand, fused), gold) < 1
-    # paired bootstrap over images: resample test images, keep all five captions of each
-    by_image = [np.flatnonzero(gold == i) for i in range(S.shape[1])]
+    # paired bootstrap over images: resample test images, keep all captions of each (per-image sums suffice)
+    n_img = S.shape[1]
+    caps = np.bincount(gold, minlength=n_img)
     rng = np.random.default_rng(0)
-    pick = [np.concatenate([by_image[i] for i in rng.integers(0, len(by_image), len(by_image))]) for _ in range(resamples)]
+    pick = rng.integers(0, n_img, (resamples, n_img))
 
     def diff(a: str, b: str) -> dict:
         d = hits[a].astype(float) - hits[b].astype(float)
-        boot = np.array([100 * d[p].mean() for p in pick])
+        per_image = np.bincount(gold, weights=d, minlength=n_img)
+        boot = 100 * per_image[pick].sum(1) / caps[pick].sum(1)
         return {"diff": round(100 * d.mean(), 2), "ci95": [round(float(x), 2) for x in np.percentile(boot, [2.5, 97.5])],
                 "p_boot_le_0": round(float((boot <= 0).mean()), 4), "discordant_captions": int((d != 0).sum())}
 
