@@ -54,9 +54,13 @@ class TemdeCoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        z = self.bn(self.lin(x).reshape(B * T, -1)).view(B, T, self.cfg.N, 1, self.cfg.inner)
-        dist = ((z - self.centroids) ** 2).sum(-1)  # (B, T, N, K)
-        return (-dist / self.log_tau.exp()).softmax(-1)
+        z = self.bn(self.lin(x).reshape(B * T, -1)).view(B * T, self.cfg.N, self.cfg.inner)
+        # softmax over K of -||z - c||^2 / tau = softmax of (2 z.c - ||c||^2) / tau: ||z||^2 is the same for
+        # every centroid of a partition, so it drops out exactly. One batched matmul instead of materialising
+        # (B, T, N, K, inner) differences: 2.5-3.4x faster training steps (docs/bridge.md, T-EMDE section)
+        zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
+        logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
+        return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
 
 
 class Temde(nn.Module):

@@ -147,3 +147,17 @@ def test_temde_on_backbone_features():
         te.sketch_image(torch.randn(3, 49, 64))
     with pytest.raises(ValueError, match="inputs"):
         TemdeConfig(inputs="both")
+
+
+def test_temde_assignment_equals_the_distance_softmax(small_model):
+    """The coder's matmul form is the softmax of -||z - c||^2 / tau over each partition's centroids
+    (||z||^2 drops out of the softmax): checked against the distances computed directly."""
+    temde = small_model.temde
+    coder = temde.image_coder.eval()
+    with torch.no_grad():
+        temde.log_tau.fill_(-0.7)  # a sharp temperature, where a wrong term would show
+        x = torch.randn(3, 7, 64)
+        N, K, inner = temde.cfg.N, temde.cfg.K, temde.cfg.inner
+        z = coder.bn(coder.lin(x).reshape(21, -1)).view(3, 7, N, 1, inner)
+        direct = (-((z - temde.centroids) ** 2).sum(-1) / temde.log_tau.exp()).softmax(-1)
+        assert torch.allclose(coder(x), direct, atol=1e-5)
