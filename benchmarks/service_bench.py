@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/bench-service"))
     ap.add_argument("--docs", type=Path, default=Path("docs"))
-    ap.add_argument("--query-precision", default="int8,fp32",
+    ap.add_argument("--query-precision", default="fp32,int8",
                     help="query-tower graphs to serve, comma separated; the first is the headline table")
     args = ap.parse_args()
     require_flickr8k()

@@ -27,7 +27,7 @@ from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
 
 OFFLINE = {"none": "TT", "cp": "CP@100", "temde": "TEMDE@100"}
-DEFAULT_PRECISIONS = "int8,fp32"  # the service's default first
+DEFAULT_PRECISIONS = "fp32,int8"  # the service's default first
 
 
 def query_set(name: str, ds: Flickr8k, limit: int | None, workdir: Path) -> dict:
@@ -109,8 +109,8 @@ def main() -> None:
              "- test: the Flickr8k test captions over the 1,000 test images; offline: docs/results/flickr8k.json.",
              "- ood: coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev images; offline: "
              "docs/results/ood.json (coco-mini-dev+f8k-dev, the default checkpoint).", "",
-             "Ties are counted against the gold image offline. The offline evaluation runs the fp32 query tower; the "
-             "service's default (CROSSPROBE_QUERY_PRECISION=int8) runs its MiniLM layers in int8 "
+             "Ties are counted against the gold image offline. The offline evaluation runs the fp32 query tower, as "
+             "the service does by default; CROSSPROBE_QUERY_PRECISION=int8 (opt-in) runs its MiniLM layers in int8 "
              "(docs/query_tower_quant.md).", "",
              "| set | captions | query tower | rerank | offline method | offline R@1 | API R@1 | API - offline | API R@5 | API R@10 |",
              "|---|---|---|---|---|---|---|---|---|---|"]

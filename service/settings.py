@@ -65,9 +65,11 @@ class Settings(BaseSettings):
     # client p50 6.1 -> 7.2 ms but p99 15.1 -> 8.6 ms and 1.7 -> 0.95 cores busy.
     # Raise it for one-query-at-a-time latency on an otherwise idle many-core host
     threads: int | None = Field(1, ge=1, le=256)
-    # query tower graph: "int8" = MiniLM layers dynamically quantized per channel (about 2x faster on CPU,
-    # -0.3 R@1 on Flickr8k test: docs/query_tower_quant.md); "fp32" = exactly what `crossprobe eval` measures
-    query_precision: Literal["fp32", "int8"] = "int8"
+    # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
+    # quantized per channel (encode 2.2 vs 4.1 ms, one client p50 cp 10.6 vs 13.0 ms: docs/latency.md) but it lost
+    # 3-4 of the 400 out-of-domain captions' top-1 (R@1 -0.75 / -1.00 / -0.50 for none / cp / temde,
+    # docs/service_quality.md): quality on people's own photos first, so fp32 is the default since issue 14
+    query_precision: Literal["fp32", "int8"] = "fp32"
     # one ONNX Runtime thread pool shared by all graphs (its workers spin): per query on 2 cores, encode + CP
     # 3.5 + 5.0 ms vs 4.0 + 9.4 ms with a spinning pool per graph (models/runtime.py, docs/ort_threading.md).
     # Process-wide: once made, every ONNX Runtime session of the process uses it

@@ -89,11 +89,17 @@ def _client(built, svc_ckpt, artifacts, **over):
 
 @pytest.fixture(scope="module")
 def client(built, svc_ckpt, artifacts):
-    """An in-process client (fastapi TestClient) of an app serving `built` (default settings: int8 query tower)."""
+    """An in-process client (fastapi TestClient) of an app serving `built` (default settings: fp32 query tower)."""
     yield from _client(built, svc_ckpt, artifacts)
 
 
 @pytest.fixture(scope="module")
 def client_fp32(built, svc_ckpt, artifacts):
-    """The same app with the fp32 query tower: scores comparable with PyTorch to 1e-4."""
+    """The same app with the fp32 query tower named explicitly: scores comparable with PyTorch to 1e-4."""
     yield from _client(built, svc_ckpt, artifacts, query_precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def client_int8(built, svc_ckpt, artifacts):
+    """The same app with the opt-in int8 query tower (CROSSPROBE_QUERY_PRECISION=int8)."""
+    yield from _client(built, svc_ckpt, artifacts, query_precision="int8")

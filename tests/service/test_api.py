@@ -108,17 +108,17 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
     assert np.allclose([h["scores"]["rerank"] for h in res], ref.numpy(), atol=2e-3)
 
 
-def test_int8_query_tower_stays_close_to_fp32(client, client_fp32, built, svc_ckpt, artifacts):
-    """The default int8 query graph is quantized once beside the fp32 one, says so in every
-    response, and ranks like fp32 (scores within quantization noise)."""
+def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ckpt, artifacts):
+    """The opt-in int8 query graph is quantized once beside the fp32 one (the default), says so in
+    every response, and ranks like fp32 (scores within quantization noise)."""
     from crossprobe.service.backend import Models
     from tests.service.conftest import service_settings
 
     fp = checkpoint.read_config(svc_ckpt)["fingerprint"]
     assert (artifacts / fp / "query_tower.int8.onnx").exists()
     q = "a small bright photo"
-    a = _search(client, query=q, k=8, rerank="none", shortlist=12).json()
-    b = _search(client_fp32, query=q, k=8, rerank="none", shortlist=12).json()
+    a = _search(client_int8, query=q, k=8, rerank="none", shortlist=12).json()
+    b = _search(client, query=q, k=8, rerank="none", shortlist=12).json()
     assert a["model"]["query_precision"] == "int8" and b["model"]["query_precision"] == "fp32"
     sa = {h["id"]: h["score"] for h in a["results"]}
     sb = {h["id"]: h["score"] for h in b["results"]}
