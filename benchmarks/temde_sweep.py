@@ -23,6 +23,10 @@ five siblings move together) -> docs/results/temde_test.json.
 --run-dir, merged into one wider T-EMDE (their partitions side by side: the score is the members' mean) with
 the fusion weight fit on f8k dev as training fits it, scored on the two dev sets -> --out's "ensembles".
 
+--fusion-grid NAME,...: each named T-EMDE ("served" or a variant trained in --run-dir) at every fusion weight w of
+training's grid (logit = s_tt + w * s_temde; training picks w on f8k dev alone) on the two dev sets -> --out's
+"fusion_grid": does a variant that gains in domain keep the out-of-domain set at a smaller w?
+
 --adopt NAME --out-ckpt DIR writes the checkpoint with variant NAME's trained T-EMDE (its config, weights,
 fusion weight and training record from --run-dir) in place of the checkpoint's own: the other stages as they
 were, a new fingerprint.
@@ -33,6 +37,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -50,7 +55,7 @@ from crossprobe.models.evaluation.report import machine  # noqa: E402
 from crossprobe.models.evaluation.retrieval import split_banks  # noqa: E402
 from crossprobe.models.temde import Temde  # noqa: E402
 from crossprobe.models.training.run import TrainConfig, reranker_config  # noqa: E402
-from crossprobe.models.training.rerankers import fit_fusion, set_fusion, train_reranker  # noqa: E402
+from crossprobe.models.training.rerankers import FUSION_GRID, fit_fusion, set_fusion, train_reranker  # noqa: E402
 from crossprobe.models.training.state import seed_everything  # noqa: E402
 
 K = 100
@@ -62,12 +67,17 @@ VARIANTS = {
     "epochs6": ({}, {"epochs": 6}),
     "epochs10": ({}, {"epochs": 10}),
     # the larger sketches train about 3x slower per step (N32K16: 1.84 s vs 0.6 s, AMD EPYC 2 cores): 6 epochs of
-    # them would take the default training run past its 90-minute budget, so they were stopped unmeasured
+    # them would take the default training run past its 90-minute budget, so they were stopped unmeasured (that was
+    # the coder's old distance form; its matmul form is 2.1-2.8x faster: docs/results/temde_step.json)
     "N32K16": ({"N": 32, "K": 16}, {"epochs": 6}),
     "K16inner16": ({"K": 16, "inner": 16}, {"epochs": 6}),
     "N64K16": ({"N": 64, "K": 16}, {"epochs": 6}),
     "captions5": ({}, {"epochs": 3, "captions_per_image": 5}),
     "pretrain10": ({}, {"epochs": 6, "pretrain_epochs": 10}),
+    # on 6587ce5b (captions5 served), after the coder's matmul form made steps 2.5-3.4x faster: larger sketches
+    # in captions5's recipe (--out docs/results/temde_sketch_sweep.json)
+    "c5_N32K16": ({"N": 32, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
+    "c5_N64K16": ({"N": 64, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
 }
 
 
@@ -115,8 +125,13 @@ def main() -> None:
     ap.add_argument("--out-ckpt", type=Path, default=None)
     ap.add_argument("--test-against", type=Path, default=None, help="checkpoint whose T-EMDE the test report compares")
     ap.add_argument("--ensembles", action="store_true", help="score merged members (module docstring)")
+    ap.add_argument("--fusion-grid", default="", help="comma-separated T-EMDEs scored at every fusion weight")
     args = ap.parse_args()
     model, meta = checkpoint.load(args.ckpt)
+    if args.fusion_grid:
+        require_dev_sets()
+        fusion_grid(model, args.fusion_grid.split(","), args.run_dir, args.out, args.ckpt)
+        return
     if args.ensembles:
         require_dev_sets()
         ensembles(model, meta, args.ckpt, args.run_dir, args.out)
@@ -173,6 +188,33 @@ def main() -> None:
     print("chosen", doc["chosen"], rows[doc["chosen"]])
 
 
+def trained(model, name: str, run_dir: Path) -> Temde:
+    """The checkpoint's own T-EMDE ("served") or variant `name`'s best epoch from run_dir (fusion weight set)."""
+    if name == "served":
+        return model.temde
+    t = Temde(dataclasses.replace(model.cfg.temde, **VARIANTS[name][0]))
+    t.load_state_dict(torch.load(run_dir / f"{name}.weights.pt"))
+    return t.eval()
+
+
+@torch.inference_mode()
+def fusion_grid(model, names: list[str], run_dir: Path, out: Path, ckpt: Path | None) -> None:
+    dev = DevSets(model)
+    rows = {}
+    for name in names:
+        model.temde = trained(model, name, run_dir)
+        chosen = float(model.temde.fusion.beta / model.temde.fusion.alpha) if float(model.temde.fusion.alpha) else math.inf
+        rows[name] = {"training_w": chosen, "by_w": {}}
+        for w in FUSION_GRID:
+            set_fusion(model.temde.fusion, w)
+            rows[name]["by_w"][str(w)] = dev.score(model)
+            print(name, w, rows[name]["by_w"][str(w)], flush=True)
+    doc = json.loads(out.read_text())
+    doc["fusion_grid"] = {"rows": rows, "command": f"python benchmarks/temde_sweep.py --fusion-grid {','.join(names)}"
+                          + (f" --ckpt {ckpt}" if ckpt else "") + f" --run-dir {run_dir} --out {out}"}
+    _write(out, doc)
+
+
 def merged(members: list[Temde]) -> Temde:
     """Trained T-EMDEs -> one T-EMDE with all their partitions (N = sum of theirs), scoring their N-weighted mean.
     Each member's temperature is folded into its coder's BatchNorm scale and its centroids (distances scale by
@@ -200,9 +242,7 @@ def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path) ->
     members = {"served": model.temde}
     for f in sorted(run_dir.glob("*.weights.pt")):
         name = f.name.removesuffix(".weights.pt")
-        t = Temde(dataclasses.replace(model.cfg.temde, **VARIANTS[name][0]))
-        t.load_state_dict(torch.load(f))
-        members[name] = t.eval()
+        members[name] = trained(model, name, run_dir)
     dev = DevSets(model)
     dev_banks = split_banks(model, dev.data, "dev")
     rcfg = reranker_config(TrainConfig(), "temde")
