@@ -317,7 +317,7 @@ def main() -> None:
     ap.add_argument("--label", default="default", help="a name for this configuration in the results")
     ap.add_argument("--timeout-s", type=float, default=10.0, help="one request's deadline")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--query-precision", default="int8")
+    ap.add_argument("--query-precision", default="fp32", help="CROSSPROBE_QUERY_PRECISION (the service's default)")
     ap.add_argument("--env", action="append", default=[], help="K=V for the service (repeatable)")
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/bench-service"))
@@ -325,9 +325,7 @@ def main() -> None:
     ap.add_argument("--wait-idle-s", type=float, default=300.0,
                     help="first wait up to this long for other jobs to leave the cores (0: do not wait)")
     args = ap.parse_args()
-    if not sb.available():
-        print(f"Flickr8k not found at {sb.dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
-        sys.exit(0)
+    sb.require_flickr8k()
     if args.what in ("soak", "profile") and not args.sizes:
         args.sizes = "8091"
     command = "python benchmarks/load_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])

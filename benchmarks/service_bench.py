@@ -184,7 +184,7 @@ def text_vectors(texts: list[str]) -> np.ndarray:
     return np.stack([v.g_q for v in models.encode(list(texts))]).astype(np.float32)
 
 
-def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "int8", threads: int | None = None) -> dict:
+def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp32", threads: int | None = None) -> dict:
     """The environment of `crossprobe serve` for these indexes (the shipped defaults except access log off, no
     reload polling and a deeper admission queue), on the benchmark's embedded Redis through its unix socket."""
     env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # Raise it for one-query-at-a-time latency on an otherwise idle many-core host
     threads: int | None = Field(1, ge=1, le=256)
     # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
-    # quantized per channel (encode 2.2 vs 4.1 ms, one client p50 cp 10.6 vs 13.0 ms: docs/latency.md) but it lost
+    # quantized per channel (encode 2.7 vs 5.3 ms, one client p50 cp 11.2 vs 14.1 ms: docs/latency.md) but it lost
     # 3-4 of the 400 out-of-domain captions' top-1 (R@1 -0.75 / -1.00 / -0.50 for none / cp / temde,
     # docs/service_quality.md): quality on people's own photos first, so fp32 is the default since issue 14
     query_precision: Literal["fp32", "int8"] = "fp32"
