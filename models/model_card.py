@@ -151,8 +151,8 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
     if demo:
         lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
                   "Top 3 per query as `crossprobe demo` prints them (PyTorch, float32 query tower, CP-reranked). `make demo` "
-                  "serves the same gallery through the search service, whose default int8 query tower can swap near-tied "
-                  "images (docs/query_tower_quant.md). A query whose subject is not in the gallery, "
+                  "serves the same gallery through the search service, with the same float32 query tower by default "
+                  "(the opt-in int8 one can swap near-tied images: docs/query_tower_quant.md). A query whose subject is not in the gallery, "
                   "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",
                   "| query | top 3 | expected photo first? |", "|---|---|---|"]
         from crossprobe.models.demo import EXPECTED
