@@ -78,6 +78,8 @@ VARIANTS = {
     # in captions5's recipe (--out docs/results/temde_sketch_sweep.json)
     "c5_N32K16": ({"N": 32, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
     "c5_N64K16": ({"N": 64, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
+    # captions5 with every caption ranking all 32 x 16 candidates of its step (RerankTrainConfig.pool_negatives)
+    "c5_pool": ({}, {"epochs": 3, "captions_per_image": 5, "pool_negatives": True}),
 }
 
 

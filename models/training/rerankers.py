@@ -50,6 +50,10 @@ class RerankTrainConfig:
     # selection captions of a standalone reranker (epoch and fusion weight; all 5 per dev image): t2i R@1 on
     # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch (docs/rerank_experiments.md §5)
     fusion_queries: int = 5000
+    # listwise over the whole batch's candidates (pooled_logits): each caption ranks its image against all
+    # queries x (1 + negatives) candidates of the step, not only its own 1 + negatives. Free for T-EMDE (a dot
+    # product per pair once each side is sketched); a joint scorer (CP) would pay per pair
+    pool_negatives: bool = False
 
 
 # Candidate weights w of the reranker in logit = s_tt + w * s_rerank (fit_fusion); inf = the reranker alone.
@@ -79,6 +83,8 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
                    log=print) -> dict:
     """Trains getattr(model, method); the towers and other rerankers stay frozen."""
     text, images, gold = train
+    if cfg.pool_negatives and method != "temde":
+        raise ValueError(f"pool_negatives is for T-EMDE (a dot product per pair); {method} would score every pair jointly")
     module = getattr(model, method)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -116,8 +122,12 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
             q = queries[s : s + cfg.queries]
             neg = np.stack([rng.choice(hard[c], cfg.negatives, replace=False) for c in q])
             cand = np.concatenate([gold[q][:, None], neg], 1)  # positive in column 0
-            logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
-            loss = listwise(logits)
+            if cfg.pool_negatives:
+                logits, target = pooled_logits(scorer, module, q, cand, gold)
+                loss = F.cross_entropy(logits, target)
+            else:
+                logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
+                loss = listwise(logits)
             if anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
                 assert module.alignment is not None and module.alignment.shape == logits.shape
                 loss = loss + anchor_w * listwise(ANCHOR_SCALE * module.alignment)
@@ -148,6 +158,22 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     for p in model.parameters():
         p.requires_grad_(True)
     return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre, **fusion}
+
+
+def pooled_logits(scorer: PairScorer, module, q: np.ndarray, cand: np.ndarray, gold: np.ndarray):
+    """(Q,) caption rows, (Q, C) image columns (each row's positive first) -> ((Q, Q*C) fused logits, (Q,) target):
+    every caption against every candidate of the step. A column showing the caption's own image other than its
+    positive (a sibling caption's positive, or another query's hard negative) is masked out: it is not a negative."""
+    Q, C = cand.shape
+    flat = cand.reshape(-1)
+    qp = scorer.query_parts(torch.from_numpy(q))
+    ip = tuple(x[None].expand(Q, *x.shape) for x in scorer.item_parts(torch.from_numpy(flat)))  # once per column
+    s_tt = scorer.text.g[torch.from_numpy(q)] @ scorer.images.g[torch.from_numpy(flat)].T  # (Q, Q*C)
+    logits = module.rerank(*qp, *ip, s_tt)
+    target = torch.arange(Q) * C  # row i's positive is column i*C
+    own = torch.from_numpy(flat[None, :] == gold[q][:, None])
+    own[torch.arange(Q), target] = False
+    return logits.masked_fill(own, float("-inf")), target
 
 
 def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_path, seed: int, log=print) -> list[dict]:

@@ -104,3 +104,38 @@ def test_standalone_reranker_on_backbone_features_gets_its_fusion_from_dev(tiny_
     text, images, gold = dev
     as_left = reranked(PairScorer(model, "cp", text, images), (text.g @ images.g.T).numpy(), gold, 5, [5])[5]["t2i"]["R@1"]
     assert as_left == rep["fusion_dev_t2i_R@1@5"]
+
+
+def test_pooled_negatives_score_every_candidate_of_the_step(tiny_data, small_cfg, bert, tmp_path):
+    """RerankTrainConfig.pool_negatives: each caption's row holds the same fused logits as scoring its own
+    candidates, plus every other candidate of the step; its own image elsewhere in the pool is masked out."""
+    from crossprobe.models.evaluation.encode import PairScorer
+    from crossprobe.models.training.rerankers import pooled_logits
+
+    torch.manual_seed(0)
+    model = SearchModel(copy.deepcopy(small_cfg), bert).eval()
+    text, images, gold = split_banks(model, tiny_data, "train")
+    scorer = PairScorer(model, "temde", text, images, precompute=False, region=False)
+    q = np.array([0, 1, 7])  # captions 0 and 1 show the same image (5 captions per image)
+    cand = np.stack([np.concatenate([[gold[c]], [x for x in range(6) if x != gold[c]][:3]]) for c in q])
+    with torch.no_grad():
+        logits, target = pooled_logits(scorer, model.temde, q, cand, gold)
+        own = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand))
+    Q, C = cand.shape
+    assert logits.shape == (Q, Q * C) and target.tolist() == [0, C, 2 * C]
+    for i in range(Q):
+        assert torch.allclose(logits[i, i * C:(i + 1) * C], own[i], atol=1e-5)
+    flat = cand.reshape(-1)
+    for i in range(Q):
+        for j in range(Q * C):
+            masked = flat[j] == gold[q[i]] and j != target[i]
+            assert bool(torch.isinf(logits[i, j])) == masked, (i, j)
+    assert bool(torch.isinf(logits[0, C])) and bool(torch.isinf(logits[1, 0]))  # the sibling captions' positives
+    # training with it lowers the loss; CP refuses it
+    dev = split_banks(model, tiny_data, "dev")
+    cfg = RerankTrainConfig(epochs=4, queries=8, negatives=5, mine_k=10, lr=3e-3, dev_k=5, pool_negatives=True)
+    rep = train_reranker(model, "temde", (text, images, gold), dev, cfg, tmp_path / "temde.pt", seed=0, log=lambda *_: None)
+    losses = [h["loss"] for h in rep["history"]]
+    assert losses[-1] < losses[0], losses
+    with pytest.raises(ValueError, match="pool_negatives"):
+        train_reranker(model, "cp", (text, images, gold), dev, cfg, tmp_path / "cp.pt", seed=0, log=lambda *_: None)
