@@ -185,7 +185,8 @@ def main() -> None:
     doc["chosen"] = max(ok, key=lambda n: (ok[n]["f8k-dev"] + ok[n]["coco-mini-dev+f8k-dev"], n == "served"))
     doc["rule"] = "highest f8k-dev + coco-mini-dev+f8k-dev TEMDE@100 R@1 among variants with f8k-dev >= the served T-EMDE's"
     doc["machine"] = machine()
-    doc["command"] = "python benchmarks/temde_sweep.py" + (f" --ckpt {args.ckpt}" if args.ckpt else "")
+    doc["command"] = ("python benchmarks/temde_sweep.py" + (f" --ckpt {args.ckpt}" if args.ckpt else "")
+                      + (f" --only {args.only}" if args.only else "") + f" --run-dir {args.run_dir} --out {args.out}")
     _write(args.out, doc)
     print("chosen", doc["chosen"], rows[doc["chosen"]])
 
