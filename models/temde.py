@@ -57,7 +57,8 @@ class TemdeCoder(nn.Module):
         z = self.bn(self.lin(x).reshape(B * T, -1)).view(B * T, self.cfg.N, self.cfg.inner)
         # softmax over K of -||z - c||^2 / tau = softmax of (2 z.c - ||c||^2) / tau: ||z||^2 is the same for
         # every centroid of a partition, so it drops out exactly. One batched matmul instead of materialising
-        # (B, T, N, K, inner) differences: 2.5-3.4x faster training steps (docs/bridge.md, T-EMDE section)
+        # (B, T, N, K, inner) differences: training steps 2.1x (N 20, K 8) to 2.8x (N 64, K 16) faster on 2 cores
+        # (benchmarks/temde_step.py, docs/results/temde_step.json)
         zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
         logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
         return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
