@@ -74,7 +74,7 @@ VARIANTS = {
     "N64K16": ({"N": 64, "K": 16}, {"epochs": 6}),
     "captions5": ({}, {"epochs": 3, "captions_per_image": 5}),
     "pretrain10": ({}, {"epochs": 6, "pretrain_epochs": 10}),
-    # on 6587ce5b (captions5 served), after the coder's matmul form made steps 2.5-3.4x faster: larger sketches
+    # on 6587ce5b (captions5 served), after the coder's matmul form made steps 2.1-2.8x faster: larger sketches
     # in captions5's recipe (--out docs/results/temde_sketch_sweep.json)
     "c5_N32K16": ({"N": 32, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
     "c5_N64K16": ({"N": 64, "K": 16}, {"epochs": 3, "captions_per_image": 5}),
