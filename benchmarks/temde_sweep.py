@@ -19,9 +19,10 @@ R@1 is not below the checkpoint's own T-EMDE. Rows are appended to --out as each
 against TT, per caption, with 95% intervals from a paired bootstrap over the 1,000 test images (a caption's
 five siblings move together) -> docs/results/temde_test.json.
 
---ensembles: every combination of two or more of --ckpt's own T-EMDE ("served") and the variants trained in
---run-dir, merged into one wider T-EMDE (their partitions side by side: the score is the members' mean) with
-the fusion weight fit on f8k dev as training fits it, scored on the two dev sets -> --out's "ensembles".
+--ensembles [--members NAME,...]: every combination of two or more of --ckpt's own T-EMDE ("served") and the
+variants trained in --run-dir (or only the named ones), merged into one wider T-EMDE (their partitions side by
+side: the score is the members' mean) with the fusion weight fit on f8k dev as training fits it, scored on the
+two dev sets -> --out's "ensembles".
 
 --fusion-grid NAME,...: each named T-EMDE ("served" or a variant trained in --run-dir) at every fusion weight w of
 training's grid (logit = s_tt + w * s_temde; training picks w on f8k dev alone) on the two dev sets -> --out's
@@ -82,6 +83,9 @@ VARIANTS = {
     "c5_pool": ({}, {"epochs": 3, "captions_per_image": 5, "pool_negatives": True}),
     # captions5 again with another training seed: how much of the served T-EMDE's dev scores is its draw
     "c5_seed1": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 1}),
+    # two more draws of the recipe: the seed spread of captions5, and members for a seed ensemble (--ensembles)
+    "c5_seed2": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 2}),
+    "c5_seed3": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 3}),
 }
 
 
@@ -129,6 +133,7 @@ def main() -> None:
     ap.add_argument("--out-ckpt", type=Path, default=None)
     ap.add_argument("--test-against", type=Path, default=None, help="checkpoint whose T-EMDE the test report compares")
     ap.add_argument("--ensembles", action="store_true", help="score merged members (module docstring)")
+    ap.add_argument("--members", default="", help="with --ensembles: only these T-EMDEs (comma-separated; default all)")
     ap.add_argument("--fusion-grid", default="", help="comma-separated T-EMDEs scored at every fusion weight")
     args = ap.parse_args()
     model, meta = checkpoint.load(args.ckpt)
@@ -138,7 +143,7 @@ def main() -> None:
         return
     if args.ensembles:
         require_dev_sets()
-        ensembles(model, meta, args.ckpt, args.run_dir, args.out)
+        ensembles(model, meta, args.ckpt, args.run_dir, args.out, [m for m in args.members.split(",") if m])
         return
     if args.test_against:
         require_dev_sets()
@@ -245,12 +250,10 @@ def merged(members: list[Temde]) -> Temde:
     return out.eval()
 
 
-def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path) -> None:
+def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path, only: list[str]) -> None:
     doc = json.loads(out.read_text())
-    members = {"served": model.temde}
-    for f in sorted(run_dir.glob("*.weights.pt")):
-        name = f.name.removesuffix(".weights.pt")
-        members[name] = trained(model, name, run_dir)
+    names = only or ["served"] + sorted(f.name.removesuffix(".weights.pt") for f in run_dir.glob("*.weights.pt"))
+    members = {name: trained(model, name, run_dir) for name in names}
     dev = DevSets(model)
     dev_banks = split_banks(model, dev.data, "dev")
     rcfg = reranker_config(TrainConfig(), "temde")
@@ -264,7 +267,8 @@ def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path) ->
             rows["+".join(combo)] = {"N": model.temde.cfg.N, "fusion_w": w, "selection_R@1@50": round(sel, 2), **dev.score(model)}
             print("+".join(combo), rows["+".join(combo)], flush=True)
     doc["ensembles"] = {"served": meta["fingerprint"], "rows": rows,
-                        "command": "python benchmarks/temde_sweep.py --ensembles" + (f" --ckpt {ckpt}" if ckpt else "")}
+                        "command": "python benchmarks/temde_sweep.py --ensembles" + (f" --ckpt {ckpt}" if ckpt else "")
+                        + (f" --members {','.join(only)}" if only else "") + f" --run-dir {run_dir} --out {out}"}
     _write(out, doc)
 
 
