@@ -54,7 +54,7 @@ from crossprobe.models.evaluation import metrics as M  # noqa: E402
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts  # noqa: E402
 from crossprobe.models.evaluation.report import machine  # noqa: E402
 from crossprobe.models.evaluation.retrieval import split_banks  # noqa: E402
-from crossprobe.models.temde import Temde  # noqa: E402
+from crossprobe.models.temde import Temde, merge  # noqa: E402
 from crossprobe.models.training.run import TrainConfig, reranker_config  # noqa: E402
 from crossprobe.models.training.rerankers import FUSION_GRID, fit_fusion, set_fusion, train_reranker  # noqa: E402
 from crossprobe.models.training.state import seed_everything  # noqa: E402
@@ -89,10 +89,6 @@ VARIANTS = {
 }
 
 
-def r1(S: np.ndarray, cand: np.ndarray, logits: np.ndarray, gold: np.ndarray) -> float:
-    return round(M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, logits), gold))["R@1"], 2)
-
-
 class DevSets:
     """The two dev sets' banks and two-tower shortlists, built once from the checkpoint's towers."""
 
@@ -114,13 +110,17 @@ class DevSets:
             self.shortlists[name] = (S, M.topk(S, K))
 
     @torch.inference_mode()
-    def score(self, model) -> dict:
+    def hits(self, model) -> dict[str, np.ndarray]:
+        """Dev set -> (C,) whether TEMDE@100 puts each caption's image first."""
         out = {}
         for name, (text, imgs, gold) in self.sets.items():
             S, cand = self.shortlists[name]
             fused = PairScorer(model, "temde", text, imgs, region=False).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
-            out[name] = r1(S, cand, fused, gold)
+            out[name] = M.t2i_ranks(M.apply_rerank(S, cand, fused), gold) < 1
         return out
+
+    def score(self, model) -> dict:
+        return {name: round(100 * float(h.mean()), 2) for name, h in self.hits(model).items()}
 
 
 def main() -> None:
@@ -134,12 +134,17 @@ def main() -> None:
     ap.add_argument("--test-against", type=Path, default=None, help="checkpoint whose T-EMDE the test report compares")
     ap.add_argument("--ensembles", action="store_true", help="score merged members (module docstring)")
     ap.add_argument("--members", default="", help="with --ensembles: only these T-EMDEs (comma-separated; default all)")
+    ap.add_argument("--compare", default="", help="comma-separated T-EMDEs (a+b: merged) against the first, paired")
     ap.add_argument("--fusion-grid", default="", help="comma-separated T-EMDEs scored at every fusion weight")
     args = ap.parse_args()
     model, meta = checkpoint.load(args.ckpt)
     if args.fusion_grid:
         require_dev_sets()
         fusion_grid(model, args.fusion_grid.split(","), args.run_dir, args.out, args.ckpt)
+        return
+    if args.compare:
+        require_dev_sets()
+        compare(model, meta, args.ckpt, args.compare.split(","), args.run_dir, args.out)
         return
     if args.ensembles:
         require_dev_sets()
@@ -228,26 +233,45 @@ def fusion_grid(model, names: list[str], run_dir: Path, out: Path, ckpt: Path | 
     _write(out, doc)
 
 
-def merged(members: list[Temde]) -> Temde:
-    """Trained T-EMDEs -> one T-EMDE with all their partitions (N = sum of theirs), scoring their N-weighted mean.
-    Each member's temperature is folded into its coder's BatchNorm scale and its centroids (distances scale by
-    s^2 when both do), so the members share the merged module's one temperature."""
-    cfg = dataclasses.replace(members[0].cfg, N=sum(m.cfg.N for m in members))
-    out = Temde(cfg)
-    tau = members[0].log_tau.exp()
-    scales = [(tau / m.log_tau.exp()).sqrt() for m in members]
-    with torch.no_grad():
-        out.log_tau.copy_(members[0].log_tau)
-        out.centroids.copy_(torch.cat([m.centroids * s for m, s in zip(members, scales)]))
-        for side in ("text_coder", "image_coder"):
-            o, coders = getattr(out, side), [getattr(m, side) for m in members]
-            o.lin.weight.copy_(torch.cat([c.lin.weight for c in coders]))
-            o.lin.bias.copy_(torch.cat([c.lin.bias for c in coders]))
-            o.bn.weight.copy_(torch.cat([c.bn.weight * s for c, s in zip(coders, scales)]))
-            o.bn.bias.copy_(torch.cat([c.bn.bias * s for c, s in zip(coders, scales)]))
-            o.bn.running_mean.copy_(torch.cat([c.bn.running_mean for c in coders]))
-            o.bn.running_var.copy_(torch.cat([c.bn.running_var for c in coders]))
-    return out.eval()
+def fit_merged(model, members: list[Temde], dev_banks) -> tuple[float, float]:
+    """model.temde = the members merged, its fusion weight fit on the 5,000 f8k dev captions as training fits a
+    T-EMDE's -> (w, that selection R@1)."""
+    model.temde = merge(members)
+    set_fusion(model.temde.fusion, 1.0)  # fit_fusion reads the reranker's own score through any fusion
+    rcfg = reranker_config(TrainConfig(), "temde")
+    w, sel = fit_fusion(model, "temde", dev_banks, rcfg, queries=rcfg.fusion_queries)
+    set_fusion(model.temde.fusion, w)
+    return w, sel
+
+
+def compare(model, meta: dict, ckpt: Path | None, specs: list[str], run_dir: Path, out: Path) -> None:
+    """Each spec ("served", a variant, or members joined by "+", merged) against the first, caption by caption on
+    both dev sets: R@1 and the paired bootstrap's 95% interval of the difference (over the gold images: 1,000 f8k
+    dev images, 80 COCO photos) -> --out's "compare". How far apart must two T-EMDEs be before 400 captions can
+    tell them apart?"""
+    dev = DevSets(model)
+    dev_banks = split_banks(model, dev.data, "dev")
+    pool = {name: trained(model, name, run_dir) for name in dict.fromkeys(n for spec in specs for n in spec.split("+"))}
+    hits, rows = {}, {}
+    for spec in specs:
+        names = spec.split("+")
+        if len(names) == 1:
+            model.temde = pool[names[0]]
+            w = float(model.temde.fusion.beta / model.temde.fusion.alpha)
+        else:
+            w, _ = fit_merged(model, [pool[n] for n in names], dev_banks)
+        hits[spec] = dev.hits(model)
+        rows[spec] = {"N": model.temde.cfg.N, "fusion_w": w,
+                      **{name: round(100 * float(h.mean()), 2) for name, h in hits[spec].items()}}
+        if spec != specs[0]:
+            rows[spec]["vs " + specs[0]] = {name: M.paired_bootstrap(h, hits[specs[0]][name], dev.sets[name][2])
+                                            for name, h in hits[spec].items()}
+        print(spec, json.dumps(rows[spec]), flush=True)
+    doc = json.loads(out.read_text()) if out.exists() else {"checkpoint": meta["fingerprint"]}
+    doc["compare"] = {"rows": rows, "machine": machine(),
+                      "command": "python benchmarks/temde_sweep.py --compare " + ",".join(specs)
+                      + (f" --ckpt {ckpt}" if ckpt else "") + f" --run-dir {run_dir} --out {out}"}
+    _write(out, doc)
 
 
 def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path, only: list[str]) -> None:
@@ -256,14 +280,10 @@ def ensembles(model, meta: dict, ckpt: Path | None, run_dir: Path, out: Path, on
     members = {name: trained(model, name, run_dir) for name in names}
     dev = DevSets(model)
     dev_banks = split_banks(model, dev.data, "dev")
-    rcfg = reranker_config(TrainConfig(), "temde")
     rows = {}
     for r in range(2, len(members) + 1):
         for combo in itertools.combinations(members, r):
-            model.temde = merged([members[c] for c in combo])
-            set_fusion(model.temde.fusion, 1.0)  # fit_fusion reads the reranker's own score through any fusion
-            w, sel = fit_fusion(model, "temde", dev_banks, rcfg, queries=rcfg.fusion_queries)
-            set_fusion(model.temde.fusion, w)
+            w, sel = fit_merged(model, [members[c] for c in combo], dev_banks)
             rows["+".join(combo)] = {"N": model.temde.cfg.N, "fusion_w": w, "selection_R@1@50": round(sel, 2), **dev.score(model)}
             print("+".join(combo), rows["+".join(combo)], flush=True)
     doc["ensembles"] = {"served": meta["fingerprint"], "rows": rows,
@@ -284,18 +304,9 @@ def test_report(model, meta: dict, old_ckpt: Path, out: Path, resamples: int = 1
     for name, m in ((meta["fingerprint"], model), (old_meta["fingerprint"], old)):
         fused = PairScorer(m, "temde", text, images, region=False).fused(torch.arange(len(S)), torch.from_numpy(cand)).numpy()
         hits[name] = M.t2i_ranks(M.apply_rerank(S, cand, fused), gold) < 1
-    # paired bootstrap over images: resample test images, keep all captions of each (per-image sums suffice)
-    n_img = S.shape[1]
-    caps = np.bincount(gold, minlength=n_img)
-    rng = np.random.default_rng(0)
-    pick = rng.integers(0, n_img, (resamples, n_img))
 
     def diff(a: str, b: str) -> dict:
-        d = hits[a].astype(float) - hits[b].astype(float)
-        per_image = np.bincount(gold, weights=d, minlength=n_img)
-        boot = 100 * per_image[pick].sum(1) / caps[pick].sum(1)
-        return {"diff": round(100 * d.mean(), 2), "ci95": [round(float(x), 2) for x in np.percentile(boot, [2.5, 97.5])],
-                "p_boot_le_0": round(float((boot <= 0).mean()), 4), "discordant_captions": int((d != 0).sum())}
+        return M.paired_bootstrap(hits[a], hits[b], gold, resamples)
 
     new, prev = meta["fingerprint"], old_meta["fingerprint"]
     doc = {"R@1": {k: round(100 * float(v.mean()), 2) for k, v in hits.items()},

@@ -14,7 +14,7 @@ not fitted to the training split.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -61,7 +61,10 @@ class TemdeCoder(nn.Module):
         # (benchmarks/temde_step.py, docs/results/temde_step.json)
         zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
         logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
-        return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
+        # softmax over K taken as dim 1 of a (B*T, K, N) view: the same numbers, but PyTorch's CPU kernel runs a
+        # short (K = 8) last dimension one row at a time and a middle one vectorised across N: forward + backward
+        # 47 -> 12 ms for one listwise step's 512 images x 49 cells (Intel Xeon, 2 threads)
+        return logits.transpose(1, 2).softmax(1).transpose(1, 2).unflatten(0, (B, T))  # a view: no copy
 
 
 class Temde(nn.Module):
@@ -108,6 +111,32 @@ class Temde(nn.Module):
     def rerank(self, s_q: torch.Tensor, s_i: torch.Tensor, s_tt: torch.Tensor) -> torch.Tensor:
         """(Q, NK), (Q, K, NK), (Q, K) -> fused logits (Q, K)."""
         return self.fusion(s_tt, self.score(s_q.unsqueeze(1), s_i))
+
+
+def merge(members: list[Temde]) -> Temde:
+    """Independently trained T-EMDEs -> one T-EMDE holding all their partitions (N = the sum of theirs) whose
+    score, <s_q, s_I> / N, is the members' N-weighted mean score: an ensemble served as one wider sketch through
+    the same graphs, index field and scorer. Each member's temperature is folded into its coder's BatchNorm
+    scale and its centroids (the squared distances scale by s^2 when both do), so the members share the merged
+    module's one temperature. Members must agree on K, inner and inputs; the fusion weight is the caller's to fit."""
+    first = members[0].cfg
+    if any((m.cfg.K, m.cfg.inner, m.cfg.inputs, m.cfg.d_in) != (first.K, first.inner, first.inputs, first.d_in) for m in members):
+        raise ValueError("merged T-EMDEs must share K, inner, inputs and d_in")
+    out = Temde(replace(first, N=sum(m.cfg.N for m in members)))
+    tau = members[0].log_tau.exp()
+    scales = [(tau / m.log_tau.exp()).sqrt() for m in members]
+    with torch.no_grad():
+        out.log_tau.copy_(members[0].log_tau)
+        out.centroids.copy_(torch.cat([m.centroids * s for m, s in zip(members, scales)]))
+        for side in ("text_coder", "image_coder"):
+            o, coders = getattr(out, side), [getattr(m, side) for m in members]
+            o.lin.weight.copy_(torch.cat([c.lin.weight for c in coders]))
+            o.lin.bias.copy_(torch.cat([c.lin.bias for c in coders]))
+            o.bn.weight.copy_(torch.cat([c.bn.weight * s for c, s in zip(coders, scales)]))
+            o.bn.bias.copy_(torch.cat([c.bn.bias * s for c, s in zip(coders, scales)]))
+            o.bn.running_mean.copy_(torch.cat([c.bn.running_mean for c in coders]))
+            o.bn.running_var.copy_(torch.cat([c.bn.running_var for c in coders]))
+    return out.eval()
 
 
 class TemdePool(nn.Module):

@@ -29,6 +29,13 @@ def _eval_mode(module: torch.nn.Module):
         module.train(was)
 
 
+def _rows(bank: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A float16 bank's rows idx as float32. index_select, not bank[idx]: a listwise training step gathers 512 Lite0
+    grids (32M numbers), and advanced indexing plus .float() took 87-95 ms of a ~170 ms T-EMDE step against 45 ms
+    (Intel Xeon, 2 threads; the values are the same)."""
+    return bank.index_select(0, idx.reshape(-1)).reshape(*idx.shape, *bank.shape[1:]).float()
+
+
 def _batches(n: int, size: int):
     for s in range(0, n, size):
         yield slice(s, min(n, s + size))
@@ -108,11 +115,12 @@ class PairScorer:
         """Per-query inputs of the reranker for rows q (computed, not cached)."""
         m, t = self.model, self.text
         if self.method == "cp":
-            states = t.states[q].float() if m.cp.cfg.uses_backbone else None
-            return m.cp.encode_text(t.tokens[q].float(), t.mask[q], states)  # P_t, w_bar
+            states = _rows(t.states, q) if m.cp.cfg.uses_backbone else None
+            return m.cp.encode_text(_rows(t.tokens, q) if m.cp.cfg.uses_tower else None, t.mask[q], states)  # P_t, w_bar
         if self.method == "temde":
-            states = t.states[q].float() if m.temde.cfg.uses_backbone else None
-            return (m.temde.sketch_text(t.tokens[q].float(), t.mask[q], states),)  # s_q
+            states = _rows(t.states, q) if m.temde.cfg.uses_backbone else None
+            tokens = None if m.temde.cfg.uses_backbone else _rows(t.tokens, q)
+            return (m.temde.sketch_text(tokens, t.mask[q], states),)  # s_q
         # joint scorers: trim padding to this batch's longest query (they pay per token per pair)
         mask = t.mask[q]
         T = int(mask.sum(1).max())
@@ -125,11 +133,12 @@ class PairScorer:
         m, im = self.model, self.images
         flat = c.reshape(-1)
         if self.method == "cp":
-            grid = im.grids[flat].float() if m.cp.cfg.uses_backbone else None
-            parts = m.cp.encode_image(im.tokens[flat].float(), grid)  # P_v, b_bar
+            grid = _rows(im.grids, flat) if m.cp.cfg.uses_backbone else None
+            parts = m.cp.encode_image(_rows(im.tokens, flat) if m.cp.cfg.uses_tower else None, grid)  # P_v, b_bar
         elif self.method == "temde":
-            grid = im.grids[flat].float() if m.temde.cfg.uses_backbone else None
-            parts = (m.temde.sketch_image(im.tokens[flat].float(), grid),)  # s_I
+            grid = _rows(im.grids, flat) if m.temde.cfg.uses_backbone else None
+            tokens = None if m.temde.cfg.uses_backbone else _rows(im.tokens, flat)
+            parts = (m.temde.sketch_image(tokens, grid),)  # s_I
         elif self.method == "sm":
             parts = (m.sm.embed_image(im.tokens[flat].float()),)
         else:

@@ -58,3 +58,21 @@ def apply_rerank(scores: np.ndarray, cand: np.ndarray, rerank_scores: np.ndarray
     out = scores.astype(np.float64, copy=True)
     np.put_along_axis(out, cand, TOP_BOOST + rerank_scores.astype(np.float64), 1)
     return out
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, caption_image: np.ndarray, resamples: int = 10_000,
+                     seed: int = 0) -> dict:
+    """(C,) per-caption hits of two rankers on the same captions -> their R@1 difference a - b in points, with a
+    95% interval from a paired bootstrap over the gold images (a caption's siblings move together: they share an
+    image, so resampling captions one by one would understate the spread). Per-image sums suffice, so each
+    resample is one gather over the images, not over the captions."""
+    d = a.astype(float) - b.astype(float)
+    n_img = int(caption_image.max()) + 1
+    imgs = np.unique(caption_image)  # only images that have captions (a gallery may hold distractors)
+    caps = np.bincount(caption_image, minlength=n_img)[imgs]
+    per_image = np.bincount(caption_image, weights=d, minlength=n_img)[imgs]
+    pick = np.random.default_rng(seed).integers(0, len(imgs), (resamples, len(imgs)))
+    boot = 100 * per_image[pick].sum(1) / caps[pick].sum(1)
+    return {"diff": round(100 * d.mean(), 2), "ci95": [round(float(x), 2) for x in np.percentile(boot, [2.5, 97.5])],
+            "p_boot_le_0": round(float((boot <= 0).mean()), 4), "discordant_captions": int((d != 0).sum()),
+            "net_captions": int(d.sum())}

@@ -38,6 +38,15 @@ def test_train_end_to_end_frontier_and_resume(corpus, small_cfg, tmp_path, monke
         assert model.cp.fusion.alpha.item() == 20.0 and math.isclose(model.cp.fusion.beta.item(), 20.0 * w, rel_tol=1e-3)
     for stage in ("cache", "towers", "banks", "cp", "temde", "sm", "tv"):
         assert stage in meta["training"]["timings_s"], stage
+    # T-EMDE: three seeded members merged into one module of three times the partitions, which the checkpoint
+    # records and serves; its fusion weight fit on dev after the merge
+    n_members = cfg.members_by_method["temde"]
+    assert n_members == 3 and model.cfg.temde.N == n_members * small_cfg.temde.N
+    te = meta["training"]["temde"]
+    assert te["member_seeds"] == [0, 1, 2] and len(te["members"]) == 3 and te["member_N"] == small_cfg.temde.N
+    assert all((tmp_path / "run" / f"temde.m{i}.done.pt").exists() for i in range(3))
+    member_centroids = [torch.load(tmp_path / "run" / f"temde.m{i}.done.pt", weights_only=False)["weights"]["centroids"] for i in range(3)]
+    assert not torch.equal(member_centroids[0], member_centroids[1])  # seeded apart, not one draw three times
 
     # the frontier on the checkpoint's towers: the default's shape and a smaller one
     settings = [{"d": small_cfg.cp.d, "n": small_cfg.cp.n, "layers": small_cfg.cp.layers}, {"d": 16, "n": 2, "layers": 1}]
