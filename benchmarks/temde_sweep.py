@@ -24,6 +24,11 @@ variants trained in --run-dir (or only the named ones), merged into one wider T-
 side: the score is the members' mean) with the fusion weight fit on f8k dev as training fits it, scored on the
 two dev sets -> --out's "ensembles".
 
+--compare SPEC,...: each T-EMDE against the first, caption by caption on both dev sets, with the paired bootstrap's
+95% interval of the R@1 difference (resampling gold images) -> --out's "compare". A SPEC is "served", a variant
+trained in --run-dir, a checkpoint directory with --ckpt's towers and bridge, or such names joined by "+" (merged,
+fusion weight fit on f8k dev as training fits it).
+
 --fusion-grid NAME,...: each named T-EMDE ("served" or a variant trained in --run-dir) at every fusion weight w of
 training's grid (logit = s_tt + w * s_temde; training picks w on f8k dev alone) on the two dev sets -> --out's
 "fusion_grid": does a variant that gains in domain keep the out-of-domain set at a smaller w?
@@ -54,6 +59,7 @@ from crossprobe.models.evaluation import metrics as M  # noqa: E402
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts  # noqa: E402
 from crossprobe.models.evaluation.report import machine  # noqa: E402
 from crossprobe.models.evaluation.retrieval import split_banks  # noqa: E402
+from crossprobe.models.model import RERANKERS  # noqa: E402
 from crossprobe.models.temde import Temde, merge  # noqa: E402
 from crossprobe.models.training.run import TrainConfig, reranker_config  # noqa: E402
 from crossprobe.models.training.rerankers import FUSION_GRID, fit_fusion, set_fusion, train_reranker  # noqa: E402
@@ -206,12 +212,26 @@ def main() -> None:
     print("chosen", doc["chosen"], rows[doc["chosen"]])
 
 
+def _first_stage(state: dict) -> dict:
+    """Towers and bridge: what the banks and the shortlists come from (everything but the rerankers)."""
+    return {k: v for k, v in state.items() if k.split(".")[0] not in RERANKERS}
+
+
 def trained(model, name: str, run_dir: Path) -> Temde:
-    """The checkpoint's own T-EMDE ("served") or variant `name`'s best epoch from run_dir (fusion weight set)."""
+    """The checkpoint's own T-EMDE ("served"), another checkpoint's (`name` a checkpoint directory whose towers are
+    --ckpt's), or variant `name`'s best epoch from run_dir; fusion weight set."""
     if name == "served":
         return model.temde
-    t = Temde(dataclasses.replace(model.cfg.temde, **VARIANTS[name][0]))
-    t.load_state_dict(torch.load(run_dir / f"{name}.weights.pt"))
+    if Path(name).is_dir():
+        other, meta = checkpoint.load(Path(name))
+        mine, theirs = (_first_stage(m.trained_state_dict()) for m in (model, other))
+        if mine.keys() != theirs.keys() or not all(torch.equal(mine[k], theirs[k]) for k in mine):
+            sys.exit(f"{name} ({meta['fingerprint']}) has other towers or bridge: its T-EMDE would rank other shortlists")
+        return other.temde.eval()
+    weights = torch.load(run_dir / f"{name}.weights.pt")
+    N, K, inner = weights["centroids"].shape  # the variant's own shape, whatever --ckpt's T-EMDE is (e.g. a merge)
+    t = Temde(dataclasses.replace(model.cfg.temde, **{**VARIANTS[name][0], "N": N, "K": K, "inner": inner}))
+    t.load_state_dict(weights)
     return t.eval()
 
 

@@ -38,11 +38,17 @@ def reranker_lines(ckpt: Path, meta: dict) -> list[str]:
         standalone = module in tc.get("standalone_methods", [])
         pre = tc.get("pretrain_by_method", {}).get(module, 0)
         epochs = tc.get("epochs_by_method", {}).get(module)
-        best = meta["training"][module].get("best_epoch")
+        rep = meta["training"][module]
+        best = rep.get("best_epoch")
         caps = tc.get("captions_by_method", {}).get(module, 1)
         budget = (f"{epochs} epochs of " if epochs else "") + "listwise training" + (
             f" ({caps} captions of each training image per epoch)" if caps > 1 else "")
-        kept = f" (kept: epoch {best}, best on dev)" if epochs and best else ""
+        if "members" in rep:  # training/run.train_members: seeded draws merged into one module
+            name = (f"{name} ({len(rep['members'])} members of N={rep['member_N']}, seeds "
+                    f"{', '.join(map(str, rep['member_seeds']))}, merged: the score is their mean)")
+            kept = f" (kept per member: epochs {', '.join(map(str, best))}, best on dev)" if epochs and best else ""
+        else:
+            kept = f" (kept: epoch {best}, best on dev)" if epochs and best else ""
         a, b = _fusion(ckpt / "model.safetensors", module)
         mix = (f"ranking logit = s_tt + {b / a:.2f} x s_{module}" if a else f"ranked by s_{module} alone")
         lines.append(
