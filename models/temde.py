@@ -61,9 +61,11 @@ class TemdeCoder(nn.Module):
         # (benchmarks/temde_step.py, docs/results/temde_step.json)
         zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
         logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
-        # softmax over K taken as dim 1 of a (B*T, K, N) view: the same numbers, but PyTorch's CPU kernel runs a
-        # short (K = 8) last dimension one row at a time and a middle one vectorised across N: forward + backward
-        # 47 -> 12 ms for one listwise step's 512 images x 49 cells (Intel Xeon, 2 threads)
+        if self.cfg.K > 8:
+            return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
+        # a short K: softmax over dim 1 of a (B*T, K, N) view, the same numbers, vectorised across N instead of
+        # one 8-wide row at a time: a listwise step (benchmarks/temde_step.py, Intel Xeon, 2 threads) 163.6 ->
+        # 147-148 ms at K 8, but 359.7 -> 497.2 ms at K 16 (docs/results/temde_step_xeon.json), hence only here
         return logits.transpose(1, 2).softmax(1).transpose(1, 2).unflatten(0, (B, T))  # a view: no copy
 
 

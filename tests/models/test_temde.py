@@ -39,3 +39,23 @@ def test_merge_refuses_members_of_other_shapes():
     with pytest.raises(ValueError, match="share K"):
         merge([a, b])
 
+
+
+@pytest.mark.parametrize("K", [4, 8, 16])
+def test_coder_softmax_layouts_agree_with_the_distances(K):
+    """The coder takes its softmax over a transposed view when K <= 8 and over the last dim above (speed only):
+    either way each (token, partition) row is softmax(-||z - c||^2 / tau) over that partition's K centroids,
+    and the raw sketch sums real tokens only."""
+    torch.manual_seed(K)
+    t = Temde(TemdeConfig(d_in=16, N=5, K=K, inner=3)).eval()
+    x = torch.randn(2, 7, 16)
+    c = t.image_coder
+    with torch.no_grad():
+        t.log_tau.fill_(-0.5)
+        a = c(x)
+        z = c.bn(c.lin(x).reshape(14, -1)).view(2, 7, 5, 1, 3)
+        want = (-((z - t.centroids) ** 2).sum(-1) / t.log_tau.exp()).softmax(-1)
+        mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+        sketch = t.raw_sketch(a, mask)
+    assert a.shape == (2, 7, 5, K) and torch.allclose(a, want, atol=1e-5)
+    assert torch.allclose(sketch[0], want[0, :3].sum(0), atol=1e-5) and torch.allclose(sketch[1], want[1].sum(0), atol=1e-5)
