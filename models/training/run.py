@@ -98,9 +98,9 @@ def train_members(model, method: str, train_banks, dev_banks, rcfg: RerankTrainC
     members, reports = [], []
     for i in range(n):
         done = run / f"{method}.m{i}.done.pt"
-        module = Temde(model.cfg.temde)
         if done.exists():
             st = torch.load(done, weights_only=False)
+            module = Temde(model.cfg.temde)
             module.load_state_dict(st["weights"])
             reports.append(st["report"])
         else:
