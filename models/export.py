@@ -212,9 +212,13 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
 
 
 GRAPHS = {
+    # outputs named dynamic too: traced at batch 2, a reshape's output (the T-EMDE sketch) otherwise keeps a declared
+    # batch of 2, which ONNX Runtime warns about on every other batch size (the values were right)
     "query_tower": (QueryGraph, ["input_ids", "attention_mask"], ["g_q", "p_t", "w_bar", "s_q"],
-                    {"input_ids": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"}}),
-    "image_tower": (ImageGraph, ["grid"], ["g_i", "p_v", "b_bar", "s_i"], {"grid": {0: "B"}}),
+                    {"input_ids": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"},
+                     **{o: {0: "B"} for o in ("g_q", "p_t", "w_bar", "s_q")}}),
+    "image_tower": (ImageGraph, ["grid"], ["g_i", "p_v", "b_bar", "s_i"],
+                    {"grid": {0: "B"}, **{o: {0: "B"} for o in ("g_i", "p_v", "b_bar", "s_i")}}),
     "cp_scorer": (CPScorer, ["p_t", "w_bar", "p_v", "b_bar", "s_tt"], ["logits"],
                   {"p_v": {0: "K"}, "b_bar": {0: "K"}, "s_tt": {0: "K"}}),
     "temde_scorer": (TemdeScorer, ["s_q", "s_i", "s_tt"], ["logits"], {"s_i": {0: "K"}, "s_tt": {0: "K"}}),
