@@ -11,6 +11,9 @@ two-tower score, like the other rerankers.
 `inputs` as for CP (cross_probe.py): "tower" codes the towers' tokens, "backbone"
 the frozen MiniLM states and the raw Lite0 grid regions, features the towers have
 not fitted to the training split.
+
+merge() turns independently trained T-EMDEs into one wider T-EMDE scoring their mean:
+the default checkpoint's is 3 seeded members of N 20 (training/run.py, members_by_method).
 """
 from __future__ import annotations
 
