@@ -92,6 +92,15 @@ VARIANTS = {
     # two more draws of the recipe: the seed spread of captions5, and members for a seed ensemble (--ensembles)
     "c5_seed2": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 2}),
     "c5_seed3": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 3}),
+    # captions5 plus distillation of the checkpoint's CP (its residual over the two-tower logit) into T-EMDE's own
+    # score, KL weight 1 at temperature 1 (RerankTrainConfig.distill_from), seeds 0 and 1
+    "c5_kd_cp": ({}, {"epochs": 3, "captions_per_image": 5, "distill_from": "cp", "distill_weight": 1.0}),
+    "c5_kd_cp_seed1": ({}, {"epochs": 3, "captions_per_image": 5, "distill_from": "cp", "distill_weight": 1.0, "seed": 1}),
+    # af8bbd6b's T-EMDE members as crossprobe train trained them (runs/<run>/temde.m<i>.done.pt's weights saved as
+    # <run-dir>/c5_member<i>.weights.pt): captions5 with seeds 0, 1, 2, the controls of the c5_kd_cp draws
+    "c5_member0": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 0}),
+    "c5_member1": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 1}),
+    "c5_member2": ({}, {"epochs": 3, "captions_per_image": 5, "seed": 2}),
 }
 
 
@@ -183,7 +192,9 @@ def main() -> None:
         if train_banks is None:  # the rerankers' inputs exactly as `crossprobe train` builds them
             train_banks, dev_banks = split_banks(model, dev.data, "train"), split_banks(model, dev.data, "dev")
         t_changes, r_changes = VARIANTS[name]
-        cfg = dataclasses.replace(served_cfg, **t_changes)
+        # a variant changes one T-EMDE of the recipe: a merged checkpoint's member shape, not its merged N
+        member_n = meta.get("training", {}).get("temde", {}).get("member_N", served_cfg.N)
+        cfg = dataclasses.replace(served_cfg, **{"N": member_n, **t_changes})
         seed = r_changes.get("seed", 0)  # the training seed (initialisation, sampling), not a RerankTrainConfig field
         rcfg = dataclasses.replace(reranker_config(TrainConfig(), "temde"),
                                    **{k: v for k, v in {**BEFORE, **r_changes}.items() if k != "seed"})

@@ -54,6 +54,12 @@ class RerankTrainConfig:
     # queries x (1 + negatives) candidates of the step, not only its own 1 + negatives. Free for T-EMDE (a dot
     # product per pair once each side is sketched); a joint scorer (CP) would pay per pair
     pool_negatives: bool = False
+    # knowledge distillation from another trained reranker of the same model (e.g. "cp" into T-EMDE): besides the
+    # listwise loss, KL(teacher || student) over each caption's candidates, the teacher's residual logit over the
+    # two-tower score (its fused logit minus alpha * s_tt) against the student's own, both at temperature distill_tau
+    distill_from: str = ""
+    distill_weight: float = 0.0
+    distill_tau: float = 1.0
 
 
 # Candidate weights w of the reranker in logit = s_tt + w * s_rerank (fit_fusion); inf = the reranker alone.
@@ -111,6 +117,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         set_rng_state(st["rng"])
         log(f"{method}: resuming after epoch {start}")
     scorer = PairScorer(model, method, text, images, precompute=False, region=False)
+    teacher = _teacher(model, method, cfg, text, images)
     anchor_w = getattr(module.cfg, "anchor_loss", 0.0) if getattr(module, "ace", None) is not None else 0.0
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + 1000 + epoch)
@@ -128,6 +135,9 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
             else:
                 logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
                 loss = listwise(logits)
+                if teacher is not None:  # residuals over the two-tower logit on both sides (alpha is 0 when standalone)
+                    own = logits - module.fusion.alpha * scorer.tt(torch.from_numpy(q), torch.from_numpy(cand))
+                    loss = loss + cfg.distill_weight * distill_loss(own, teacher, q, cand, cfg.distill_tau)
             if anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
                 assert module.alignment is not None and module.alignment.shape == logits.shape
                 loss = loss + anchor_w * listwise(ANCHOR_SCALE * module.alignment)
@@ -158,6 +168,28 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     for p in model.parameters():
         p.requires_grad_(True)
     return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre, **fusion}
+
+
+def _teacher(model, method: str, cfg: RerankTrainConfig, text, images) -> PairScorer | None:
+    """The distillation teacher's scorer over the training banks (its per-caption and per-image parts once)."""
+    if not (cfg.distill_from and cfg.distill_weight > 0):
+        return None
+    if cfg.distill_from == method:
+        raise ValueError(f"{method} cannot distill from itself")
+    getattr(model, cfg.distill_from).eval()  # the teacher as it serves: no dropout
+    with torch.inference_mode():
+        return PairScorer(model, cfg.distill_from, text, images, region=False)
+
+
+def distill_loss(student: torch.Tensor, teacher: PairScorer, q: np.ndarray, cand: np.ndarray, tau: float) -> torch.Tensor:
+    """(Q, C) the student's residual logits over the two-tower score -> KL(teacher || student) over each row's
+    candidates, the teacher's residual as the target (tau^2-scaled, as Hinton et al.)."""
+    qt, ct = torch.from_numpy(q), torch.from_numpy(cand)
+    with torch.inference_mode():
+        fused = teacher.fused(qt, ct)
+        resid = fused - float(getattr(teacher.model, teacher.method).fusion.alpha) * teacher.tt(qt, ct)
+    target = F.softmax(resid.clone() / tau, -1)
+    return tau * tau * F.kl_div(F.log_softmax(student / tau, -1), target, reduction="batchmean")
 
 
 def pooled_logits(scorer: PairScorer, module, q: np.ndarray, cand: np.ndarray, gold: np.ndarray):

@@ -139,3 +139,44 @@ def test_pooled_negatives_score_every_candidate_of_the_step(tiny_data, small_cfg
     assert losses[-1] < losses[0], losses
     with pytest.raises(ValueError, match="pool_negatives"):
         train_reranker(model, "cp", (text, images, gold), dev, cfg, tmp_path / "cp.pt", seed=0, log=lambda *_: None)
+
+
+def test_distillation_from_cp_into_temde(tiny_data, small_cfg, bert, tmp_path):
+    """RerankTrainConfig.distill_from: the KL term is zero when the student's residual over the two-tower logit
+    equals the teacher's, positive otherwise, and its gradient moves the student towards the teacher; a T-EMDE
+    trains with CP as its teacher (its loss falls); a reranker cannot be its own teacher."""
+    from crossprobe.models.evaluation.encode import PairScorer
+    from crossprobe.models.temde import Temde
+    from crossprobe.models.training.rerankers import distill_loss, mine
+
+    torch.manual_seed(0)
+    model = SearchModel(copy.deepcopy(small_cfg), bert).eval()
+    train = split_banks(model, tiny_data, "train")
+    dev = split_banks(model, tiny_data, "dev")
+    text, images, gold = train
+    base = dict(queries=8, negatives=5, mine_k=10, lr=3e-3, dev_k=5)
+    train_reranker(model, "cp", train, dev, RerankTrainConfig(epochs=3, **base), tmp_path / "cp.pt", seed=0, log=lambda *_: None)
+    teacher = PairScorer(model, "cp", text, images, region=False)
+    q = np.arange(len(gold))
+    cand = np.concatenate([gold[:, None], mine(text, images, gold, 5)], 1)
+    with torch.no_grad():
+        qt, ct = torch.from_numpy(q), torch.from_numpy(cand)
+        resid = teacher.fused(qt, ct) - model.cp.fusion.alpha * teacher.tt(qt, ct)
+    assert float(distill_loss(resid.clone(), teacher, q, cand, tau=1.0)) < 1e-5
+    student = torch.zeros_like(resid, requires_grad=True)
+    kl = distill_loss(student, teacher, q, cand, tau=2.0)
+    assert float(kl) > 0
+    kl.backward()
+    with torch.no_grad():
+        stepped = student - 10.0 * student.grad
+    assert float(distill_loss(stepped, teacher, q, cand, tau=2.0)) < float(kl)
+
+    torch.manual_seed(1)
+    model.temde = Temde(model.cfg.temde)
+    cfg = RerankTrainConfig(epochs=4, standalone=True, distill_from="cp", distill_weight=1.0, **base)
+    rep = train_reranker(model, "temde", train, dev, cfg, tmp_path / "temde.pt", seed=0, log=lambda *_: None)
+    losses = [h["loss"] for h in rep["history"]]
+    assert losses[-1] < losses[0], losses
+    with pytest.raises(ValueError, match="itself"):
+        train_reranker(model, "cp", train, dev, RerankTrainConfig(epochs=1, distill_from="cp", distill_weight=1.0, **base),
+                       tmp_path / "cp2.pt", seed=0, log=lambda *_: None)
