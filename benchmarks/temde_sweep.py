@@ -60,9 +60,9 @@ from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_im
 from crossprobe.models.evaluation.report import machine  # noqa: E402
 from crossprobe.models.evaluation.retrieval import split_banks  # noqa: E402
 from crossprobe.models.model import RERANKERS  # noqa: E402
-from crossprobe.models.temde import Temde, merge  # noqa: E402
+from crossprobe.models.temde import Temde  # noqa: E402
 from crossprobe.models.training.run import TrainConfig, reranker_config  # noqa: E402
-from crossprobe.models.training.rerankers import FUSION_GRID, fit_fusion, set_fusion, train_reranker  # noqa: E402
+from crossprobe.models.training.rerankers import FUSION_GRID, fit_merged_temde, set_fusion, train_reranker  # noqa: E402
 from crossprobe.models.training.state import seed_everything  # noqa: E402
 
 K = 100
@@ -265,14 +265,8 @@ def fusion_grid(model, names: list[str], run_dir: Path, out: Path, ckpt: Path | 
 
 
 def fit_merged(model, members: list[Temde], dev_banks) -> tuple[float, float]:
-    """model.temde = the members merged, its fusion weight fit on the 5,000 f8k dev captions as training fits a
-    T-EMDE's -> (w, that selection R@1)."""
-    model.temde = merge(members)
-    set_fusion(model.temde.fusion, 1.0)  # fit_fusion reads the reranker's own score through any fusion
-    rcfg = reranker_config(TrainConfig(), "temde")
-    w, sel = fit_fusion(model, "temde", dev_banks, rcfg, queries=rcfg.fusion_queries)
-    set_fusion(model.temde.fusion, w)
-    return w, sel
+    """model.temde = the members merged, its fusion weight fit as `crossprobe train` fits a merged T-EMDE's."""
+    return fit_merged_temde(model, members, dev_banks, reranker_config(TrainConfig(), "temde"))
 
 
 def compare(model, meta: dict, ckpt: Path | None, specs: list[str], run_dir: Path, out: Path) -> None:
@@ -288,7 +282,8 @@ def compare(model, meta: dict, ckpt: Path | None, specs: list[str], run_dir: Pat
         names = spec.split("+")
         if len(names) == 1:
             model.temde = pool[names[0]]
-            w = float(model.temde.fusion.beta / model.temde.fusion.alpha)
+            f = model.temde.fusion
+            w = float(f.beta / f.alpha) if float(f.alpha) else math.inf  # alpha 0: ranked by T-EMDE alone
         else:
             w, _ = fit_merged(model, [pool[n] for n in names], dev_banks)
         hits[spec] = dev.hits(model)
@@ -354,10 +349,8 @@ def adopt(model, meta: dict, name: str, run_dir: Path, sweep: Path, dest: Path) 
     row = json.loads(sweep.read_text())["rows"][name]
     state = torch.load(run_dir / f"{name}.pt", weights_only=False)  # train_reranker's resumable state: history, best
     pre = torch.load(run_dir / f"{name}.pretrained.pt", weights_only=False)["history"]
-    cfg = dataclasses.replace(model.cfg.temde, **VARIANTS[name][0])
-    model.cfg.temde = cfg
-    model.temde = Temde(cfg)
-    model.temde.load_state_dict(torch.load(run_dir / f"{name}.weights.pt"))  # best epoch, fusion weight set
+    model.temde = trained(model, name, run_dir)  # best epoch, fusion weight set, the variant's own shape
+    model.cfg.temde = cfg = model.temde.cfg
     model.eval()
     training = meta["training"]
     best = state["best"]

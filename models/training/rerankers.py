@@ -25,6 +25,7 @@ from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, TextBank
 from crossprobe.models.evaluation.retrieval import reranked
 from crossprobe.models.losses import listwise
+from crossprobe.models.temde import merge
 from crossprobe.models.training.state import atomic_save, rng_state, set_rng_state
 from crossprobe.models.training.towers import cosine_schedule
 
@@ -293,6 +294,16 @@ def fit_fusion(model, method: str, dev, cfg: RerankTrainConfig, queries: int | N
           for w in FUSION_GRID}
     w = max(FUSION_GRID, key=lambda x: (r1[x], -x))
     return w, r1[w]
+
+
+def fit_merged_temde(model, members, dev, cfg: RerankTrainConfig) -> tuple[float, float]:
+    """model.temde = the trained T-EMDE members merged (temde.merge: the score is their mean), its fusion weight fit
+    on cfg.fusion_queries dev captions as a standalone reranker's is -> (w, that R@1)."""
+    model.temde = merge(members)
+    set_fusion(model.temde.fusion, 1.0)  # fit_fusion reads the merged module's own score through any fusion
+    w, r1 = fit_fusion(model, "temde", dev, cfg, queries=cfg.fusion_queries)
+    set_fusion(model.temde.fusion, w)
+    return w, r1
 
 
 def set_fusion(fusion, w: float) -> None:

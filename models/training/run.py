@@ -23,10 +23,10 @@ import torch
 from crossprobe.models import checkpoint
 from crossprobe.models.evaluation.retrieval import split_banks
 from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
-from crossprobe.models.temde import Temde, merge
+from crossprobe.models.temde import Temde
 from crossprobe.models.training.data import CachedData
 from crossprobe.models.training.frontier import fresh_cp
-from crossprobe.models.training.rerankers import RerankTrainConfig, fit_fusion, set_fusion, train_reranker
+from crossprobe.models.training.rerankers import RerankTrainConfig, fit_fusion, fit_merged_temde, set_fusion, train_reranker
 from crossprobe.models.training.stacking import stacked
 from crossprobe.models.training.state import Timings, atomic_save, seed_everything
 from crossprobe.models.training.towers import TowerTrainConfig, train_towers
@@ -109,11 +109,8 @@ def train_members(model, method: str, train_banks, dev_banks, rcfg: RerankTrainC
             reports.append(train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.m{i}.pt", seed + i, log))
             atomic_save({"weights": module.state_dict(), "report": reports[-1]}, done)
         members.append(module.eval())
-    model.temde = merge(members)
+    w, r1 = fit_merged_temde(model, members, dev_banks, rcfg)
     model.cfg.temde = model.temde.cfg  # the checkpoint records the merged shape (N = the members' sum)
-    set_fusion(model.temde.fusion, 1.0)  # fit_fusion reads the merged module's own score through any fusion
-    w, r1 = fit_fusion(model, method, dev_banks, rcfg, queries=rcfg.fusion_queries)
-    set_fusion(model.temde.fusion, w)
     log(f"{method}: {n} members merged, fusion weight {w}, dev R@1 {r1:.2f}")
     return {"members": reports, "member_seeds": list(range(seed, seed + n)), "member_N": members[0].cfg.N,
             "fusion_w": w, f"fusion_dev_t2i_R@1@{rcfg.dev_k}": round(r1, 2), "fusion_queries": int(min(len(dev_banks[2]), rcfg.fusion_queries)),
