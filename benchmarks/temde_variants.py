@@ -1,4 +1,4 @@
-"""Three more ways to a stronger T-EMDE, measured on the two dev sets (never Flickr8k test):
+"""Four more ways to a stronger T-EMDE, measured on the two dev sets (never Flickr8k test):
 
     python benchmarks/temde_variants.py mirror                      # training-free, the checkpoint's T-EMDE
     python benchmarks/temde_variants.py final-states [--seed 0]     # one fresh T-EMDE (captions5's recipe)
@@ -22,8 +22,8 @@
 
 Trained variants train one T-EMDE of the default's member shape (N 20, K 8, inner 8) exactly as a member of the
 default is trained (captions5: 5 in-batch pretraining epochs, 3 listwise epochs over every caption, epoch and
-fusion weight on the 5,000 f8k dev captions), so each row is comparable with `plain`, the default's member of the same seed trained on the same host (draws of
-one seed differ between CPUs: docs/bridge.md).
+fusion weight on the 5,000 f8k dev captions), so each row is comparable with `plain`, the default's member of the
+same seed trained on the same host (draws of one seed differ between CPUs: docs/bridge.md).
 Scores: TEMDE@100 text->image R@1 as `crossprobe eval` computes it (temde_sweep.DevSets). Rows are added to --out.
 `compare` reloads the trained rows' weights from --run-dir and puts each against `plain` caption by caption, with the
 paired bootstrap's 95% interval of the R@1 difference over the gold images (metrics.paired_bootstrap).
@@ -119,13 +119,12 @@ def mlp_temde(cfg, hidden: int) -> Temde:
 
 @torch.inference_mode()
 def cell_label_vectors(bridge, grids: torch.Tensor, batch: int = 128) -> torch.Tensor:
-    """(B, 49, 1280) grids -> (B, 49, d) unit label vector of each cell: the head's probabilities of the cell,
-    the top-T classes' rows of the class table weighted by them (bridge.fuse's c, one cell at a time)."""
+    """(B, 49, 1280) grids -> (B, 49, d) the bridge's label vector of each cell: the frozen head over the cell
+    (as bridge.cell_labels takes it) at the bridge's temperature, then bridge.label_vector."""
     out = []
     for s in range(0, len(grids), batch):
         p = ((grids[s: s + batch].float() @ bridge.head_w.t() + bridge.head_b) / bridge.cfg.temperature).softmax(-1)
-        top, idx = p.topk(bridge.cfg.top_t, dim=-1)  # (b, 49, T)
-        out.append(torch.nn.functional.normalize((top.unsqueeze(-1) * bridge.class_emb[idx]).sum(2), dim=-1).half())
+        out.append(bridge.label_vector(p).half())
     return torch.cat(out)
 
 
@@ -144,35 +143,39 @@ def region_temde(cfg, d: int) -> Temde:
     return t
 
 
-def trained_variant(model, meta, dev: DevSets, kind: str, seed: int, hidden: int, run_dir: Path) -> dict:
-    train_banks, dev_banks = split_banks(model, dev.data, "train"), split_banks(model, dev.data, "dev")
+def new_temde(model, meta, kind: str, hidden: int) -> Temde:
+    """A fresh T-EMDE of the default's member shape, with the variant's coders."""
+    cfg = dataclasses.replace(model.cfg.temde, N=meta.get("training", {}).get("temde", {}).get("member_N", 20))
+    if kind == "mlp-coder":
+        return mlp_temde(cfg, hidden)
+    if kind == "region-inputs":
+        return region_temde(cfg, model.cfg.vision.d)
+    return Temde(cfg)
+
+
+def prepare_inputs(model, kind: str, banks) -> None:
+    """(text, images, gold) banks in place -> what the variant's coders read (nothing to do for plain / mlp-coder)."""
     if kind == "final-states":
         bert = bb.load_minilm()
-        first, last = model.cfg.text.frozen_layers, model.cfg.text.layers
-        for text in [dev.sets[n][0] for n in dev.sets] + [train_banks[0], dev_banks[0]]:
-            lift_to_final(text, bert, first, last)
-    if kind == "region-inputs":
-        for text, images, _ in [*dev.sets.values(), train_banks, dev_banks]:
+        for text, _, _ in banks:
+            lift_to_final(text, bert, model.cfg.text.frozen_layers, model.cfg.text.layers)
+    elif kind == "region-inputs":
+        for text, images, _ in banks:
             add_region_inputs(model, text, images)
-    cfg = dataclasses.replace(model.cfg.temde, N=meta.get("training", {}).get("temde", {}).get("member_N", 20))
+
+
+def trained_variant(model, meta, dev: DevSets, kind: str, seed: int, hidden: int, run_dir: Path) -> dict:
+    train_banks, dev_banks = split_banks(model, dev.data, "train"), split_banks(model, dev.data, "dev")
+    prepare_inputs(model, kind, [*dev.sets.values(), train_banks, dev_banks])
     rcfg = dataclasses.replace(reranker_config(TrainConfig(), "temde"), **{**BEFORE, "epochs": 3, "captions_per_image": 5})
     seed_everything(seed)
-    model.temde = {"mlp-coder": lambda: mlp_temde(cfg, hidden), "region-inputs": lambda: region_temde(cfg, model.cfg.vision.d)
-                   }.get(kind, lambda: Temde(cfg))()
+    model.temde = new_temde(model, meta, kind, hidden)
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     report = train_reranker(model, "temde", train_banks, dev_banks, rcfg, run_dir / f"{kind}.s{seed}.pt", seed, log=print)
     torch.save(model.temde.state_dict(), run_dir / f"{kind}.s{seed}.weights.pt")
     return {"seed": seed, **({"hidden": hidden} if kind == "mlp-coder" else {}), "best_epoch": report["best_epoch"],
             "fusion_w": report["fusion_w"], "train_s": round(time.time() - t0, 1), **dev.score(model)}
-
-
-def _reload(model, meta, kind: str, seed: int, hidden: int, run_dir: Path) -> Temde:
-    cfg = dataclasses.replace(model.cfg.temde, N=meta.get("training", {}).get("temde", {}).get("member_N", 20))
-    t = {"mlp-coder": lambda: mlp_temde(cfg, hidden), "region-inputs": lambda: region_temde(cfg, model.cfg.vision.d)
-         }.get(kind, lambda: Temde(cfg))()
-    t.load_state_dict(torch.load(run_dir / f"{kind}.s{seed}.weights.pt"))
-    return t.eval()
 
 
 def compare(model, meta, dev: DevSets, seed: int, hidden: int, run_dir: Path) -> dict:
@@ -182,16 +185,11 @@ def compare(model, meta, dev: DevSets, seed: int, hidden: int, run_dir: Path) ->
         sys.exit(f"no control: run `temde_variants.py plain --seed {seed}` first")
     hits = {}
     for kind in kinds:
-        model.temde = _reload(model, meta, kind, seed, hidden, run_dir)
-        # its inputs, on the dev banks for this variant only, then the banks as they were
-        saved = {n: (s[0].states, s[1].grids) for n, s in dev.sets.items()}
-        if kind == "final-states":
-            bert = bb.load_minilm()
-            for name in dev.sets:
-                lift_to_final(dev.sets[name][0], bert, model.cfg.text.frozen_layers, model.cfg.text.layers)
-        if kind == "region-inputs":
-            for text, images, _ in dev.sets.values():
-                add_region_inputs(model, text, images)
+        model.temde = new_temde(model, meta, kind, hidden)
+        model.temde.load_state_dict(torch.load(run_dir / f"{kind}.s{seed}.weights.pt"))
+        model.temde.eval()
+        saved = {n: (s[0].states, s[1].grids) for n, s in dev.sets.items()}  # this variant's inputs, then back
+        prepare_inputs(model, kind, dev.sets.values())
         hits[kind] = dev.hits(model)
         for name, (states, grids) in saved.items():
             dev.sets[name][0].states, dev.sets[name][1].grids = states, grids

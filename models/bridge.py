@@ -121,13 +121,21 @@ class LabelBridge(nn.Module):
         """(B, 1000) class probabilities, (B, d) unit g_I -> (B, d) unit bridged g_I. Apart from forward so that
         probabilities from elsewhere (a mirrored image, another backbone: benchmarks/bridge_variants.py) go
         through the same formula."""
-        top, idx = p.topk(self.cfg.top_t, dim=-1)  # (B, T)
-        c = F.normalize((top.unsqueeze(-1) * self.class_emb[idx]).sum(1), dim=-1)  # (B, d) unit label vector
+        top, c = self._label(p)  # (B, T), (B, d)
         beta = self.cfg.beta
         if self.cfg.mode == "trained":
             evidence = torch.stack([top[:, 0], top.sum(-1)], -1)  # (B, 2)
             beta = beta * 2 * torch.sigmoid(self.gate(evidence))  # (B, 1)
         return F.normalize(g + beta * c, dim=-1)
+
+    def label_vector(self, p: torch.Tensor) -> torch.Tensor:
+        """(..., 1000) class probabilities -> (..., d) unit label vector c: the top-T classes' rows of E weighted by
+        their probabilities (what fuse adds to g_I; benchmarks/temde_variants.py takes it per grid cell)."""
+        return self._label(p)[1]
+
+    def _label(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, idx = p.topk(self.cfg.top_t, dim=-1)  # (..., T)
+        return top, F.normalize((top.unsqueeze(-1) * self.class_emb[idx]).sum(-2), dim=-1)
 
     def forward(self, grid: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """(B, 49, 1280) grid, (B, d) unit g_I -> (B, d) unit bridged g_I (g itself when off)."""
