@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # crossprobe: the search service (`crossprobe serve`) and, with another command, the batch jobs
-# (`crossprobe index build | reindex`). README "Run with Docker"; docker-compose.yml runs it with Redis,
+# (`crossprobe index build | reindex`). docs/deployment.md; docker-compose.yml runs it with Redis,
 # Prometheus, the Pushgateway and Grafana.
 #
 #   docker build -t crossprobe .                          CPU (python:3.11-slim)
@@ -105,7 +105,7 @@ USER 10001:10001
 WORKDIR /home/crossprobe
 EXPOSE 8000
 # /readyz: 200 once the models, an index and the warm-up are done (503 before; also 200 "degraded" while
-# Redis is down, see README "Redis faults"). urllib raises on a 503 or no answer -> exit 1 = unhealthy.
+# Redis is down, see docs/operations.md). urllib raises on a 503 or no answer -> exit 1 = unhealthy.
 # No curl in the image: the venv's python does it. start-period: the first start exports the ONNX graphs.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('CROSSPROBE_PORT', '8000') + '/readyz', timeout=4)"]

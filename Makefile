@@ -40,13 +40,13 @@ test-e2e: $(STAMP)
 
 ## make test-chaos: the indexer's crash safety: `crossprobe index build|add|delete|reindex` SIGKILLed at every
 ## injection point and at 8 random moments each (CROSSPROBE_CHAOS_TIMED=n for more), every resume compared with an
-## uninterrupted run (~5 min on 2 cores; 2 per command run in `make test`) -> docs/results/indexer_kill.json
+## uninterrupted run (~5 min on 2 cores; 2 per command run in `make test`) -> docs/research/results/indexer_kill.json
 test-chaos: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -m chaos -s tests/indexer/test_kill_runs.py
+	$(BIN)/python -m pytest -p no:cacheprovider -m chaos -s tests/indexer/jobs/test_kill_runs.py
 
 ## make test-fuzz: schemathesis (the fuzz extra) against the service's own OpenAPI document on a live
 ## `crossprobe serve` over a real tiny index, every check, >= 1,000 generated requests; no 5xx and no failed
-## check allowed (a few minutes) -> docs/results/fuzz.json
+## check allowed (a few minutes) -> docs/research/results/fuzz.json
 test-fuzz: $(STAMP)
 	$(BIN)/pip install -q -e '.[fuzz]'
 	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
@@ -55,44 +55,44 @@ test-fuzz: $(STAMP)
 train: $(STAMP)
 	$(BIN)/crossprobe train
 
-## make eval: the Flickr8k test protocol -> docs/flickr8k.md, docs/results/flickr8k.json
+## make eval: the Flickr8k test protocol -> docs/research/flickr8k.md, docs/research/results/flickr8k.json
 eval: $(STAMP)
 	$(BIN)/crossprobe eval
 
 ## make frontier: four CP settings trained on the committed towers, the default chosen on dev
-## -> docs/frontier.md, docs/results/frontier.json (resumable; ~50 min on 2 cores)
+## -> docs/research/frontier.md, docs/research/results/frontier.json (resumable; ~50 min on 2 cores)
 frontier: $(STAMP)
 	$(BIN)/crossprobe frontier
 
 ## make ablation: SEAM / ACE-RPE / ZoDIAC / T-EMDE pooling trained and measured against the default
-## -> docs/ablation.md, docs/results/ablation.json (resumable; ~3 h on 2 cores: tower options ~21 min each, TV rows up to 30)
+## -> docs/research/ablation.md, docs/research/results/ablation.json (resumable; ~3 h on 2 cores: tower options ~21 min each, TV rows up to 30)
 ablation: $(STAMP)
 	$(BIN)/crossprobe ablate
 
 export: $(STAMP)
 	$(BIN)/crossprobe export
 
-## make bench: the speed targets, each written to docs/ with its machine and command (Flickr8k needed; CPU idle):
-## CP frontier on test -> docs/frontier_test.md (first runs `crossprobe frontier` for settings not trained
-## under the current CP recipe: ~20 min each); ONNX Runtime thread pools -> docs/ort_threading.md;
-## the search service, 8,091 and 100K items -> docs/latency.md
+## make bench: the speed targets, each written to docs/research/ with its machine and command (Flickr8k needed; CPU idle):
+## CP frontier on test -> docs/research/frontier_test.md (first runs `crossprobe frontier` for settings not trained
+## under the current CP recipe: ~20 min each); ONNX Runtime thread pools -> docs/research/ort_threading.md;
+## the search service, 8,091 and 100K items -> docs/research/latency.md
 bench: $(STAMP)
-	$(BIN)/python benchmarks/cp_frontier.py
-	$(BIN)/python benchmarks/ort_threading.py
-	$(BIN)/python benchmarks/service_bench.py --requests 300
+	$(BIN)/python -m benchmarks.cp_frontier
+	$(BIN)/python -m benchmarks.ort_threading
+	$(BIN)/python -m benchmarks.service_bench --requests 300
 
-## make bench-load: load, soak and Redis chaos under load (issue 16 item 6; Flickr8k needed; ~30 min) -> docs/results/
-## load.json, redis_faults_load.json (docs/reliability.md): max sustainable searches/s at p99 <= 100 ms per rerank mode
+## make bench-load: load, soak and Redis chaos under load (issue 16 item 6; Flickr8k needed; ~30 min) -> docs/research/results/
+## load.json, redis_faults_load.json (docs/research/reliability.md): max sustainable searches/s at p99 <= 100 ms per rerank mode
 ## on 8,091 and 100K items, a 10-minute soak at 80% of cp's, Redis paused 10 s and killed under that load, a py-spy
 ## profile. Each step runs under $(LOCK) (a machine shared with training jobs; LOCK= to run without)
 LOCK ?= flock /tmp/crossprobe-cpu.lock
 bench-load: $(STAMP)
 	$(BIN)/pip install -q py-spy
-	$(LOCK) $(BIN)/python benchmarks/load_bench.py max-qps --start 60 --step-s 8
-	$(LOCK) $(BIN)/python benchmarks/load_bench.py soak --minutes 10
-	$(LOCK) $(BIN)/python benchmarks/redis_faults.py --rate $$($(BIN)/python -c "import json; print(json.load(open('docs/results/load.json'))['soak']['results']['rate'])") \
-		--pause-s 10 --down-s 10 --phase-s 10 --images 128 --out docs/results/redis_faults_load.json
-	$(LOCK) $(BIN)/python benchmarks/load_bench.py profile --clients 16 --seconds 20 --label after
+	$(LOCK) $(BIN)/python -m benchmarks.load_bench max-qps --start 60 --step-s 8
+	$(LOCK) $(BIN)/python -m benchmarks.load_bench soak --minutes 10
+	$(LOCK) $(BIN)/python -m benchmarks.redis_faults --rate $$($(BIN)/python -c "import json; print(json.load(open('docs/research/results/load.json'))['soak']['results']['rate'])") \
+		--pause-s 10 --down-s 10 --phase-s 10 --images 128 --out docs/research/results/redis_faults_load.json
+	$(LOCK) $(BIN)/python -m benchmarks.load_bench profile --clients 16 --seconds 20 --label after
 
 clean:
 	rm -rf $(VENV) artifacts .pytest_cache

@@ -1,8 +1,8 @@
 """The ANN stage alone, per backend: recall@100 against exact search, p50/p99 of one search, build time, RSS.
 
-    .venv/bin/python benchmarks/ann_backends.py --n 100000 [--n 1000000] [--vectors PATH/vectors.npy]
+    .venv/bin/python -m benchmarks.ann_backends --n 100000 [--n 1000000] [--vectors PATH/vectors.npy]
         [--configs faiss_flat,faiss_hnsw,milvus_flat,milvus_hnsw,milvus_ivf] [--queries 200]
-        -> docs/results/ann_backends.json (merged per size: a later run at another size keeps the earlier one)
+        -> docs/research/results/ann_backends.json (merged per size: a later run at another size keeps the earlier one)
 
 Vectors: a built Flickr8k index's vectors.npy (--vectors; default: the newest artifacts/*/indexes/flickr8k/
 v*/vectors.npy here) plus noisy copies up to --n, exactly as benchmarks/service_bench.py synthesize makes its
@@ -71,11 +71,11 @@ def make_queries(vectors: np.ndarray, src_path: Path | None, count: int, workdir
         from crossprobe.models import runtime
         from crossprobe.models.checkpoint import DEFAULT_CHECKPOINT
         from crossprobe.models.data.flickr8k import Flickr8k
-        from crossprobe.service.backend import checkpoint_fingerprint, ensure_onnx
+        from crossprobe.models import export
 
-        if checkpoint_fingerprint(DEFAULT_CHECKPOINT) != fp:
+        if export.checkpoint_fingerprint(DEFAULT_CHECKPOINT) != fp:
             raise FileNotFoundError(f"the committed checkpoint is not {fp}")
-        graphs = ensure_onnx(workdir / "onnx", DEFAULT_CHECKPOINT)
+        graphs = export.ensure_graphs(workdir / "onnx", export.SEARCH_GRAPHS, DEFAULT_CHECKPOINT)
         sess = runtime.session(graphs / "query_tower.onnx", 2, False)
         tok = bb.load_tokenizer()
         cap = Flickr8k.load()
@@ -122,19 +122,19 @@ def run_one(config: str, data: Path) -> dict:
     n, d = vectors.shape
     t = time.perf_counter()
     if config.startswith("faiss"):
-        from crossprobe.indexer import faiss_io
-        from crossprobe.indexer.ann.faiss_backend import FaissIndex
+        from crossprobe.indexer.storage import faiss_io
+        from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex
 
         factory = {"faiss_flat": "Flat", "faiss_hnsw": "HNSW32"}[config]
         index = FaissIndex(faiss_io.build_faiss(vectors, factory))
         desc = f"faiss {factory}, efSearch 64 (the reader's)" if "hnsw" in config else "faiss Flat"
     else:
-        from crossprobe.indexer.ann.milvus_backend import MilvusBackend
-        from crossprobe.indexer.redis_conn import Settings
+        from crossprobe.indexer.storage.ann.milvus_backend import MilvusBackend
+        from crossprobe.indexer.jobs.settings import IndexerSettings
 
         kind = {"milvus_flat": "FLAT", "milvus_hnsw": "HNSW", "milvus_ivf": "IVF_FLAT"}[config]
         tmp = Path(tempfile.mkdtemp(prefix="ann-bench-", dir=data))
-        s = Settings(root=tmp, ann_backend="milvus", milvus_uri=str(tmp / "milvus.db"), milvus_index=kind,
+        s = IndexerSettings(index_root=tmp, ann_backend="milvus", milvus_uri=str(tmp / "milvus.db"), milvus_index=kind,
                      progress=False)
         b = MilvusBackend(s)
         w = b.writer("bench", "v20260101T000000000000", d, tmp)
@@ -200,16 +200,16 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--workdir", type=Path, default=REPO / "artifacts/bench-ann")
-    ap.add_argument("--out", type=Path, default=REPO / "docs/results/ann_backends.json")
+    ap.add_argument("--out", type=Path, default=REPO / "docs/research/results/ann_backends.json")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one, args.data)))
         return
-    from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
+    from benchmarks.indexer_bench import machine
 
-    command = "python benchmarks/ann_backends.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m benchmarks.ann_backends " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     vec_path = args.vectors or find_vectors()
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     res.update(command=command, machine=machine())
@@ -219,8 +219,9 @@ def main() -> None:
         row = res.setdefault(str(n), {})
         row["data"] = info
         for config in args.configs.split(","):
-            p = subprocess.run([sys.executable, __file__, "--one", config, "--data", str(data)], capture_output=True,
-                               text=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            p = subprocess.run([sys.executable, "-m", "benchmarks.ann_backends", "--one", config, "--data", str(data)],
+                               capture_output=True, text=True, timeout=3600, cwd=REPO,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 row[config] = {"error": (p.stderr or p.stdout)[-2000:]}

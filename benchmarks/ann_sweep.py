@@ -1,8 +1,8 @@
 """The ANN stage's search-time knob (HNSW efSearch, IVF nprobe) against recall@100 and latency, for text
 queries (the served query tower's vectors of Flickr8k captions): chosen on dev captions, reported on test.
 
-    .venv/bin/python benchmarks/ann_sweep.py --index artifacts/search-features/indexes/flickr8k-1000k-hnsw
-        [--values 64,128,256,512,1024] -> docs/results/ann_sweep_<name>.json
+    .venv/bin/python -m benchmarks.ann_sweep --index artifacts/search-features/indexes/flickr8k-1000k-hnsw
+        [--values 64,128,256,512,1024] -> docs/research/results/ann_sweep_<name>.json
 
 Reads the newest complete version under the index folder (index.faiss + vectors.npy; no Redis needed). Truth:
 exact inner-product search over all vectors. Latency: one query at a time, one thread (as served,
@@ -66,9 +66,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    command = "python benchmarks/ann_sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from indexer_bench import machine  # benchmarks/ is sys.path[0] when run as a script
-    from service_bench import text_vectors
+    command = "python -m benchmarks.ann_sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from benchmarks.indexer_bench import machine
+    from benchmarks.service_bench import text_vectors
 
     mach = machine()
     vdir = newest_version(args.index)
@@ -85,7 +85,7 @@ def main() -> None:
         gold = truth(vecs, q, 100)
         print(f"{split} captions ({len(q)}):")
         res[split] = sweep(index, q, gold, values, 100)
-    out = args.out or Path("docs/results") / f"ann_sweep_{args.index.name}.json"
+    out = args.out or Path("docs/research/results") / f"ann_sweep_{args.index.name}.json"
     out.write_text(json.dumps(res, indent=2) + "\n")
 
 

@@ -1,12 +1,12 @@
 """Search features over the 100K-item index: p50 / p99 of filtered text queries at 1%, 10% and 100% selectivity,
 beside the unfiltered text query and the image query (issue 17's latency table).
 
-    .venv/bin/python benchmarks/filter_latency.py [--queries 1000] [--total 100000] [--workdir DIR]
-        -> docs/results/search_features.json (its p50_ms, p99_ms, items, latency_100k keys; the quality keys that
+    .venv/bin/python -m benchmarks.filter_latency [--queries 1000] [--total 100000] [--workdir DIR]
+        -> docs/research/results/search_features.json (its p50_ms, p99_ms, items, latency_100k keys; the quality keys that
            benchmarks/image_query_quality.py writes are kept)
 
 Index: the 8,091 Flickr8k images built by the indexer with the committed checkpoint (the same --workdir as
-image_query_quality.py, reused when present), grown to --total items by indexer/synthetic.py (each generated item
+image_query_quality.py, reused when present), grown to --total items by indexer/jobs/synthetic.py (each generated item
 a real one's vector plus noise with a copy of its Redis values; FAISS factory chosen by size as the indexer does:
 HNSW32 at 100K), whose selectivity tags sel-0.01 / sel-0.1 / sel-1.0 sit on a seeded random 1% / 10% / all of
 the items. `crossprobe serve` in a subprocess on loopback, the shipped defaults (rerank cp, shortlist 100, k 10)
@@ -16,7 +16,7 @@ turn (round robin, so the modes see the same queries and the same machine state)
   filter_F      {"query": caption, "filter": {"field": "tags", "eq": "sel-F"}}  for F in 0.01, 0.1, 1.0
   image         {"image": the caption's test image file, base64}  (rerank none: no text for a reranker)
 Latency is client-side (HTTP included), after a warm-up; stages are the median of the service's timings_ms.
-Then, offline (the server stopped), the filtered ANN stage alone: recall@100 of service/filters.py's search
+Then, offline (the server stopped), the filtered ANN stage alone: recall@100 of indexer/storage/filter_columns.py's search
 against an exhaustive search of the matching rows, queried with the test images' stored vectors, at each
 selectivity, and the cost of reading the 100K items' metadata into filter columns (what the service does while
 loading a version, Settings.filter_preload).
@@ -37,13 +37,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from crossprobe.indexer import open_index, synthetic
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import close_embedded, connect
+from crossprobe.indexer import open_index
+from crossprobe.indexer.jobs import synthetic
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
-from indexer_bench import machine, require_flickr8k  # benchmarks/ is sys.path[0] when run as a script
+from benchmarks.indexer_bench import machine, require_flickr8k
 
 MODES = ("text", "filter_0.01", "filter_0.1", "filter_1.0", "image")
 
@@ -73,16 +74,16 @@ def summary(lat: list[float], outs: list[dict]) -> dict:
 
 
 def ann_recall(reader, queries: np.ndarray, shortlist: int = 100) -> dict:
-    """The filtered ANN stage alone (service/filters.py search, the service's settings), recall@shortlist
+    """The filtered ANN stage alone (indexer/storage/filter_columns.py search, the service's settings), recall@shortlist
     against an exhaustive search of the matching rows, and how it answered; plus the preload cost (metadata ->
     columns) and unfiltered HNSW for reference. Queries: stored vectors (unit, d)."""
-    from crossprobe.service import filters
-    from crossprobe.service.schemas import Condition
+    from crossprobe.indexer.storage import filter_columns
+    from crossprobe.indexer.storage.filter_model import Condition
     from crossprobe.service.settings import Settings
 
     exact_max = Settings().filter_exact_max
     t = time.perf_counter()
-    cols = filters.Columns(filters.all_metadata(reader))
+    cols = filter_columns.Columns(filter_columns.all_metadata(reader))
     out: dict = {"preload_s": round(time.perf_counter() - t, 2), "queries": len(queries), "shortlist": shortlist}
     vecs = reader.vectors_at(np.arange(len(reader)))
     for frac in synthetic.SELECTIVITY:
@@ -90,7 +91,7 @@ def ann_recall(reader, queries: np.ndarray, shortlist: int = 100) -> dict:
         cand = np.flatnonzero(mask)
         hits, methods = [], Counter()
         for q in queries:
-            f = filters.search(reader.index, reader.vectors_at, q, shortlist, mask, exact_max)
+            f = filter_columns.search(reader.index, reader.vectors_at, q, shortlist, mask, exact_max)
             best = cand[np.argpartition(-(vecs[cand] @ q), shortlist)[:shortlist]]
             hits.append(len(set(f.rows.tolist()) & set(best.tolist())) / shortlist)
             methods[f.how] += 1
@@ -107,7 +108,7 @@ SECTION = "## Search features over the 100K-item index"
 
 
 def features_section(docs: Path) -> list[str]:
-    """docs/latency.md's section for this benchmark, from docs/results/search_features.json ([] before a run).
+    """docs/research/latency.md's section for this benchmark, from docs/research/results/search_features.json ([] before a run).
     service_bench.py's write() appends it too, so either benchmark rewrites the page whole."""
     f = docs / "results" / "search_features.json"
     res = json.loads(f.read_text()) if f.exists() else {}
@@ -131,7 +132,7 @@ def features_section(docs: Path) -> list[str]:
                      f"{st.get('filter', '-')} / {st.get('ann', '-')} / {st.get('rerank', '-')} | {how} | "
                      f"{'-' if recall is None else recall} |")
     if rec:
-        lines += ["", f"ANN recall@100: the filtered ANN stage alone (service/filters.py, offline, the test images' "
+        lines += ["", f"ANN recall@100: the filtered ANN stage alone (indexer/storage/filter_columns.py, offline, the test images' "
                   f"stored vectors as {rec['queries']} queries) against an exhaustive search of the matching rows; "
                   "\"exact-scan\": at most CROSSPROBE_FILTER_EXACT_MAX (20,000) items match, so their stored vectors "
                   "are scanned exactly; \"faiss-idselector\": HNSW searched with the filter's bitmap. Reading the 100K items' metadata into filter columns (done while a version "
@@ -152,19 +153,19 @@ def main() -> None:
     ap.add_argument("--total", type=int, default=100_000, help="items in the grown index")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/search-features"))
-    ap.add_argument("--out", type=Path, default=Path("docs/results/search_features.json"))
+    ap.add_argument("--out", type=Path, default=Path("docs/research/results/search_features.json"))
     args = ap.parse_args()
     require_flickr8k()
-    command = "python benchmarks/filter_latency.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from image_query_quality import NAME, ensure_index  # benchmarks/ is sys.path[0] when run as a script
-    from service_bench import start_server, stop_server
+    command = "python -m benchmarks.filter_latency " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from benchmarks.image_query_quality import NAME, ensure_index
+    from benchmarks.service_bench import start_server, stop_server
 
     mach = machine()  # before the work: its load average is the idle machine's
     ds = Flickr8k.load()
     paths = [ds.image_path(i) for i in range(len(ds.images))]
     fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexSettings(redis_url=None, root=args.workdir / "indexes", progress=False)
+    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
     redis_client = connect(ixs)
     big = f"{NAME}-{args.total // 1000}k"
     try:
@@ -179,7 +180,7 @@ def main() -> None:
         test = ds.splits["test"]
         captions = [ds.captions[ds.captions_of([i])[0]] for i in test][: args.queries]
         images = [base64.b64encode(ds.image_path(i).read_bytes()).decode() for i in test][: args.queries]
-        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
                "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
                "CROSSPROBE_INDEXES": big, "HF_HUB_OFFLINE": "1"}
         port = free_port()

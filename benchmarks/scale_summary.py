@@ -1,6 +1,6 @@
-"""docs/results/scale.json's summary keys, from the measurements that produced them (no new measurement):
+"""docs/research/results/scale.json's summary keys, from the measurements that produced them (no new measurement):
 
-    .venv/bin/python benchmarks/scale_summary.py
+    .venv/bin/python -m benchmarks.scale_summary
 
   "1000000": faiss_hnsw / faiss_ivfpq  benchmarks/scale_bench.py (through the service: p50/p99 of /v1/search with
                                        cp, recall@100 of the ANN stage with text queries, rss_gb, build_s)
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RESULTS = Path("docs/results")
+RESULTS = Path("docs/research/results")
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     for key in ("faiss_hnsw", "faiss_ivfpq"):
         if key in block:
             row = block[key]
-            row.setdefault("command", f"python benchmarks/scale_bench.py --factories {row['factory']}")
+            row.setdefault("command", f"python -m benchmarks.scale_bench --factories {row['factory']}")
             row.setdefault("machine", scale.get("machine_1m"))
             row.update(
                        measured="through `crossprobe serve`: /v1/search with rerank cp (p50/p99); the ANN stage "
@@ -37,13 +37,13 @@ def main() -> None:
                            "ef_sweep": m.get("ef_sweep"), "command": m.get("command"), "machine": m.get("machine"),
                            "measured": "the ANN stage alone (milvus-lite in the benchmark's process, 200 text "
                                        "queries), not through the service; milvus-lite's speed is its Python "
-                                       "engine's, not a Milvus server's (docs/scaling-milvus.md)"}
+                                       "engine's, not a Milvus server's (docs/research/scaling-milvus.md)"}
     scale["redis_cluster_fetch_ms"] = {"single": cluster["single"]["p50_ms"], "cluster": cluster["cluster"]["p50_ms"],
                                        "p99": {"single": cluster["single"]["p99_ms"],
                                                "cluster": cluster["cluster"]["p99_ms"]},
                                        "command": cluster["command"], "machine": cluster["machine"]}
-    scale["command"] = ("python benchmarks/scale_bench.py --factories HNSW32 && python benchmarks/scale_bench.py "
-                        "--factories IVF4096,PQ32 && python benchmarks/scale_summary.py (milvus: "
+    scale["command"] = ("python -m benchmarks.scale_bench --factories HNSW32 && python -m benchmarks.scale_bench "
+                        "--factories IVF4096,PQ32 && python -m benchmarks.scale_summary (milvus: "
                         f"{(m or {}).get('command')}; redis_cluster_fetch_ms: {cluster['command']})")
     (RESULTS / "scale.json").write_text(json.dumps(scale, indent=2) + "\n")
 

@@ -1,7 +1,7 @@
 """Online service latency: p50/p95/p99 and QPS of POST /v1/search, per reranker, on two index sizes.
 
-    .venv/bin/python benchmarks/service_bench.py [--limit N] [--big 100000] [--requests 200] [--ckpt DIR]
-        -> docs/latency.md, docs/results/latency.json
+    .venv/bin/python -m benchmarks.service_bench [--limit N] [--big 100000] [--requests 200] [--ckpt DIR]
+        -> docs/research/latency.md, docs/research/results/latency.json
 
 Indexes (kept under --workdir between runs, rebuilt only when missing):
   flickr8k   Flickr8k's images (../shared/datasets/flickr8k or FLICKR8K_DIR), built by the indexer;
@@ -33,12 +33,12 @@ import numpy as np
 
 from crossprobe.models.data.flickr8k import Flickr8k, dataset_root
 from crossprobe.indexer import build, open_index
-from crossprobe.indexer import synthetic
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import close_embedded, connect
+from crossprobe.indexer.jobs import synthetic
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.service.server import free_port
-from filter_latency import features_section  # benchmarks/ is sys.path[0] when run as a script
-from indexer_bench import machine, require_flickr8k
+from benchmarks.filter_latency import features_section
+from benchmarks.indexer_bench import machine, require_flickr8k
 
 RERANKS = ("none", "temde", "cp")
 
@@ -64,7 +64,7 @@ def ensure_ckpt(ckpt: Path | None, workdir: Path) -> tuple[Path, bool]:
     return rnd, True
 
 
-def usable(name: str, fp: str, ixs: IndexSettings, count: int) -> bool:
+def usable(name: str, fp: str, ixs: IndexerSettings, count: int) -> bool:
     try:
         rd = open_index(name, fp, ixs)
         rd.features(rd.ids[:1] + rd.ids[-1:])
@@ -73,11 +73,11 @@ def usable(name: str, fp: str, ixs: IndexSettings, count: int) -> bool:
         return False
 
 
-def build_flickr(ixs: IndexSettings, ckpt: Path, fp: str, limit: int | None) -> int:
+def build_flickr(ixs: IndexerSettings, ckpt: Path, fp: str, limit: int | None) -> int:
     paths = sorted((dataset_root() / "images").glob("*.jpg"))[:limit]
     if usable("flickr8k", fp, ixs, len(paths)):
         return len(paths)
-    manifest = Path(ixs.root) / "flickr8k.jsonl"
+    manifest = Path(ixs.index_root) / "flickr8k.jsonl"
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
     res = build("flickr8k", manifest=manifest, settings=ixs, ckpt=ckpt, log=print)
@@ -85,8 +85,8 @@ def build_flickr(ixs: IndexSettings, ckpt: Path, fp: str, limit: int | None) -> 
     return res.count
 
 
-def synthesize(ixs: IndexSettings, total: int, seed: int = 0) -> str:
-    """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours (indexer/synthetic.py), with the
+def synthesize(ixs: IndexerSettings, total: int, seed: int = 0) -> str:
+    """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours (indexer/jobs/synthetic.py), with the
     selectivity tags sel-0.01 / sel-0.1 / sel-1.0; reused when a complete one of that size (with them) exists."""
     name = f"flickr8k-{total // 1000}k" if total % 1000 == 0 else f"flickr8k-{total}"
     base = open_index("flickr8k", None, ixs)
@@ -177,7 +177,7 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
 def text_vectors(texts: list[str]) -> np.ndarray:
     """The served query tower's g_q (the service's own Models: the committed checkpoint, int8 ONNX graph, the
     shipped settings) for these texts -> (N, d) float32: ANN queries as the service makes them."""
-    from crossprobe.service.backend import Models
+    from crossprobe.service.inference import Models
     from crossprobe.service.settings import Settings as ServiceSettings
 
     models = Models(ServiceSettings(redis_url=None))
@@ -187,7 +187,7 @@ def text_vectors(texts: list[str]) -> np.ndarray:
 def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp32", threads: int | None = None) -> dict:
     """The environment of `crossprobe serve` for these indexes (the shipped defaults except access log off, no
     reload polling and a deeper admission queue), on the benchmark's embedded Redis through its unix socket."""
-    env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+    env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
            "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
            "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_QUEUE_SIZE": "256", "HF_HUB_OFFLINE": "1",
            "CROSSPROBE_INDEXES": ",".join(names.values()), "CROSSPROBE_QUERY_PRECISION": precision}
@@ -229,7 +229,7 @@ def prepare(workdir: Path, ckpt: Path | None, limit: int | None, big: int):
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt, random_weights = ensure_ckpt(ckpt, workdir)
     fp = json.loads((ckpt / "config.json").read_text())["fingerprint"]
-    ixs = IndexSettings(redis_url=None, root=workdir / "indexes", progress=True)
+    ixs = IndexerSettings(redis_url=None, index_root=workdir / "indexes", progress=True)
     redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
     n_small = build_flickr(ixs, ckpt, fp, limit)
     names = {str(n_small): "flickr8k"}
@@ -251,12 +251,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="CROSSPROBE_THREADS for the service")
     ap.add_argument("--ckpt", type=Path, default=None)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/bench-service"))
-    ap.add_argument("--docs", type=Path, default=Path("docs"))
+    ap.add_argument("--docs", type=Path, default=Path("docs/research"))
     ap.add_argument("--query-precision", default="fp32,int8",
                     help="query-tower graphs to serve, comma separated; the first is the headline table")
     args = ap.parse_args()
     require_flickr8k()
-    command = "python benchmarks/service_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m benchmarks.service_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     mach = machine()
     ixs, redis_client, ckpt, fp, random_weights, names, queries = prepare(args.workdir, args.ckpt, args.limit, args.big)
 
@@ -330,7 +330,7 @@ def write(res: dict, docs: Path) -> None:
 
 
 def earlier_runs(docs: Path) -> list[str]:
-    """Runs of this benchmark kept under other configurations (docs/results/latency_*.json, each with a
+    """Runs of this benchmark kept under other configurations (docs/research/results/latency_*.json, each with a
     "label" naming its settings), one client, beside the headline run."""
     rows = []
     for f in sorted((docs / "results").glob("latency_*.json")):

@@ -2,11 +2,11 @@
 loopback, embedded Redis, indexes built by the indexer) must reproduce the
 offline evaluation's text->image R@1 for each rerank mode: none = TT,
 cp = CP@100, temde = TEMDE@100. Two sets: the Flickr8k test captions
-(docs/results/flickr8k.json) and the out-of-domain dev set, coco-mini-dev among
-the Flickr8k dev images (docs/results/ood.json).
+(docs/research/results/flickr8k.json) and the out-of-domain dev set, coco-mini-dev among
+the Flickr8k dev images (docs/research/results/ood.json).
 
-    .venv/bin/python benchmarks/service_quality.py [--limit N] [--sets test,ood]
-        -> docs/service_quality.md, docs/results/service_quality.json
+    .venv/bin/python -m benchmarks.service_quality [--limit N] [--sets test,ood]
+        -> docs/research/service_quality.md, docs/research/results/service_quality.json
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.models.evaluation.report import machine
 from crossprobe.indexer import build
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
+from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
 
@@ -33,22 +33,22 @@ DEFAULT_PRECISIONS = "fp32,int8"  # the service's default first
 def query_set(name: str, ds: Flickr8k, limit: int | None, workdir: Path) -> dict:
     """One caption set as the API sees it: a manifest of its candidate images, (query, gold id) pairs and the
     offline R@1 it must reproduce.
-      test  the 5,000 Flickr8k test captions over the 1,000 test images (docs/results/flickr8k.json)
+      test  the 5,000 Flickr8k test captions over the 1,000 test images (docs/research/results/flickr8k.json)
       ood   coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev images
-            (docs/results/ood.json, "coco-mini-dev+f8k-dev", the default checkpoint's rows): the
+            (docs/research/results/ood.json, "coco-mini-dev+f8k-dev", the default checkpoint's rows): the
             out-of-domain dev set the label bridge was chosen on"""
     if name == "test":
         test = ds.splits["test"]
         items = [(ds.images[i], ds.image_path(i)) for i in test]
         pairs = [(ds.captions[j], ds.images[ds.caption_image[j]]) for j in ds.captions_of(test)]
-        offline = json.loads(Path("docs/results/flickr8k.json").read_text())["t2i"]
+        offline = json.loads(Path("docs/research/results/flickr8k.json").read_text())["t2i"]
     else:
         folder = CaptionedFolder.load(coco_root())
         # ids prefixed by their source: a COCO and a Flickr8k file name may coincide
         items = [(f"coco/{n}", folder.image_path(i)) for i, n in enumerate(folder.images)]
         items += [(f"f8k/{ds.images[i]}", ds.image_path(i)) for i in ds.splits["dev"]]
         pairs = [(c, f"coco/{folder.images[folder.caption_image[j]]}") for j, c in enumerate(folder.captions)]
-        offline = json.loads(Path("docs/results/ood.json").read_text())["coco-mini-dev+f8k-dev"]["default"]
+        offline = json.loads(Path("docs/research/results/ood.json").read_text())["coco-mini-dev+f8k-dev"]["default"]
     manifest = workdir / f"{name}.jsonl"
     manifest.write_text("".join(json.dumps({"id": i, "uri": str(u)}) + "\n" for i, u in items))
     return {"manifest": manifest, "pairs": pairs[:limit], "offline": offline, "images": len(items)}
@@ -67,7 +67,7 @@ def main() -> None:
     ds = Flickr8k.load()
     root = args.workdir / "indexes"
     args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexSettings(root=root, progress=False)
+    ixs = IndexerSettings(index_root=root, progress=False)
     sets = {name: query_set(name, ds, args.limit, args.workdir) for name in args.sets.split(",")}
     for name, qs in sets.items():
         build(f"quality-{name}", manifest=qs["manifest"], settings=ixs, log=lambda *_: None)
@@ -96,22 +96,22 @@ def main() -> None:
                     modes[mode] = {"api": api, "offline": ref, "offline_method": method,
                                    "R@1_diff": round(api["R@1"] - ref["R@1"], 2), "seconds": round(time.perf_counter() - t, 1)}
                     print(name, prec, mode, modes[mode], flush=True)
-    out["command"] = "python benchmarks/service_quality.py" + (f" --limit {args.limit}" if args.limit else "") + \
+    out["command"] = "python -m benchmarks.service_quality" + (f" --limit {args.limit}" if args.limit else "") + \
         (f" --sets {args.sets}" if args.sets != "test,ood" else "") + \
         (f" --query-precision {args.query_precision}" if args.query_precision != DEFAULT_PRECISIONS else "")
     out["machine"] = machine()
-    Path("docs/results").mkdir(parents=True, exist_ok=True)
-    Path("docs/results/service_quality.json").write_text(json.dumps(out, indent=2))
+    Path("docs/research/results").mkdir(parents=True, exist_ok=True)
+    Path("docs/research/results/service_quality.json").write_text(json.dumps(out, indent=2))
     lines = ["# Quality through the API (captions over HTTP vs the offline evaluation)", "",
              f"Command: `{out['command']}`  ", f"Machine: {out['machine']}", "",
              "Each caption is a POST /v1/search (k=10, shortlist 100) to a uvicorn server on loopback, over an index "
              "built by `crossprobe index build` (embedded Redis, FAISS Flat) of the set's candidate images:", "",
-             "- test: the Flickr8k test captions over the 1,000 test images; offline: docs/results/flickr8k.json.",
+             "- test: the Flickr8k test captions over the 1,000 test images; offline: docs/research/results/flickr8k.json.",
              "- ood: coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev images; offline: "
-             "docs/results/ood.json (coco-mini-dev+f8k-dev, the default checkpoint).", "",
+             "docs/research/results/ood.json (coco-mini-dev+f8k-dev, the default checkpoint).", "",
              "Ties are counted against the gold image offline. The offline evaluation runs the fp32 query tower, as "
              "the service does by default; CROSSPROBE_QUERY_PRECISION=int8 (opt-in) runs its MiniLM layers in int8 "
-             "(docs/query_tower_quant.md).", "",
+             "(docs/research/query_tower_quant.md).", "",
              "| set | captions | query tower | rerank | offline method | offline R@1 | API R@1 | API - offline | API R@5 | API R@10 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in out["sets"].items():
@@ -119,7 +119,7 @@ def main() -> None:
             for mode, m in modes.items():
                 lines.append(f"| {name} | {res['queries']} | {prec} | {mode} | {m['offline_method']} | {m['offline']['R@1']} | "
                              f"{m['api']['R@1']} | {m['R@1_diff']:+} | {m['api']['R@5']} | {m['api']['R@10']} |")
-    Path("docs/service_quality.md").write_text("\n".join(lines) + "\n")
+    Path("docs/research/service_quality.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -6,7 +6,7 @@ of a resumed run only loads features already on disk, so this script times build
 feature cache from nothing (in a temporary directory; the dataset is read in place) and
 writes the budget with it:
 
-    .venv/bin/python benchmarks/training_time.py  ->  docs/training_time.md, docs/results/training_time.json
+    .venv/bin/python -m benchmarks.training_time  ->  docs/research/training_time.md, docs/research/results/training_time.json
 
 Run it on an otherwise idle machine (2 threads, as `crossprobe train`).
 """
@@ -45,22 +45,22 @@ def main() -> None:
     total = fresh + sum(stages.values())
     out = {"cache_from_nothing_s": fresh, "cache_recorded_s": recorded_cache, "stages_s": stages,
            "total_min": round(total / 60, 1), "budget_min": BUDGET_MIN, "checkpoint": meta["fingerprint"],
-           "machine": machine(), "command": "python benchmarks/training_time.py"}
-    Path("docs/results").mkdir(parents=True, exist_ok=True)
-    Path("docs/results/training_time.json").write_text(json.dumps(out, indent=2))
+           "machine": machine(), "command": "python -m benchmarks.training_time"}
+    Path("docs/research/results").mkdir(parents=True, exist_ok=True)
+    Path("docs/research/results/training_time.json").write_text(json.dumps(out, indent=2))
     rows = [("cache (built from nothing, this script)", fresh)] + list(stages.items())
     lines = ["# The default training run's wall time (`crossprobe train`, all stages)", "",
              f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ", f"Checkpoint: `{meta['fingerprint']}`", "",
              "Stage times other than the cache are the ones `crossprobe train` recorded for this checkpoint "
              "(config.json `training.timings_s`; a stage's time is summed over the invocations that ran it). "
-             "The CP frontier is not a stage of the default run: it is `crossprobe frontier` (docs/frontier.md); "
+             "The CP frontier is not a stage of the default run: it is `crossprobe frontier` (docs/research/frontier.md); "
              "`crossprobe train` trains the one CP shape pinned in ModelConfig.cp.", "",
              "| stage | seconds | minutes |", "|---|---|---|"]
     lines += [f"| {k} | {v} | {round(v / 60, 1)} |" for k, v in rows]
     lines += [f"| **total** | {round(total, 1)} | **{out['total_min']}** |", "",
               f"Budget (issue 2): under {BUDGET_MIN} minutes on this 2-core machine: "
               + ("met." if out["total_min"] < BUDGET_MIN else "NOT met."), ""]
-    Path("docs/training_time.md").write_text("\n".join(lines))
+    Path("docs/research/training_time.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 

@@ -1,6 +1,6 @@
 """Offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata), versioned.
 
-    from crossprobe.indexer import build, add, delete, reindex, open_index, Settings
+    from crossprobe.indexer import build, add, delete, reindex, open_index, IndexerSettings
 
 Names are imported lazily: `crossprobe --help` imports indexer.cli, and should
 not pay for faiss, onnxruntime and torch.
@@ -8,9 +8,10 @@ not pay for faiss, onnxruntime and torch.
 from importlib import import_module
 
 _EXPORTS = {
-    "build": "jobs", "add": "jobs", "delete": "jobs", "reindex": "jobs", "Result": "jobs", "TooManyLost": "jobs",
-    "open_index": "reader", "IndexReader": "reader", "FingerprintMismatch": "reader",
-    "Settings": "redis_conn", "connect": "redis_conn",
+    "build": "jobs.versions", "add": "jobs.versions", "delete": "jobs.versions", "reindex": "jobs.versions",
+    "Result": "jobs.versions", "TooManyLost": "jobs.versions",
+    "open_index": "storage.reader", "IndexReader": "storage.reader", "FingerprintMismatch": "storage.reader",
+    "IndexerSettings": "jobs.settings", "StorageSettings": "storage.settings", "connect": "storage.redis_conn",
 }
 __all__ = sorted(_EXPORTS)
 

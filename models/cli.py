@@ -1,4 +1,5 @@
-"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo.
+"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo, and
+`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py).
 
 Part of the one `crossprobe` command, which service/cli.py composes with `index` and `serve`."""
 from __future__ import annotations
@@ -66,7 +67,7 @@ def train(
 def evaluate(
     ckpt: Path = CKPT,
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json"),
+    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json"),
     methods: str = typer.Option("cp,temde,sm,tv"),
     cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
     timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
@@ -134,7 +135,7 @@ def frontier(
     ckpt: Path = CKPT,
     run_dir: Path = typer.Option(Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs"), help="writes DOCS/frontier.md and DOCS/results/frontier.json"),
+    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/frontier.md and DOCS/results/frontier.json"),
     seed: int = 0,
     threads: int = 2,
 ):
@@ -155,7 +156,7 @@ def ablate(
     only: str = typer.Option("", help="comma-separated subset of options (default: all)"),
     run_dir: Path = typer.Option(Path("runs/ablation"), help="per-option training state and results; resumable"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs"), help="writes DOCS/ablation.md and DOCS/results/ablation.json"),
+    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/ablation.md and DOCS/results/ablation.json"),
     retime: bool = typer.Option(False, help="re-measure ms/query of every stored row on an otherwise idle machine"),
     seed: int = 0,
     threads: int = 2,
@@ -202,17 +203,19 @@ def promote(
 @app.command()
 def export(
     ckpt: Path = CKPT,
-    out: Path = typer.Option(Path("artifacts/onnx"), help="directory for the .onnx files"),
+    out: Path = typer.Option(Path("artifacts/onnx"), help="root folder: the graphs go to <out>/<fingerprint>/"),
 ):
-    """Export the query tower, image tower and scorers to ONNX (checked against PyTorch)."""
+    """Export every ONNX graph of a checkpoint into <out>/<fingerprint>/ (each checked against PyTorch)."""
     from crossprobe.models import checkpoint
     from crossprobe.models import export as ex
+    from crossprobe.models import graphs
     from crossprobe.models.evaluation.timing import parity
 
     model, meta = checkpoint.load(ckpt)
-    paths = ex.export_all(model, out, meta["fingerprint"])
-    inputs = ex.example_inputs(model)
-    for name, path in paths.items():
+    folder = ex.ensure_graphs(out, graphs.GRAPHS, model=model, fingerprint=meta["fingerprint"])
+    inputs = graphs.example_inputs(model)
+    for name in graphs.GRAPHS:
+        path = folder / f"{name}.onnx"
         diff = parity(model, name, path, inputs[name])
         typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
         if diff > 1e-4:
@@ -230,3 +233,56 @@ def demo(
     from crossprobe.models.demo import run_demo
 
     run_demo(images, query or None, top, ckpt, echo=typer.echo)
+
+
+checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                             help="Write a checkpoint with a chosen setting (a new fingerprint: build indexes with it).")
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+@checkpoint_app.command("set-region-labels")
+def set_region_labels(
+    out: Path = typer.Option(..., help="directory for the new checkpoint (replaced atomically when it exists)"),
+    ckpt: Path = CKPT,
+    cp: float = typer.Option(0.0, help="CP's region weight w: logit + 20 * w * s_region (0: no region term)"),
+    temde: float = typer.Option(0.0, help="T-EMDE's region weight w (0: no region term)"),
+    pool: int = typer.Option(3, help="s_region = the mean of this many best-matching grid cells (1 to 49)"),
+):
+    """Write a checkpoint that adds region-level labels to the rerankers (all weights 0: off). Only the config
+    changes. The dev sets chose --cp 0.2 --temde 0.3 --pool 3 (docs/research/bridge.md, "Region-level labels")."""
+    from crossprobe.models import checkpoint
+    from crossprobe.models.training.adopt import set_region_labels as run_set
+
+    model, meta = checkpoint.load(ckpt)
+    try:
+        fp = run_set(model, meta, out, {"cp": cp, "temde": temde}, pool, {"command": _command()})
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+    state = f"weights {model.cfg.region.weights}, pool {model.cfg.region.pool}" if model.cfg.region.enabled else "off"
+    typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; region labels {state})")
+
+
+@checkpoint_app.command("set-temde")
+def set_temde(
+    trained: Path = typer.Argument(..., help="the trained T-EMDE: `crossprobe train`'s RUN_DIR/temde.done.pt (or "
+                                   "temde.m<i>.done.pt, one member) or a saved state dict (research/temde/sweep.py's "
+                                   "<run-dir>/<variant>.weights.pt)"),
+    out: Path = typer.Option(..., help="directory for the new checkpoint (replaced atomically when it exists)"),
+    ckpt: Path = CKPT,
+):
+    """Write a checkpoint with another trained T-EMDE in place of its own: its shape from its weights, its fusion
+    weight with it; towers, bridge and the other rerankers unchanged. Train it on this checkpoint's towers."""
+    from crossprobe.models import checkpoint
+    from crossprobe.models.training.adopt import load_trained_temde
+    from crossprobe.models.training.adopt import set_temde as run_set
+
+    model, meta = checkpoint.load(ckpt)
+    try:
+        weights, report = load_trained_temde(trained)
+        fp = run_set(model, meta, out, weights, {**(report or {}), "from": str(trained), "command": _command()})
+    except ValueError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+    c = model.cfg.temde
+    typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; T-EMDE N {c.N} x K {c.K}, inner {c.inner})")

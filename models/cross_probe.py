@@ -33,16 +33,19 @@ INPUTS = ("tower", "backbone", "both")
 
 @dataclass
 class CrossProbeConfig:
-    d_in: int = 256  # tower width
+    """Defaults: the served CP, d128-n8-l1 over the backbone features (ModelConfig.from_dict reads a
+    config.json saved under older defaults as it was trained)."""
+
+    d_in: int = 256  # tower width (SearchModel sets it to the vision tower's d)
     d: int = 128  # probe width
     m: int = 5  # text probes
-    n: int = 15  # vision probes
-    layers: int = 2  # cross layers
+    n: int = 8  # vision probes
+    layers: int = 1  # cross layers
     heads: int = 4
     dropout: float = 0.1
     attention: str = "standard"  # "standard" | "zodiac" in the cross layers (models/zodiac.py)
     zodiac_dropout: float = 0.2
-    inputs: str = "tower"  # "tower" | "backbone" | "both" (module docstring)
+    inputs: str = "backbone"  # "tower" | "backbone" | "both" (module docstring)
 
     def __post_init__(self):
         if self.inputs not in INPUTS:

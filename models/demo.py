@@ -23,9 +23,8 @@ SAMPLES = {
     "hubble": "hubble_deep_field", "clock": "clock", "page": "page", "brick": "brick", "grass": "grass",
     "retina": "retina", "colorwheel": "colorwheel",
 }
-# query -> the gallery photo a person would expect first
-# (one everyday query per photo: the first six were the demo's from the start, the rest were added with the
-# label bridge, issue 14, before its results were looked at)
+# query -> the gallery photo a person would expect first: one everyday query per photo, each written before
+# its result was seen, so the list is not picked to flatter the model
 EXPECTED = {
     "a cat": "cat", "a cup of coffee": "coffee", "a rocket launching into the sky": "rocket",
     "a man riding a motorcycle": "motorcycle", "a woman in a space suit": "astronaut",

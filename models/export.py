@@ -1,270 +1,142 @@
-"""ONNX export (`crossprobe export`): the graphs the indexer and the service run.
+"""The one place that writes ONNX graphs (`crossprobe export`, the indexer, the service).
 
-  query_tower.onnx  input_ids, attention_mask (B, T) -> g_q (B, d), p_t (B, m, dc),
-                    w_bar (B, dc), s_q (B, N*K)          [everything per query]
-                    (+ q_cls (B, 1000) with region labels: cosines with the class table)
-  image_tower.onnx  grid (B, 49, 1280) -> g_i, p_v (B, n, dc), b_bar (B, dc),
-                    s_i (B, N*K)                          [everything cached per image]
-                    (+ labels (B, 49) int64 with region labels: the head's class per cell)
-  cp_scorer.onnx    p_t (1, m, dc), w_bar (1, dc), p_v (K, n, dc), b_bar (K, dc),
-                    s_tt (K,) -> logits (K,)              [the l cross layers + fusion]
-  temde_scorer.onnx s_q (1, NK), s_i (K, NK), s_tt (K,) -> logits (K,)
-                    (both scorers + q_cls (1, 1000), labels (K, 49) when the method has a region weight:
-                    the region term of region_labels.py is added inside the graph)
-  explain.onnx      grid (K, 49, 1280), p_t (1, m, dc) -> regions (K, 49),
-                    probe_regions (K, 49)                 [where CP looked: /v1/explain]
-  sm_scorer.onnx / tv_scorer.onnx  the references, for timing against CP.
+A checkpoint's graphs live in a folder named by its fingerprint, so graphs of two
+checkpoints never mix and an index built with one checkpoint is never searched
+with another's graphs:
 
-ONNX files are build artifacts (not committed); `export_all` rebuilds them from a
-checkpoint and records its fingerprint in `manifest.json` beside them.
+    <root>/image_backbone.onnx          the frozen EfficientNet-Lite0 (one for all checkpoints)
+    <root>/<fingerprint>/<name>.onnx    query_tower, image_tower, cp_scorer, temde_scorer, explain, ...
+    <root>/<fingerprint>/query_tower.int8.onnx   the int8 query tower, quantized from the fp32 one
+    <root>/<fingerprint>/manifest.json  the fingerprint, opset and graphs present
+
+What each graph computes is models/graphs.py. Every file is written under a temp name and renamed into
+place, so a reader (another process, a killed export's next run) never sees half a graph. When the
+wanted graphs exist, nothing here imports torch or loads the PyTorch model: a restart takes seconds.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Iterable
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from crossprobe.models import DEFAULT_CHECKPOINT
 
-from crossprobe.models import backbones as bb
-from crossprobe.models.model import SearchModel
-from crossprobe.models.region_labels import add_region
-from crossprobe.models.runtime import session  # noqa: F401  (export.session: the graphs this module writes, run)
+log = logging.getLogger("crossprobe.models")
 
 OPSET = 17
+BACKBONE = "image_backbone.onnx"
+# the graphs the service needs to answer a search; explain and image_tower are exported beside them while the
+# PyTorch model is loaded anyway, but a folder without them still counts as ready (they come on first use)
+SEARCH_GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
+SERVICE_GRAPHS = SEARCH_GRAPHS + ("explain", "image_tower")
 
 
-class QueryGraph(nn.Module):
-    def __init__(self, model: SearchModel):
-        super().__init__()
-        self.m = model
-
-    def forward(self, input_ids, attention_mask):
-        t = self.m.text(input_ids, attention_mask)
-        p_t, w_bar = self.m.cp.encode_text(t.tokens, t.mask, t.states)
-        out = (t.g, p_t, w_bar, self.m.temde.sketch_text(t.tokens, t.mask, t.states))
-        return out + (self.m.bridge.class_sims(t.g),) if self.m.cfg.region.enabled else out
+def checkpoint_fingerprint(ckpt: Path | None) -> str:
+    """The fingerprint recorded in a checkpoint's config.json (reads JSON only: no torch)."""
+    path = Path(ckpt or DEFAULT_CHECKPOINT)
+    cfg = path / "config.json"
+    if not cfg.exists():
+        raise FileNotFoundError(f"no checkpoint at {path} (train one with `crossprobe train`, or set CROSSPROBE_CKPT)")
+    return json.loads(cfg.read_text())["fingerprint"]
 
 
-class ImageGraph(nn.Module):
-    def __init__(self, model: SearchModel):
-        super().__init__()
-        self.m = model
+def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
+                  fingerprint: str | None = None, also: Iterable[str] = ()) -> Path:
+    """<root>/<fingerprint>/ holding every graph in `names`, exporting the missing ones now (with `also`, while
+    the model is loaded). The model is the in-memory `model` (with its `fingerprint`) or the checkpoint `ckpt`
+    (default: the committed one), loaded only when something is missing."""
+    fingerprint = fingerprint or checkpoint_fingerprint(ckpt)
+    final = Path(root) / fingerprint
+    missing = [n for n in names if not (final / f"{n}.onnx").exists()]
+    if not missing:
+        return final
+    wanted = missing + [n for n in also if n not in missing and not (final / f"{n}.onnx").exists()]
+    if model is None:
+        from crossprobe.models import checkpoint
 
-    def forward(self, grid):
-        v = self.m.image(grid)  # g_i bridged with the ImageNet labels when the checkpoint has a bridge
-        p_v, b_bar = self.m.cp.encode_image(v.tokens, grid)
-        out = (v.g, p_v, b_bar, self.m.temde.sketch_image(v.tokens, grid))
-        return out + (self.m.bridge.cell_labels(grid),) if self.m.cfg.region.enabled else out
-
-
-class _RegionTerm(nn.Module):
-    """A scorer graph's region term (region_labels.py): extra inputs q_cls (1, 1000), labels (K, 49)."""
-
-    def __init__(self, model: SearchModel, method: str):
-        super().__init__()
-        self.cfg, self.method = model.cfg.region, method
-
-    @property
-    def on(self) -> bool:
-        return self.cfg.weight(self.method) > 0
-
-    def add(self, logits, q_cls, labels):
-        if not self.on:
-            return logits
-        return add_region(logits[None], self.cfg, self.method, q_cls, labels[None])[0]
-
-
-class CPScorer(_RegionTerm):
-    def __init__(self, model: SearchModel):
-        super().__init__(model, "cp")
-        self.cp = model.cp
-
-    def forward(self, p_t, w_bar, p_v, b_bar, s_tt, q_cls=None, labels=None):
-        K = p_v.shape[0]
-        s = self.cp.score(p_t.expand(K, -1, -1), w_bar.expand(K, -1), p_v, b_bar)
-        return self.add(self.cp.fusion(s_tt, s), q_cls, labels)
+        model, meta = checkpoint.load(ckpt, bert)
+        if meta["fingerprint"] != fingerprint:
+            raise ValueError(f"checkpoint {ckpt} has fingerprint {meta['fingerprint']}, not {fingerprint}")
+    log.info("exporting ONNX graphs %s of checkpoint %s into %s", wanted, fingerprint, final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".export-"))
+    try:
+        export_all(model, tmp, fingerprint, names=wanted)
+        final.mkdir(exist_ok=True)
+        for name in wanted:  # each graph appears whole, by one rename
+            os.replace(tmp / f"{name}.onnx", final / f"{name}.onnx")
+        _write_manifest(final, fingerprint)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
-class TemdeScorer(_RegionTerm):
-    def __init__(self, model: SearchModel):
-        super().__init__(model, "temde")
-        self.temde = model.temde
+def ensure_backbone(root: Path) -> Path:
+    """<root>/image_backbone.onnx: the frozen image backbone (pixels (B, 3, 224, 224) -> grid (B, 49, 1280))."""
+    path = Path(root) / BACKBONE
+    if path.exists():
+        return path
+    import torch
 
-    def forward(self, s_q, s_i, s_tt, q_cls=None, labels=None):
-        return self.add(self.temde.fusion(s_tt, self.temde.score(s_q, s_i)), q_cls, labels)
+    from crossprobe.models import backbones as bb
 
-
-def attention_probs(attn: nn.Module, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-    """The attention probabilities (B, h, Tq, Tk) that `attn` (layers.Attention or zodiac.ZodiacAttention)
-    uses for queries x (B, Tq, D) over ctx (B, Tk, D), no mask (probes and the 49 regions are all real).
-    Recomputed from the module's own weights because its forward runs the fused
-    scaled_dot_product_attention kernel, which never materialises them."""
-    B, Tq, _ = x.shape
-    Tk = ctx.shape[1]
-    scale = attn.hd ** -0.5
-    if hasattr(attn, "q2"):  # ZoDIAC: GELU on the inputs, on q / k and on the logits (zodiac.py)
-        q = attn._heads(attn.q(F.gelu(x)))
-        k = attn._heads(attn.kv(F.gelu(ctx)).chunk(2, dim=-1)[0])
-        return F.gelu(q @ k.transpose(-1, -2) * scale).softmax(-1)
-    q = attn.q(x).view(B, Tq, attn.h, attn.hd).transpose(1, 2)
-    k = attn.kv(ctx).view(B, Tk, 2, attn.h, attn.hd)[:, :, 0].transpose(1, 2)
-    return (q @ k.transpose(-1, -2) * scale).softmax(-1)
-
-
-class ExplainGraph(nn.Module):
-    """Where Cross-probe looked in each image for one query: a weight per 7x7 region, summing to 1.
-
-    Two attention steps lead from the query to the regions:
-      1. the n vision probes attend to the 49 regions (ProbePool, per image: R, n x 49);
-      2. in the l cross layers over [P_t ; P_v] the m text probes attend to the vision probes.
-    Step 2 is composed over the layers by attention rollout (Abnar & Zuidema 2020: each layer's
-    head-averaged attention mixed half-and-half with the identity for the residual path, multiplied
-    layer by layer); the text rows' mass on the vision columns, summed over the text probes (each
-    adds to the query vector q with the same weight) and normalised, gives t (n,), the share of the
-    query's attention each vision probe received. The map is t @ R: query-dependent, and for l = 1
-    exactly the text probes' head-averaged attention to the vision probes times R.
-
-    `probe_regions` is R averaged over probes (query-independent: the regions the image's probes
-    attend to); it is `regions` too when the CP has no cross layers (then nothing links the two).
-    With CP inputs "tower" the regions are the vision tower's tokens, which already mix the grid
-    through its self-attention, so the map is one attention step removed from the pixels; with
-    "backbone" (the committed checkpoint) they are the raw Lite0 grid cells.
-
-    The probes' outputs P_v are recomputed here from the grid (the service does not keep the grid)
-    rather than read from Redis (float16 there): a map from the same forward pass it explains.
-    """
-
-    def __init__(self, model: SearchModel):
-        super().__init__()
-        self.m = model
-
-    def forward(self, grid, p_t):
-        cp = self.m.cp
-        K = grid.shape[0]
-        tokens = self.m.vision(grid).tokens if cp.cfg.uses_tower else None
-        x = cp._embed(tokens, grid, "vision_in", "vision_bb")
-        if cp.cfg.uses_backbone:
-            x = x + cp.pos
-        pool = cp.vision_probes
-        probes = pool.probes.unsqueeze(0).expand(K, -1, -1)
-        r = attention_probs(pool.attn, pool.ln_q(probes), pool.ln_kv(x)).mean(1)  # (K, n, 49)
-        probe_regions = r.mean(1)
-        if len(cp.cross) == 0:
-            return probe_regions, probe_regions
-        m, n = p_t.shape[1], cp.cfg.n
-        h = torch.cat([p_t.expand(K, -1, -1) + cp.type_emb[0], pool(x) + cp.type_emb[1]], dim=1)  # (K, m+n, d)
-        eye = torch.eye(m + n, dtype=h.dtype)
-        roll = eye.expand(K, -1, -1)
-        for i, blk in enumerate(cp.cross):
-            hn = blk.ln1(h)
-            a = attention_probs(blk.attn, hn, hn).mean(1)  # (K, m+n, m+n), rows sum to 1
-            roll = (0.5 * a + 0.5 * eye) @ roll
-            if i + 1 < len(cp.cross):
-                h = blk(h)
-        t = roll[:, :m, m:].sum(1)  # (K, n)
-        t = t / t.sum(-1, keepdim=True).clamp_min(1e-12)
-        return (t.unsqueeze(1) @ r).squeeze(1), probe_regions
-
-
-class JointScorer(nn.Module):
-    """SM or TV: one embedded query (1, T, d) against K embedded images (K, 49, d)."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.mod = module
-
-    def forward(self, t, t_mask, v, s_tt):
-        K = v.shape[0]
-        s = self.mod.score(t.expand(K, -1, -1), t_mask.expand(K, -1), v)
-        return self.mod.fusion(s_tt, s)
-
-
-def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.onnx")
-    with torch.no_grad():
-        torch.onnx.export(module.eval(), args, str(tmp), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
-    os.replace(tmp, path)
+    dummy = torch.zeros(1, 3, bb.IMAGE_SIZE, bb.IMAGE_SIZE)
+    _export(bb.ImageBackbone(), (dummy,), path, ["pixels"], ["grid"], {"pixels": {0: "batch"}, "grid": {0: "batch"}})
+    return path
 
 
-def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tuple]:
-    cp, te = model.cp.cfg, model.temde.cfg  # modules' own configs (a frontier variant may be swapped in)
-    dc, nk = cp.d, te.N * te.K
-    ids = torch.randint(1000, 2000, (2, T))
-    ids[:, 0] = 101
-    mask = torch.ones(2, T, dtype=torch.long)
-    mask[1, T - 3 :] = 0
-    return {
-        "query_tower": (ids, mask),
-        "image_tower": (torch.randn(2, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM).abs(),),
-        "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K))
-        + region_inputs(model, "cp", K),
-        "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + region_inputs(model, "temde", K),
-        "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
-        "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
-        # a real grid is ReLU6 output: non-negative
-        "explain": (torch.rand(K, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc)),
-    }
+def ensure_int8_query(graphs: Path) -> Path:
+    """<graphs>/query_tower.int8.onnx, quantized from the fp32 graph once."""
+    path = Path(graphs) / "query_tower.int8.onnx"
+    if not path.exists():
+        log.info("quantizing the query tower to int8 into %s", path)
+        quantize_query_tower(Path(graphs) / "query_tower.onnx", path)
+    return path
 
 
-GRAPHS = {
-    # outputs named dynamic too: traced at batch 2, a reshape's output (the T-EMDE sketch) otherwise keeps a declared
-    # batch of 2, which ONNX Runtime warns about on every other batch size (the values were right)
-    "query_tower": (QueryGraph, ["input_ids", "attention_mask"], ["g_q", "p_t", "w_bar", "s_q"],
-                    {"input_ids": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"},
-                     **{o: {0: "B"} for o in ("g_q", "p_t", "w_bar", "s_q")}}),
-    "image_tower": (ImageGraph, ["grid"], ["g_i", "p_v", "b_bar", "s_i"],
-                    {"grid": {0: "B"}, **{o: {0: "B"} for o in ("g_i", "p_v", "b_bar", "s_i")}}),
-    "cp_scorer": (CPScorer, ["p_t", "w_bar", "p_v", "b_bar", "s_tt"], ["logits"],
-                  {"p_v": {0: "K"}, "b_bar": {0: "K"}, "s_tt": {0: "K"}}),
-    "temde_scorer": (TemdeScorer, ["s_q", "s_i", "s_tt"], ["logits"], {"s_i": {0: "K"}, "s_tt": {0: "K"}}),
-    "sm_scorer": (lambda m: JointScorer(m.sm), ["t", "t_mask", "v", "s_tt"], ["logits"],
-                  {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
-    "tv_scorer": (lambda m: JointScorer(m.tv), ["t", "t_mask", "v", "s_tt"], ["logits"],
-                  {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
-    "explain": (ExplainGraph, ["grid", "p_t"], ["regions", "probe_regions"],
-                {"grid": {0: "K"}, "regions": {0: "K"}, "probe_regions": {0: "K"}}),
-}
+def export_all(model, out_dir: Path, fingerprint: str, names: Iterable[str] | None = None) -> dict[str, Path]:
+    """Write `names` (default: every graph of models/graphs.py) of an in-memory model into out_dir, with a
+    manifest.json naming its fingerprint."""
+    from crossprobe.models import graphs
 
-
-def region_inputs(model: SearchModel, method: str, K: int) -> tuple:
-    """The scorer graph's extra inputs when the method has a region weight: q_cls (1, 1000), labels (K, 49)."""
-    if model.cfg.region.weight(method) <= 0:
-        return ()
-    return F.normalize(torch.randn(1, 1000), dim=-1), torch.randint(0, 1000, (K, bb.GRID * bb.GRID))
-
-
-def io_names(model: SearchModel, name: str) -> tuple[list[str], list[str], dict]:
-    """GRAPHS[name]'s input names, output names and dynamic axes with what this model's region labels add."""
-    _, inputs, outputs, dynamic = GRAPHS[name]
-    inputs, outputs, dynamic = list(inputs), list(outputs), dict(dynamic)
-    region = model.cfg.region
-    if name == "query_tower" and region.enabled:
-        outputs.append("q_cls")
-    elif name == "image_tower" and region.enabled:
-        outputs.append("labels")
-    elif name in ("cp_scorer", "temde_scorer") and region.weight(name.split("_")[0]) > 0:
-        inputs += ["q_cls", "labels"]
-        dynamic["labels"] = {0: "K"}
-    return inputs, outputs, dynamic
-
-
-def export_all(model: SearchModel, out_dir: Path, fingerprint: str, names=tuple(GRAPHS)) -> dict[str, Path]:
     model.eval()
     out_dir = Path(out_dir)
     paths = {}
-    ex = example_inputs(model)
-    for name in names:
-        inputs, outputs, dynamic = io_names(model, name)
+    ex = graphs.example_inputs(model)
+    for name in (names or tuple(graphs.GRAPHS)):
+        inputs, outputs, dynamic = graphs.io_names(model, name)
         paths[name] = out_dir / f"{name}.onnx"
-        _export(GRAPHS[name][0](model), ex[name], paths[name], inputs, outputs, dynamic)
-    manifest = {"fingerprint": fingerprint, "opset": OPSET, "graphs": sorted(p.name for p in paths.values())}
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        _export(graphs.GRAPHS[name][0](model), ex[name], paths[name], inputs, outputs, dynamic)
+    _write_manifest(out_dir, fingerprint)
     return paths
+
+
+def _write_manifest(folder: Path, fingerprint: str) -> None:
+    manifest = {"fingerprint": fingerprint, "opset": OPSET, "graphs": sorted(p.name for p in folder.glob("*.onnx"))}
+    tmp = folder / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, folder / "manifest.json")
+
+
+def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".onnx")
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module.eval(), args, tmp, input_names=inputs, output_names=outputs,
+                              dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 # The query tower's MatMuls after the MiniLM layers: small (cheap in fp32) and
@@ -273,13 +145,8 @@ QUERY_HEAD_PREFIXES = ("/text/proj", "/text/pool", "/text_in", "/text_probes", "
 
 
 def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> Path:
-    """Dynamic int8 quantization of the query tower's MatMul weights, one scale per
-    output channel (per-tensor scales moved g_q to cosine 0.969 and cost 1.1 R@1;
-    docs/query_tower_quant.md has the measurements). Written to a temp file and
-    renamed, so a reader never sees half a graph."""
-    import os
-    import tempfile
-
+    """Dynamic int8 quantization of the query tower's MatMul weights, one scale per output channel (per-tensor
+    scales cost accuracy: docs/research/query_tower_quant.md). Written to a temp file and renamed."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -38,7 +38,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, x_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """bias: optional additive logits (B, h, Tq, Tk) (ACE-RPE's relative positions).
+        """(B, Tq, D) queries, (B, Tk, D) keys/values, (B, Tk) bool ctx_mask -> (B, Tq, D).
+        bias: optional additive logits (B, h, Tq, Tk) (ACE-RPE's relative positions).
         x_mask is unused here (padded queries are ignored downstream); ZoDIAC needs it."""
         B, Tq, D = x.shape
         Tk = ctx.shape[1]
@@ -71,6 +72,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, d) tokens, (B, T) bool mask, (B, h, T, T) bias -> (B, T, d)."""
         h = self.ln1(x)
         x = x + self.drop(self.attn(h, h, mask, bias, x_mask=mask))
         return x + self.drop(self.mlp(self.ln2(x)))
@@ -98,6 +100,7 @@ class SelfAttentivePooling(nn.Module):
         return logits.softmax(-1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, D), (B, T) bool mask -> (B, D)."""
         a = self.attention(x, mask)  # (B, hops, T)
         if self.hops > 1 and self.training:
             self.penalty = frobenius_penalty(a)
@@ -128,8 +131,8 @@ def grid_positions(grid: int, d: int) -> torch.Tensor:
 class Fusion(nn.Module):
     """Learned late fusion of the first-stage score with a reranker's score:
     logit = alpha * s_tt + beta * s_rerank. Trained jointly with the reranker so it
-    learns what the shortlist's own order already knows (a reranker replacing the
-    two-tower score outright lost R@1 in our first experiment)."""
+    learns what the shortlist's own order already knows: a reranker that replaces the
+    two-tower score outright ranks worse (docs/research/rerank_experiments.md)."""
 
     def __init__(self, alpha: float = 20.0, beta: float = 10.0):
         super().__init__()
@@ -137,6 +140,7 @@ class Fusion(nn.Module):
         self.beta = nn.Parameter(torch.tensor(float(beta)))
 
     def forward(self, s_tt: torch.Tensor, s_rerank: torch.Tensor) -> torch.Tensor:
+        """(Q, K) two-tower scores, (Q, K) reranker scores -> (Q, K) logits (any matching shapes)."""
         return self.alpha * s_tt + self.beta * s_rerank
 
 
@@ -155,7 +159,8 @@ class ProbePool(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        p = self.probes.unsqueeze(0).expand(tokens.shape[0], -1, -1)
+        """(B, T, D) tokens, (B, T) bool mask -> (B, count, D) probes."""
+        p = self.probes.unsqueeze(0).expand(tokens.shape[0], -1, -1)  # (B, count, D)
         p = p + self.attn(self.ln_q(p), self.ln_kv(tokens), mask)
         return p + self.mlp(self.ln2(p))
 

@@ -24,30 +24,38 @@ RERANKERS = ("cp", "temde", "sm", "tv")
 TOWER_PREFIXES = ("text.", "vision.", "logit_scale")  # state-dict keys of stage 1
 
 
+# What a key missing from an older config.json meant: the sub-configs' defaults when it was saved, where they
+# differ from today's (today's are the served model's). ModelConfig.from_dict fills them in, so such a
+# checkpoint loads, and fingerprints in memory, exactly as it was trained.
+SAVED_DEFAULTS = {
+    "cp": {"n": 15, "layers": 2, "inputs": "tower"},
+    "temde": {"inputs": "tower"},
+    "bridge": {"beta": 0.0, "top_t": 5},  # = BridgeConfig.off(); a config.json without "bridge" gets off() whole
+}
+
+
 @dataclass
 class ModelConfig:
+    """The whole stack's shape. Its defaults are the served model's (models/checkpoints/default/config.json),
+    except T-EMDE's N: training makes TrainConfig.members_by_method members of TemdeConfig.N partitions each
+    and merges them into one (temde.merge)."""
+
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
     vision: VisionTowerConfig = field(default_factory=VisionTowerConfig)
-    # CP and T-EMDE read the frozen backbones' features, not the tower tokens (cross_probe.py,
-    # docs/rerank_experiments.md); the configs' own default stays "tower" so that checkpoints saved
-    # before the option load as they were trained. CP's shape (d, n, l): the frontier's choice on
-    # the banks later found noisy (docs/rerank_experiments.md §5); re-run with the fix, `crossprobe frontier`
-    # prefers d64-n15-l2 by 0.3 dev R@1 (6.1 vs 3.7 ms per 100 candidates; docs/frontier.md), which test does
-    # not confirm (22.16 vs 22.44, docs/frontier_test.md): the four shapes are within the noise of one seed,
-    # so the faster d128-n8-l1 stays pinned until a frontier under the 6-epoch recipe says otherwise.
-    cp: CrossProbeConfig = field(default_factory=lambda: CrossProbeConfig(d=128, n=8, layers=1, inputs="backbone"))
-    temde: TemdeConfig = field(default_factory=lambda: TemdeConfig(inputs="backbone"))
+    # CP and T-EMDE read the frozen backbones' features, not the tower tokens (cross_probe.py says why).
+    # CP's shape d128-n8-l1: the frontier's four shapes are within one seed's noise of each other on dev, and its
+    # dev choice d64-n15-l2 is slower and does not win on test (docs/research/frontier.md,
+    # docs/research/frontier_test.md); a frontier under today's CP recipe (`crossprobe frontier`) decides a re-pin
+    cp: CrossProbeConfig = field(default_factory=CrossProbeConfig)
+    temde: TemdeConfig = field(default_factory=TemdeConfig)
     sm: SplitMergeConfig = field(default_factory=SplitMergeConfig)
     tv: SingleStreamConfig = field(default_factory=SingleStreamConfig)
-    # the label bridge (bridge.py); chosen on the two dev sets by benchmarks/bridge_sweep.py (docs/bridge.md): two-tower
-    # R@1 f8k-dev 19.40 -> 20.98, coco-mini-dev among the 1,000 f8k dev images 15.75 -> 30.75. BridgeConfig's own
-    # default is off, so that checkpoints saved before the bridge load as they were trained.
-    bridge: BridgeConfig = field(default_factory=lambda: BridgeConfig(beta=0.5, top_t=20, temperature=1.0, templates=["{}"]))
+    # the label bridge (bridge.py), on: chosen on the two dev sets (docs/research/bridge.md)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     # region-level labels (region_labels.py): the head's label of each grid cell matched to the query, added to the
-    # CP / T-EMDE logits. Off: chosen on the two dev sets (benchmarks/region_labels.py: cp 0.2, temde 0.3, pool 3;
-    # coco-mini-dev among the f8k dev images CP@100 32.50 -> 35.00, f8k-dev 22.72 -> 22.82), but on Flickr8k test
-    # CP@100 fell 22.84 -> 22.16 and TEMDE@100 22.42 -> 21.92 (docs/bridge.md), below issue 14's in-domain floor.
-    # `python benchmarks/region_labels.py --adopt DIR` writes a checkpoint that serves them.
+    # CP / T-EMDE logits. Off: they helped on the two dev sets but lowered CP@100 and TEMDE@100 on Flickr8k test,
+    # and an open-vocabulary gain must not cost in-domain accuracy (docs/research/bridge.md, "Region-level labels").
+    # A checkpoint serves them by setting only this field: the rerankers' weights do not change.
     region: RegionConfig = field(default_factory=RegionConfig)
     init_temperature: float = 0.05
 
@@ -67,9 +75,9 @@ class ModelConfig:
             "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig, "bridge": BridgeConfig,
             "region": RegionConfig,
         }
-        kw = {k: (sub[k](**v) if k in sub else v) for k, v in d.items() if k in kinds}
-        kw.setdefault("bridge", BridgeConfig())  # saved before the label bridge existed: it stays off
-        kw.setdefault("region", RegionConfig())  # saved before region labels existed: they stay off
+        kw = {k: (sub[k](**{**SAVED_DEFAULTS.get(k, {}), **v}) if k in sub else v) for k, v in d.items() if k in kinds}
+        kw.setdefault("bridge", BridgeConfig.off())  # saved without the label bridge: it stays off
+        kw.setdefault("region", RegionConfig())  # saved without region labels: they stay off
         return cls(**kw)
 
 

@@ -1,5 +1,5 @@
 """MODEL_CARD.md for a checkpoint, written from its config.json (training facts)
-and the evaluation results in docs/results/flickr8k.json. Nothing in it is typed
+and the evaluation results in docs/research/results/flickr8k.json. Nothing in it is typed
 by hand: every number comes from those two files."""
 from __future__ import annotations
 
@@ -99,17 +99,17 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines += ["Wall time per stage (seconds, this machine; stages run in separate invocations add up): "
                   + ", ".join(f"{k} {v}" for k, v in t.items()) + f"; total {round(sum(t.values()) / 60, 1)} min."
                   + (" The cache stage only loaded features already on disk; building them from nothing is timed in "
-                     "docs/training_time.md." if t.get("cache", 0) < 60 else ""), ""]
+                     "docs/research/training_time.md." if t.get("cache", 0) < 60 else ""), ""]
     tw = tr.get("towers", {})
     if tw:
         lines += [f"Towers: best dev epoch {tw.get('best_epoch')} (dev rsum {tw.get('dev_rsum')}).", ""]
     fr = tr.get("cp", {}).get("frontier")  # checkpoints trained while the frontier was a stage of `crossprobe train`
     if fr:
         lines += [f"CP setting chosen on dev by the frontier: `{fr['chosen']}` ({fr['selection']}; budget {fr['budget_ms']} ms "
-                  f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/frontier.md.", ""]
+                  f"for 100 candidates, within {fr['tolerance_R@1']} R@1 of the best). See docs/research/frontier.md.", ""]
     elif "cp" in tr:
         lines += [f"CP shape d{m['cp']['d']}-n{m['cp']['n']}-l{m['cp']['layers']}: pinned in ModelConfig.cp and trained alone by "
-                  "`crossprobe train`; `crossprobe frontier` compares it with three other shapes on dev (docs/frontier.md).", ""]
+                  "`crossprobe train`; `crossprobe frontier` compares it with three other shapes on dev (docs/research/frontier.md).", ""]
     reused = {k: v["from_checkpoint"] for k, v in tr.items() if isinstance(v, dict) and v.get("from_checkpoint")}
     if reused:
         lines += ["Stages taken from an earlier checkpoint instead of trained again (`crossprobe train --reuse ... "
@@ -122,7 +122,7 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
                   f"p_c E_c), p = softmax(Lite0 head logits / {br['temperature']}) from the same forward pass as the grid, "
                   f"E_c = this checkpoint's text tower over the class names (templates {br['templates']}, first "
                   f"{br['lemmas']} WordNet lemma(s); stored as `bridge.class_emb`). Mode `{br['mode']}`. Settings chosen on "
-                  "the Flickr8k dev and coco-mini-dev sets (docs/bridge.md).", ""]
+                  "the Flickr8k dev and coco-mini-dev sets (docs/research/bridge.md).", ""]
     rg = m.get("region", {})
     if any(w > 0 for w in rg.get("weights", {}).values()):
         lines += ["## Region-level labels", "",
@@ -131,7 +131,7 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
                   "rerankers' logits as 20 w s_region with w = "
                   + ", ".join(f"{k} {v}" for k, v in rg["weights"].items())
                   + ". The index stores the 49 class ids per image. Chosen on the two dev sets "
-                  "(benchmarks/region_labels.py, docs/bridge.md); the rerankers' weights are unchanged by it.", ""]
+                  "(research/region_labels/sweep.py, docs/research/bridge.md); the rerankers' weights are unchanged by it.", ""]
     lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",
@@ -146,7 +146,7 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines.append("")
     if ood:
         fp = ood.get("fingerprints", {})
-        lines += ["## Out of domain (coco-mini-dev, docs/ood.md)", "",
+        lines += ["## Out of domain (coco-mini-dev, docs/research/ood.md)", "",
                   f"From `{ood['command']}`. 400 COCO captions ranking 80 COCO photos among the 1,000 Flickr8k dev images "
                   f"(text->image; baseline `{fp.get('baseline')}` measured in the same run).", "",
                   "| method | baseline R@1 | this checkpoint R@1 | R@5 | R@10 |", "|---|---|---|---|---|"]
@@ -158,7 +158,7 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
                   "Top 3 per query as `crossprobe demo` prints them (PyTorch, float32 query tower, CP-reranked). `make demo` "
                   "serves the same gallery through the search service, with the same float32 query tower by default "
-                  "(the opt-in int8 one can swap near-tied images: docs/query_tower_quant.md). A query whose subject is not in the gallery, "
+                  "(the opt-in int8 one can swap near-tied images: docs/research/query_tower_quant.md). A query whose subject is not in the gallery, "
                   "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",
                   "| query | top 3 | expected photo first? |", "|---|---|---|"]
         from crossprobe.models.demo import EXPECTED

@@ -9,7 +9,7 @@ each of the 49 grid cells, and a query is matched against the cells' labels:
     s_region = mean of the `pool` largest sim[label_j]      (Q, K)     over a candidate's 49 cells
     logit    = reranker logit + SCALE * w[method] * s_region
 
-Chosen on the two dev sets by benchmarks/region_labels.py (docs/bridge.md, "Region-level labels"): the
+Chosen on the two dev sets by research/region_labels/sweep.py (docs/research/bridge.md, "Region-level labels"): the
 top class per cell (T 1) with the mean of the 3 best cells beat summing the top 5 or 20 classes, a
 probability-weighted score, the max or the mean over cells. The index stores 49 class ids per image
 (98 bytes); the scorer graphs take them with the query's class similarities, so the service runs the

@@ -6,7 +6,7 @@ several graphs one after another on few cores (the service: query tower, then th
 CP scorer, per request) should share ONE pool instead: with a pool per session
 and spinning workers, the pool that just finished keeps spinning on the cores the
 next graph needs. Measured on 2 cores, int8 query tower then CP over 100
-candidates, per query (docs/ort_threading.md): own pools + spinning 4.0 + 9.4 ms,
+candidates, per query (docs/research/ort_threading.md): own pools + spinning 4.0 + 9.4 ms,
 own pools without spinning 4.6 + 5.6 ms, one shared pool 3.5 + 5.0 ms.
 ONNX Runtime allows the shared pool to be made once per process and then
 requires every later session to use it, so `share_thread_pool` is process-wide
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger("crossprobe.models.runtime")
 
@@ -62,3 +65,34 @@ def session(path: Path, threads: int | None = None, spinning: bool | None = None
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
     return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+class StageTimer:
+    """Wall time per named stage, summed when a stage runs more than once; thread-safe.
+
+    The indexer's jobs (decode / backbone / head / write ... over a whole build) and the service's
+    request path (encode / ann / fetch / rerank ... of one search) both time their stages with it."""
+
+    def __init__(self) -> None:
+        self._s: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - t)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._s[name] = self._s.get(name, 0.0) + seconds
+
+    def seconds(self) -> dict[str, float]:
+        with self._lock:
+            return {k: round(v, 4) for k, v in self._s.items()}
+
+    def ms(self) -> dict[str, float]:
+        with self._lock:
+            return {k: v * 1000 for k, v in self._s.items()}

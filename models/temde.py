@@ -29,11 +29,15 @@ from crossprobe.models.layers import Fusion
 
 @dataclass
 class TemdeConfig:
-    d_in: int = 256
-    N: int = 20  # partitions
+    """Defaults: one trained member of the served T-EMDE. The served checkpoint merges 3 of them (merge(),
+    TrainConfig.members_by_method), so its config.json says N 60. ModelConfig.from_dict reads a config.json
+    saved under older defaults as it was trained."""
+
+    d_in: int = 256  # tower width (SearchModel sets it to the vision tower's d)
+    N: int = 20  # partitions of one member (a merged T-EMDE: the members' sum)
     K: int = 8  # centroids per partition
     inner: int = 8  # coder dims per partition
-    inputs: str = "tower"  # "tower" | "backbone" (module docstring)
+    inputs: str = "backbone"  # "tower" | "backbone" (module docstring)
 
     def __post_init__(self):
         if self.inputs not in ("tower", "backbone"):
@@ -56,19 +60,20 @@ class TemdeCoder(nn.Module):
         self.log_tau = log_tau
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_feat) -> (B, T, N, K)."""
         B, T, _ = x.shape
         z = self.bn(self.lin(x).reshape(B * T, -1)).view(B * T, self.cfg.N, self.cfg.inner)
         # softmax over K of -||z - c||^2 / tau = softmax of (2 z.c - ||c||^2) / tau: ||z||^2 is the same for
         # every centroid of a partition, so it drops out exactly. One batched matmul instead of materialising
-        # (B, T, N, K, inner) differences: training steps 2.1x (N 20, K 8) to 2.8x (N 64, K 16) faster on 2 cores
-        # (benchmarks/temde_step.py, docs/results/temde_step.json)
+        # (B, T, N, K, inner) differences, which makes training steps two to three times faster on CPU
+        # (docs/research/bridge.md, "Larger T-EMDE sketches")
         zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
         logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
         if self.cfg.K > 8:
             return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
         # a short K: softmax over dim 1 of a (B*T, K, N) view, the same numbers, vectorised across N instead of
-        # one 8-wide row at a time: a listwise step (benchmarks/temde_step.py, Intel Xeon, 2 threads) 163.6 ->
-        # 147-148 ms at K 8, but 359.7 -> 497.2 ms at K 16 (docs/results/temde_step_xeon.json), hence only here
+        # one 8-wide row at a time: faster at K 8, slower at K 16, hence only for a short K
+        # (docs/research/bridge.md, "Larger T-EMDE sketches")
         return logits.transpose(1, 2).softmax(1).transpose(1, 2).unflatten(0, (B, T))  # a view: no copy
 
 
@@ -166,6 +171,7 @@ class TemdePool(nn.Module):
         self.penalty = torch.zeros(())  # same interface as SelfAttentivePooling (no penalty here)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, d), (B, T) bool mask -> (B, d)."""
         B, T, _ = x.shape
         z = self.ln(self.lin(x).view(B, T, self.N, 1, self.inner))  # (B, T, N, 1, inner)
         assign = (-((z - self.centroids) ** 2).sum(-1) / self.log_tau.exp()).softmax(-1)  # (B, T, N, K)

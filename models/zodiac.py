@@ -44,6 +44,7 @@ class ZodiacAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, x_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, Tq, D) queries, (B, Tk, D) keys/values, (B, Tk) / (B, Tq) bool masks, (B, h, Tq, Tk) bias -> (B, Tq, D)."""
         B, Tq, D = x.shape
         x, ctx = F.gelu(x), F.gelu(ctx)
         q, q2 = self._heads(self.q(x)), self._heads(self.q2(x))

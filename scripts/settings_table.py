@@ -1,8 +1,8 @@
-"""README's configuration tables, generated from every pydantic-settings class of the project.
+"""docs/configuration.md's settings tables, generated from every pydantic-settings class of the project.
 
     python scripts/settings_table.py           # print the generated block
-    python scripts/settings_table.py --write   # replace the block between the markers in README.md
-    python scripts/settings_table.py --check   # exit 1 with a diff when README.md is stale
+    python scripts/settings_table.py --write   # replace the block between the markers in docs/configuration.md
+    python scripts/settings_table.py --check   # exit 1 with a diff when docs/configuration.md is stale
 
 The classes are found, not listed: every module under crossprobe.models, crossprobe.indexer and
 crossprobe.service whose source defines a class deriving from BaseSettings (or from a class named
@@ -16,7 +16,7 @@ one would write it in the environment, and the description: Field(description=..
 else the comment on the field's line, else the comment block right above the field (pydantic
 keeps no comments, so they are read from the class source).
 
-tests/test_readme_settings.py fails when README.md differs from what this prints.
+tests/scripts/test_settings_table.py fails when docs/configuration.md differs from what this prints.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+CONFIG_DOC = ROOT / "docs" / "configuration.md"
 PACKAGES = ("crossprobe.models", "crossprobe.indexer", "crossprobe.service")
 START = "<!-- settings-table:start -->"
 END = "<!-- settings-table:end -->"
@@ -192,9 +192,13 @@ def _env_value(v: Any) -> str:
     return str(v)
 
 
-def default_value(field: FieldInfo) -> str | None:
-    """The default as an environment value; None when there is none to write (unset or required)."""
-    if field.default_factory is not None:
+def default_value(field: FieldInfo, cls=None, name: str | None = None) -> str | None:
+    """The default as an environment value; None when there is none to write (unset or required). A class with
+    per-role defaults (StorageSettings.ROLE_DEFAULTS) has its own for some fields."""
+    role = getattr(cls, "ROLE_DEFAULTS", {}) if cls is not None else {}
+    if name in role:
+        value = role[name]
+    elif field.default_factory is not None:
         try:
             value = field.default_factory()
         except TypeError:  # a factory taking the validated data
@@ -206,10 +210,10 @@ def default_value(field: FieldInfo) -> str | None:
     return None if value is None else _env_value(value)
 
 
-def default_text(field: FieldInfo) -> str:
+def default_text(field: FieldInfo, cls=None, name: str | None = None) -> str:
     if field.is_required():
         return "**required**"
-    value = default_value(field)
+    value = default_value(field, cls, name)
     if value is None:
         return "unset"
     if value == "":
@@ -314,7 +318,7 @@ def render_class(cls: type[BaseSettings]) -> str:
         bounds = bounds_text(field)
         if bounds:
             kind += f", {bounds}"
-        rows.append(f"| {variables} | {_cell(kind)} | {_cell(default_text(field))} | {_cell(description(cls, name))} |")
+        rows.append(f"| {variables} | {_cell(kind)} | {_cell(default_text(field, cls, name))} | {_cell(description(cls, name))} |")
     return head + "\n\n" + "\n".join(rows)
 
 
@@ -323,7 +327,7 @@ def render(classes: list[type[BaseSettings]] | None = None) -> str:
     return "\n\n".join(render_class(c) for c in classes)
 
 
-# -- README ---------------------------------------------------------------------------------------------------
+# -- docs/configuration.md ---------------------------------------------------------------------------------------------------
 
 def block(classes: list[type[BaseSettings]] | None = None) -> str:
     """What goes between the markers."""
@@ -334,39 +338,39 @@ def block(classes: list[type[BaseSettings]] | None = None) -> str:
 def replace_block(text: str, new_block: str) -> str:
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
-        raise SystemExit(f"settings_table: README has no {START} ... {END} pair (section '## Configuration')")
+        raise SystemExit(f"settings_table: no {START} ... {END} pair to replace (docs/configuration.md has one)")
     return text[:start] + new_block + text[end + len(END):]
 
 
-def check(readme: Path = README, classes: list[type[BaseSettings]] | None = None) -> str:
-    """'' when README's block is current, else a unified diff (README -> generated)."""
-    text = readme.read_text(encoding="utf-8")
+def check(doc: Path = CONFIG_DOC, classes: list[type[BaseSettings]] | None = None) -> str:
+    """'' when the document's block is current, else a unified diff (document -> generated)."""
+    text = doc.read_text(encoding="utf-8")
     new = replace_block(text, block(classes))
     if new == text:
         return ""
     return "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
-                                        f"{readme.name} (current)", f"{readme.name} (generated)"))
+                                        f"{doc.name} (current)", f"{doc.name} (generated)"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="replace the block between the markers in README")
-    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when README is stale")
-    ap.add_argument("--readme", type=Path, default=README)
+    mode.add_argument("--write", action="store_true", help="replace the block between the markers in --doc")
+    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when --doc is stale")
+    ap.add_argument("--doc", type=Path, default=CONFIG_DOC, help="default: docs/configuration.md")
     args = ap.parse_args(argv)
     if args.write:
-        text = args.readme.read_text(encoding="utf-8")
+        text = args.doc.read_text(encoding="utf-8")
         new = replace_block(text, block())
         if new != text:
-            args.readme.write_text(new, encoding="utf-8")
-        print(f"{args.readme}: configuration tables {'updated' if new != text else 'already current'}")
+            args.doc.write_text(new, encoding="utf-8")
+        print(f"{args.doc}: configuration tables {'updated' if new != text else 'already current'}")
         return 0
     if args.check:
-        diff = check(args.readme)
+        diff = check(args.doc)
         if diff:
             sys.stdout.write(diff)
-            print(f"\n{args.readme}: configuration tables are stale; run `{WRITE_HINT}`", file=sys.stderr)
+            print(f"\n{args.doc}: configuration tables are stale; run `{WRITE_HINT}`", file=sys.stderr)
             return 1
         return 0
     print(block())

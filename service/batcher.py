@@ -11,9 +11,8 @@ first waiting query, then gathers more until `batch_max` queries or
 thread (ONNX Runtime releases the GIL; the event loop keeps serving). Queries
 that arrive while a batch runs wait in the queue and form the next batch, so
 under load batches fill without any waiting. It waits only while other searches
-are in the service: a lone query (one client, a quiet service) starts at once
-(measured with one client: the queue stage was 2.3 ms median with the wait, 0.04 ms
-without; benchmarks/service_bench.py).
+are in the service: a lone query (one client, a quiet service) starts at once,
+so batching costs one client nothing (docs/research/latency.md).
 With batching off every query runs alone (batch_max 1, no wait).
 """
 from __future__ import annotations
@@ -26,11 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from crossprobe.service import metrics
-from crossprobe.service.backend import QueryVectors
-
-
-class Overloaded(Exception):
-    pass
+from crossprobe.service.exceptions import Overloaded
+from crossprobe.service.inference import QueryVectors
 
 
 class Limiter:
@@ -43,7 +39,8 @@ class Limiter:
     @contextmanager
     def admit(self) -> Iterator[None]:
         if self.in_flight >= self.size:
-            raise Overloaded(f"{self.in_flight} searches in progress (CROSSPROBE_QUEUE_SIZE={self.size})")
+            raise Overloaded(f"too many searches in progress, retry shortly ({self.in_flight} searches in progress "
+                             f"(CROSSPROBE_QUEUE_SIZE={self.size}))", retry_after_s=1)
         self.in_flight += 1
         metrics.IN_FLIGHT.set(self.in_flight)
         try:

@@ -1,8 +1,8 @@
 """A circuit breaker around the feature store (Redis), so a dead or paused Redis costs a search nothing.
 
-Why (issue 16): with redis-py's defaults every call to a dead Redis waited 3.5-4 s and every
-call to a paused one hung until it woke up, holding a stage thread each; searches queued behind
-them. Short socket timeouts and a bounded retry (indexer/redis_conn.py) bound ONE call
+Why: with redis-py's defaults every call to a dead Redis waits seconds and every
+call to a paused one hangs until it wakes up, holding a stage thread each; searches queued behind
+them. Short socket timeouts and a bounded retry (indexer/storage/redis_conn.py) bound ONE call
 to ~250 ms; the breaker makes the calls after the first failures skip at once:
 
     closed ──(N consecutive failures, or one timeout)──> open ──(cool-down)──> half-open

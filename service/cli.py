@@ -1,13 +1,13 @@
 """The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
-train, eval, frontier, ablate, promote, export, demo), the indexer's (`crossprobe index ...`,
-indexer/cli.py) and the service's own (serve, demo-service), defined here."""
+train, eval, frontier, ablate, promote, export, demo, and `crossprobe checkpoint ...`), the indexer's (`crossprobe index ...`,
+indexer/jobs/cli.py) and the service's own (serve, demo-service), defined here."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
 
-from crossprobe.indexer.cli import index_app
+from crossprobe.indexer.jobs.cli import index_app
 from crossprobe.models.cli import CKPT
 from crossprobe.models.cli import app as models_app
 
@@ -23,7 +23,7 @@ def serve(
     ckpt: Path = typer.Option(None, help="checkpoint directory (env CROSSPROBE_CKPT; default: the committed one)"),
     index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
 ):
-    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see README "Service")."""
+    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
     from crossprobe.service.server import serve as run_server
     from crossprobe.service.settings import Settings
 

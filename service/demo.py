@@ -36,16 +36,16 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
 
     from crossprobe.models.demo import QUERIES
     from crossprobe.indexer import build
-    from crossprobe.indexer.redis_conn import Settings as IndexSettings
-    from crossprobe.indexer.redis_conn import close_embedded, connect
-    from crossprobe.indexer.store import Store
+    from crossprobe.indexer.jobs.settings import IndexerSettings
+    from crossprobe.indexer.storage.redis_conn import close_embedded, connect
+    from crossprobe.indexer.storage.store import Store
     from crossprobe.service.server import running, wait_ready
     from crossprobe.service.settings import Settings
 
     workdir = Path(workdir)
     gallery = Path(images) if images else write_sample_gallery(workdir / "gallery")
     root = workdir / "indexes"
-    ixs = IndexSettings(redis_url=None, root=root, progress=False)  # embedded Redis at <root>/redis.db
+    ixs = IndexerSettings(redis_url=None, index_root=root, progress=False)  # embedded Redis at <root>/redis.db
     echo(f"indexing {gallery} into {root} (embedded Redis {ixs.rdb})")
     res = build(INDEX, images=gallery, settings=ixs, ckpt=ckpt, log=lambda *_: None)
     echo(res.summary())

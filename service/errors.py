@@ -1,4 +1,8 @@
-"""JSON errors with a stable code: {"error": {"code", "message", "details"?}}.
+"""The one place where errors become HTTP answers: JSON with a stable code, {"error": {"code", "message", "details"?}}.
+
+Code below the HTTP layer raises domain exceptions (exceptions.py) and the storage layer's own (AnnUnavailable,
+FeatureStoreUnavailable, Redis errors); STATUS maps each code to its HTTP status, and install() registers the
+handlers.
 
 Clients branch on `code`, never on the message. Codes:
   invalid_request 422   body or parameter fails validation (unknown field, k out of range, bad JSON, a
@@ -37,16 +41,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.service import metrics
+from crossprobe.service.exceptions import CrossprobeError, InvalidRequest
 
 log = logging.getLogger("crossprobe.service")
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, details: Any = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.details, self.headers = status, code, message, details, headers
+STATUS = {
+    "invalid_request": 422, "unsupported": 422, "invalid_image": 422,
+    "unauthorized": 401, "forbidden": 403, "admin_disabled": 403,
+    "index_not_found": 404, "item_not_found": 404, "image_unavailable": 404, "not_found": 404,
+    "method_not_allowed": 405, "request_timeout": 408, "too_large": 413, "bad_request": 400,
+    "overloaded": 429, "rate_limited": 429,
+    "not_ready": 503, "index_unavailable": 503, "feature_store_unavailable": 503, "ann_unavailable": 503,
+}
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
 def body(code: str, message: str, details: Any = None) -> dict:
@@ -56,7 +65,23 @@ def body(code: str, message: str, details: Any = None) -> dict:
     return {"error": err}
 
 
-def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("body",)) -> ApiError:
+def answer(code: str, message: str, details: Any = None, headers: dict[str, str] | None = None,
+           status: int | None = None) -> JSONResponse:
+    """The JSON error answer for `code` (counted in crossprobe_errors_total)."""
+    metrics.error(code)
+    return JSONResponse(body(code, message, details), status or STATUS.get(code, 500), headers=headers)
+
+
+def _headers(exc: CrossprobeError) -> dict[str, str] | None:
+    h = {}
+    if exc.retry_after_s is not None:
+        h["Retry-After"] = str(exc.retry_after_s)
+    if getattr(exc, "scheme", None):
+        h["WWW-Authenticate"] = exc.scheme
+    return h or None
+
+
+def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("body",)) -> InvalidRequest:
     """pydantic/FastAPI error list -> one 422 whose message names every bad field."""
     details = []
     for e in errors:
@@ -74,49 +99,43 @@ def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("bo
             msg = "expected a JSON object (send Content-Type: application/json)"
         details.append({"field": field, "message": msg, "type": str(e.get("type", ""))})
     summary = "; ".join(f"{d['field']}: {d['message']}" for d in details) or "invalid request"
-    return ApiError(422, "invalid_request", f"invalid request: {summary}", details)
-
-
-def feature_store_unavailable(e: Exception, retry_after_s: int = 1) -> ApiError:
-    """Redis down / paused (breaker.FeatureStoreUnavailable, or any redis connection error or timeout)."""
-    return ApiError(503, "feature_store_unavailable", str(e) or type(e).__name__,
-                    headers={"Retry-After": str(retry_after_s)})
-
-
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+    return InvalidRequest(f"invalid request: {summary}", details)
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        metrics.error(exc.code)
-        return JSONResponse(body(exc.code, exc.message, exc.details), exc.status, headers=exc.headers)
+    @app.exception_handler(CrossprobeError)
+    async def _domain(_: Request, exc: CrossprobeError) -> JSONResponse:
+        return answer(exc.code, exc.message, exc.details, _headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return await _api_error(request, validation_error(exc.errors()))
+        return await _domain(request, validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
             # FastAPI answers 400 "There was an error parsing the body" when a JSON body is not UTF-8 (its
             # UnicodeDecodeError, a ValueError, is the cause); every other bad body is a 422 here, /knn-service
             # and /metadata answer this one 422 too (their own parser), and JSON must be UTF-8 (RFC 8259): so
             # one answer for all routes, 422 invalid_request
-            return await _api_error(request, ApiError(422, "invalid_request", "invalid request: body is not valid "
-                                                      f"JSON ({exc.__cause__})"))
+            return answer("invalid_request", f"invalid request: body is not valid JSON ({exc.__cause__})")
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        return await _api_error(request, ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers))
+        return answer(code, str(exc.detail), headers=exc.headers, status=exc.status_code)
 
-    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(AnnUnavailable)
+    async def _ann_down(_: Request, exc: AnnUnavailable) -> JSONResponse:
+        # the vector engine holding the version (Milvus) is down or past its timeout
+        return answer("ann_unavailable", str(exc), headers={"Retry-After": "1"})
+
+    @app.exception_handler(RedisConnectionError)  # breaker.FeatureStoreUnavailable is one too
     @app.exception_handler(RedisTimeoutError)
     async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
-        # a Redis failure that no route turned into an answer is still the feature store's, never a 500
+        # a Redis failure that no stage turned into a degraded answer is the feature store's, never a 500
         fs = getattr(getattr(request.app.state, "svc", None), "feature_store", None)
-        return await _api_error(request, feature_store_unavailable(exc, fs.retry_after_s if fs else 1))
+        return answer("feature_store_unavailable", str(exc) or type(exc).__name__,
+                      headers={"Retry-After": str(fs.retry_after_s if fs else 1)})
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        metrics.error("internal")
-        return JSONResponse(body("internal", f"internal error ({type(exc).__name__}); see the server log"), 500)
+        return answer("internal", f"internal error ({type(exc).__name__}); see the server log", status=500)

@@ -1,4 +1,4 @@
-"""Slow clients: a bounded time to send a request's head and its body (issue 16, item 3).
+"""Slow clients: a bounded time to send a request's head and its body.
 
 What uvicorn offers (0.54, the h11 protocol it runs here: httptools is not installed, so http="auto" is h11):
 a single timer, keep-alive (`timeout_keep_alive`). It is armed when a response ends and cancelled by the first

@@ -12,9 +12,7 @@ import io
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-
-class ImageUnavailable(Exception):
-    pass
+from crossprobe.service.exceptions import ImageUnavailable
 
 
 def resized_jpeg(path: str, max_side: int, quality: int, max_pixels: int) -> bytes:

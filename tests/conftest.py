@@ -31,8 +31,8 @@ def small_cfg():
     return ModelConfig(
         text=TextTowerConfig(d=64, finetune_layers=1),
         vision=VisionTowerConfig(d=64, layers=1, heads=4),
-        cp=CrossProbeConfig(d=32, m=3, n=4, layers=1, heads=4),
-        temde=TemdeConfig(N=4, K=4, inner=4),
+        cp=CrossProbeConfig(d=32, m=3, n=4, layers=1, heads=4, inputs="tower"),
+        temde=TemdeConfig(N=4, K=4, inner=4, inputs="tower"),
         sm=SplitMergeConfig(d=32, layers=1, heads=4),
         tv=SingleStreamConfig(d=32, layers=2, heads=4),
         bridge=BridgeConfig(beta=0.5, top_t=5),  # the label bridge on, as in the default checkpoint

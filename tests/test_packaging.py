@@ -35,13 +35,13 @@ def test_wheel_installs_and_runs_away_from_the_repository(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert tops == {"crossprobe", f"crossprobe-{version}.dist-info"}, tops
     for needed in ("crossprobe/models/checkpoints/default/model.safetensors", "crossprobe/models/data/imagenet_classes.tsv",
-                   "crossprobe/service/cli.py", "crossprobe/indexer/jobs.py", "crossprobe/models/training/run.py"):
+                   "crossprobe/service/cli.py", "crossprobe/indexer/jobs/versions.py", "crossprobe/models/training/run.py"):
         assert needed in names, needed
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)], check=True)
     # run from an empty folder with the installed copy first on the path: nothing may come from the checkout
-    probe = ("import crossprobe.service.cli as c, crossprobe.models.checkpoint as k, crossprobe.service.backend as b;"
-             "print(c.__file__); print(k.DEFAULT_CHECKPOINT); print(b.DEFAULT_CHECKPOINT.exists() and k.DEFAULT_CHECKPOINT == b.DEFAULT_CHECKPOINT)")
+    probe = ("import crossprobe.service.cli as c, crossprobe.models.checkpoint as k, crossprobe.models as m;"
+             "print(c.__file__); print(k.DEFAULT_CHECKPOINT); print(m.DEFAULT_CHECKPOINT.exists() and k.DEFAULT_CHECKPOINT == m.DEFAULT_CHECKPOINT)")
     env = {**os.environ, "PYTHONPATH": str(site)}
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]

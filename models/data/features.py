@@ -58,25 +58,11 @@ class ChunkedCache:
 
 
 def image_backbone_session(cache_dir: Path, threads: int | None = None):
-    """ONNX Runtime session for the frozen image backbone (exported once per cache dir)."""
+    """ONNX Runtime session for the frozen image backbone (exported once per folder: models/export.py)."""
+    from crossprobe.models.export import ensure_backbone
     from crossprobe.models.runtime import session
 
-    onnx_path = cache_dir / "image_backbone.onnx"
-    if not onnx_path.exists():
-        export_image_backbone(onnx_path)
-    return session(onnx_path, threads)
-
-
-def export_image_backbone(onnx_path: Path) -> None:
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    model = bb.ImageBackbone().eval()
-    dummy = torch.zeros(1, 3, bb.IMAGE_SIZE, bb.IMAGE_SIZE)
-    tmp = onnx_path.with_suffix(".tmp.onnx")
-    torch.onnx.export(
-        model, (dummy,), str(tmp), input_names=["pixels"], output_names=["grid"],
-        dynamic_axes={"pixels": {0: "batch"}, "grid": {0: "batch"}}, opset_version=17, dynamo=False,
-    )
-    os.replace(tmp, onnx_path)
+    return session(ensure_backbone(cache_dir), threads)
 
 
 def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids") -> np.ndarray:

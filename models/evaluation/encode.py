@@ -30,9 +30,8 @@ def _eval_mode(module: torch.nn.Module):
 
 
 def _rows(bank: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """A float16 bank's rows idx as float32. index_select, not bank[idx]: a listwise training step gathers 512 Lite0
-    grids (32M numbers); gathering them from a 6,000-image bank took 87-95 ms by advanced indexing plus .float()
-    against 45 ms so (ad-hoc timing, Intel Xeon, 2 threads; the values are the same)."""
+    """A float16 bank's rows idx as float32. index_select, not bank[idx]: the same values, and about twice as fast
+    for the large gathers of a listwise training step (512 Lite0 grids, 32M numbers)."""
     return bank.index_select(0, idx.reshape(-1)).reshape(*idx.shape, *bank.shape[1:]).float()
 
 

@@ -1,4 +1,4 @@
-"""`crossprobe eval`: the full Flickr8k test protocol, written to docs/.
+"""`crossprobe eval`: the full Flickr8k test protocol, written to docs/research/.
 
 Rows: TT; CP@K, TEMDE@K for K in ks; CP@all (every caption x every image, no
 shortlist); SM@K and TV@K. The shortlist's own recall@K is reported as the
@@ -81,7 +81,7 @@ def evaluate(model, data, split: str = "test", ks=(20, 50, 100), methods=("cp", 
 
 
 def to_json(res: dict, command: str, fingerprint: str) -> dict:
-    """The shape the issue asks for: METHOD names TT, CP@K, CP@all, TEMDE@K, SM@K, TV@K."""
+    """What write() stores as DOCS/results/flickr8k.json: METHOD names TT, CP@K, CP@all, TEMDE@K, SM@K, TV@K."""
     out = {
         "t2i": dict(res["t2i"]),
         "i2t": dict(res["i2t"]),

@@ -1,4 +1,4 @@
-"""The evaluation protocol of DESIGN.md on a Flickr8k split (1,000 images x 5 captions).
+"""The evaluation protocol on a Flickr8k split (1,000 images x 5 captions).
 
 Text->image: each caption ranks the split's images. Image->text: each image
 ranks the split's captions; its rank is the best of its 5 captions. A reranker

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from crossprobe.models import export as ex
+from crossprobe.models import graphs
+from crossprobe.models import runtime
 from crossprobe.models.model import SearchModel
 
 
@@ -36,16 +38,16 @@ def scorer_inputs(model: SearchModel, method: str, K: int, T: int = 14) -> tuple
     c = getattr(model, method).cfg  # the module's own config (frontier variants swap modules)
     if method == "cp":
         return (torch.randn(1, c.m, c.d), torch.randn(1, c.d), torch.randn(K, c.n, c.d), torch.randn(K, c.d), torch.rand(K)) \
-            + ex.region_inputs(model, method, K)
+            + graphs.region_inputs(model, method, K)
     if method == "temde":
         nk = c.N * c.K
-        return (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + ex.region_inputs(model, method, K)
+        return (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + graphs.region_inputs(model, method, K)
     d = c.d
     return (torch.randn(1, T, d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, d), torch.rand(K))
 
 
 def scorer_module(model: SearchModel, method: str) -> torch.nn.Module:
-    return ex.GRAPHS[f"{method}_scorer"][0](model).eval()
+    return graphs.GRAPHS[f"{method}_scorer"][0](model).eval()
 
 
 @torch.inference_mode()
@@ -64,7 +66,7 @@ def rerank_ms(model: SearchModel, methods=("cp", "temde", "sm", "tv"), ks=(100, 
         path = Path(onnx_dir) / f"{name}.onnx"
         if not path.exists():
             ex.export_all(model, Path(onnx_dir), "timing", names=(name,))
-        sess = ex.session(path, threads)
+        sess = runtime.session(path, threads)
         in_names = [i.name for i in sess.get_inputs()]
         out["pytorch"][method], out["onnxruntime"][method] = {}, {}
         for K in ks:
@@ -81,11 +83,11 @@ def rerank_ms(model: SearchModel, methods=("cp", "temde", "sm", "tv"), ks=(100, 
 
 def parity(model: SearchModel, name: str, onnx_path: Path, args: tuple) -> float:
     """Max |ONNX Runtime - PyTorch| over all outputs of one exported graph."""
-    mod = ex.GRAPHS[name][0](model).eval()
+    mod = graphs.GRAPHS[name][0](model).eval()
     with torch.inference_mode():
         ref = mod(*args)
     ref = ref if isinstance(ref, tuple) else (ref,)
-    sess = ex.session(onnx_path, 1)
+    sess = runtime.session(onnx_path, 1)
     got = sess.run(None, {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)})
     # integer outputs (region labels: argmax per cell) must match exactly: the fraction that differ
     return max(float((r.numpy() != g).mean()) if not r.is_floating_point() else float(np.abs(r.numpy() - g).max())

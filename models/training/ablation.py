@@ -15,7 +15,7 @@ Two kinds of option, each compared with the baseline trained the same way:
     committed checkpoint's towers with exactly the default reranker budget and
     seed (training/run.py reranker_config) against the committed CP, SM or TV.
     Metric: CP@100 / SM@100 / TV@100 on test (SM and TV text->image on the first
-    caption of each image, as in docs/flickr8k.md); time: rerank of 100
+    caption of each image, as in docs/research/flickr8k.md); time: rerank of 100
     candidates per query.
 
 Every option's result is kept in <run_dir>/<option>/result.json, so the command
@@ -40,6 +40,7 @@ import torch
 
 from crossprobe.models import checkpoint
 from crossprobe.models import export as ex
+from crossprobe.models import runtime
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import PairScorer
 from crossprobe.models.evaluation.report import KEYS, machine
@@ -105,7 +106,7 @@ class AblationConfig:
     cache_dir: Path = Path("cache/flickr8k")
     run_dir: Path = Path("runs/ablation")
     base: Path = checkpoint.DEFAULT_CHECKPOINT  # the committed default (reranker options train on its towers)
-    docs: Path = Path("docs")
+    docs: Path = Path("docs/research")
     only: tuple[str, ...] = ()  # a subset of OPTIONS (the baselines always run)
     template: TrainConfig = field(default_factory=TrainConfig)  # model, tower and reranker recipes of the default
     k: int = 100  # shortlist reranked by the reranker options
@@ -127,7 +128,7 @@ def query_ms(model, repeats: int = 200, threads: int = 2) -> float:
     tok = bb.load_tokenizer()
     with tempfile.TemporaryDirectory() as d:
         ex.export_all(model, Path(d), "ablation", names=("query_tower",))
-        sess = ex.session(Path(d) / "query_tower.onnx", threads)
+        sess = runtime.session(Path(d) / "query_tower.onnx", threads)
 
         def once():
             ids, mask = bb.tokenize(tok, ["a black dog is running through the grass with a ball in its mouth"])
@@ -139,7 +140,7 @@ def query_ms(model, repeats: int = 200, threads: int = 2) -> float:
 @torch.inference_mode()
 def rerank_ms_torch(model, method: str, K: int = 100, repeats: int = 40) -> float:
     """PyTorch rerank of K cached candidates for one query (ACE-RPE's graph search is not exported).
-    10 warm-up runs: with 3, a freshly loaded model's row read 230 ms where repeated runs read 145-150."""
+    10 warm-up runs: a freshly loaded model's first few runs are far slower than its steady state."""
     mod, args = scorer_module(model, method), scorer_inputs(model, method, K)
     return round(median_ms(lambda: mod(*args), repeats, warmup=10), 3)
 
@@ -338,7 +339,7 @@ def tower_budget_line(out: dict) -> str:
 
 
 def earlier_runs(docs: Path) -> list[str]:
-    """Earlier ablation runs kept as docs/results/ablation_<label>.json (e.g. a short tower budget): their rows."""
+    """Earlier ablation runs kept as docs/research/results/ablation_<label>.json (e.g. a short tower budget): their rows."""
     lines = []
     for f in sorted((docs / "results").glob("ablation_*.json")):
         r = json.loads(f.read_text())
@@ -360,7 +361,7 @@ def write_docs(out: dict, docs: Path) -> None:
         "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)", "",
         f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ",
         f"Baseline checkpoint (towers of every reranker row, row `default`): `{out.get('default', {}).get('fingerprint')}`", "",
-        "Every row was measured before the label bridge (docs/bridge.md): the options were trained and scored on "
+        "Every row was measured before the label bridge (docs/research/bridge.md): the options were trained and scored on "
         "un-bridged two-tower vectors; none has been re-measured with the bridge on.", "",
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
         tower_budget_line(out),
@@ -368,7 +369,7 @@ def write_docs(out: dict, docs: Path) -> None:
         "against the committed CP / SM / TV; metric CP@100 / SM@100 / TV@100 (the top 100 of the two-tower shortlist "
         "reranked, the rest in two-tower order); SM and TV text->image use the first caption of each test image "
         "(1,000 queries), as in "
-        "docs/flickr8k.md; time = rerank of 100 cached candidates for one query.", "",
+        "docs/research/flickr8k.md; time = rerank of 100 cached candidates for one query.", "",
         "| option | metric | t2i R@1 | R@5 | R@10 | MRR | i2t R@1 | R@5 | R@10 | MRR | ms/query | Δ t2i R@1 | Δ i2t R@1 | baseline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -10,11 +10,11 @@ within tolerance. Test-set numbers for every setting are produced separately by
 benchmarks/cp_frontier.py, so the choice never looks at the test split.
 
 The frontier is a model-selection run of its own, not a stage of `crossprobe
-train`: with the in-batch pretraining recipe its four settings take ~51 min on
-2 cores, which put the default training run over its 90 min budget. Its choice
-is meant to be pinned in ModelConfig.cp (models/model.py; docs/frontier.md says
-when it is not), and `crossprobe train` trains that one shape, initialised as
-the frontier initialises it.
+train`: its four settings take about 50 min on 2 cores, which would put the
+default training run over its 90 min budget. Its choice is meant to be pinned
+in ModelConfig.cp (CrossProbeConfig's defaults, models/cross_probe.py;
+docs/research/frontier.md says when it is not), and `crossprobe train` trains
+that one shape, initialised as the frontier initialises it.
 """
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.training.rerankers import RerankTrainConfig, train_reranker
 from crossprobe.models.training.state import atomic_save, seed_everything
 
-# d128-n15-l2 left the list with the in-batch pretraining recipe: it scores 64 x 64 pairs per step
-# at 3.9 s/step on 2 cores (~30 min of pretraining alone), and it had measured 15.0 ms per 100
-# candidates, over the 10 ms budget, in the frontier before (docs/rerank_experiments.md).
+# not d128-n15-l2: its in-batch pretraining (64 x 64 pairs per step) alone takes about 30 min on 2 cores,
+# and it reranks 100 candidates in more than the 10 ms budget
 SETTINGS = [
     {"d": 128, "n": 8, "layers": 1},
     {"d": 64, "n": 8, "layers": 1},
@@ -43,8 +42,8 @@ SETTINGS = [
 SHAPE = ("d", "n", "layers")  # the fields a setting sets
 
 
-def name_of(s: dict) -> str:
-    return f"d{s['d']}-n{s['n']}-l{s['layers']}"
+def name_of(setting: dict) -> str:
+    return f"d{setting['d']}-n{setting['n']}-l{setting['layers']}"
 
 
 def fresh_cp(cfg: CrossProbeConfig, seed: int) -> CrossProbe:
@@ -83,10 +82,10 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
     base, keep = model.cfg.cp, model.cp
     budget = recipe_budget(rcfg)
     rows, got = [], None
-    for s in settings:
-        name = name_of(s)
+    for setting in settings:
+        name = name_of(setting)
         done = Path(run_dir) / f"frontier_{name}.done.pt"
-        cfg = dataclasses.replace(base, **s)
+        cfg = dataclasses.replace(base, **setting)
         row = finished_row(run_dir, name, budget)
         if row is None and done.exists():
             # a setting finished under another recipe (the CP budget changed since): its weights and states
@@ -117,7 +116,7 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
 
 def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: dict, command: str,
               current_budget: dict | None = None) -> None:
-    """docs/frontier.md + docs/results/frontier.json (dev numbers and timings measured when each setting trained).
+    """docs/research/frontier.md + docs/research/results/frontier.json (dev numbers and timings measured when each setting trained).
     default_cp: ModelConfig().cp as a dict, to say whether the pinned default is the frontier's choice;
     current_budget: recipe_budget of today's CP recipe, to say when the rows were trained under another."""
     docs = Path(docs)
@@ -130,7 +129,7 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
         "# Cross-probe latency / accuracy frontier (selection on the dev split)", "",
         f"Command: `{command}`  ", f"Machine: {machine}  ", f"Towers: checkpoint `{fingerprint}`", "",
         "Every setting trained with the same recipe, budget and seed on the same frozen towers: the CP recipe of "
-        "`crossprobe train` (`reranker_config(TrainConfig(), \"cp\")`; docs/rerank_experiments.md). "
+        "`crossprobe train` (`reranker_config(TrainConfig(), \"cp\")`; docs/research/rerank_experiments.md). "
         f"dev R@1: {frontier['selection']}, at the best epoch. Rerank time: one query against 100 cached candidates, "
         "2 threads, median of 30, measured right after each setting trained. Train s: wall time of the setting's training "
         "(in-batch pretraining, listwise epochs, dev fits). Rule: most accurate within "
@@ -150,8 +149,8 @@ def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: 
                  + (f" (dev R@1 {row['dev_R@1']:.1f} vs {max(r['dev_R@1'] for r in frontier['rows']):.1f}, "
                     f"{row['ort_ms_100']} ms)" if row else "") + ": re-pin it to follow this frontier")
     lines += ["", agree + "; `crossprobe train` trains the pinned shape alone, with the same recipe and initialisation. "
-              "Test-split numbers of the default are in docs/flickr8k.md (CP@K rows); `make bench` re-measures every "
-              "setting on the test split (docs/frontier_test.md).", ""]
+              "Test-split numbers of the default are in docs/research/flickr8k.md (CP@K rows); `make bench` re-measures every "
+              "setting on the test split (docs/research/frontier_test.md).", ""]
     (docs / "frontier.md").write_text("\n".join(lines))
 
 
@@ -181,7 +180,7 @@ def frontier(ckpt, docs, command: str, tcfg=None, log=print, settings=SETTINGS) 
     tcfg = tcfg or TrainConfig()
     torch.set_num_threads(tcfg.threads)
     model, meta = checkpoint.load(ckpt)
-    # the default recipe's CP (inputs, heads, ...) varied in its shape; the checkpoint's own may be older
+    # the CP the default recipe trains (inputs, heads, ...), varied in its shape; the checkpoint's own may differ
     default_cp = dataclasses.replace(tcfg.model.cp, d_in=model.cfg.cp.d_in)
     model.cfg.cp = default_cp
 

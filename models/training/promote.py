@@ -1,5 +1,5 @@
 """`crossprobe promote OPTION`: a tower option that beat the default in the ablation becomes a
-checkpoint of its own (issue 5: "saved as separate checkpoints only when they win").
+checkpoint of its own; an option is saved as a separate checkpoint only when it wins.
 
 The ablation trains an option's towers only. A checkpoint the service can load also needs the
 rerankers it runs, so this trains CP (the default's frontier-chosen shape, no new frontier) and
@@ -86,7 +86,7 @@ def write_option_card(out: Path, option: str, cfg: AblationConfig) -> Path:
         out, results, title=f"crossprobe checkpoint: {option} (seed option that beat the default)",
         how=(f"Towers: `crossprobe ablate` row `{option}` ({cfg.options[option].what}; {row['budget']}), which beat the "
              f"committed default on Flickr8k test text->image R@1 {row['t2i']['R@1']} vs {base['t2i']['R@1']} "
-             f"(image->text {row['i2t']['R@1']} vs {base['i2t']['R@1']}; docs/ablation.md). Rerankers: "
+             f"(image->text {row['i2t']['R@1']} vs {base['i2t']['R@1']}; docs/research/ablation.md). Rerankers: "
              f"`crossprobe promote {option}` trained CP (the default's shape) and T-EMDE on these towers with "
              "the default reranker recipe and seed. The SM and TV references are NOT trained in this checkpoint "
              "(the service never runs them; use the default checkpoint to evaluate them)."))

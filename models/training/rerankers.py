@@ -49,7 +49,7 @@ class RerankTrainConfig:
     pretrain_batch: int = 64  # captions (of distinct images) per pretraining step: batch^2 pairs scored
     standalone: bool = False  # train the reranker's own score; the fusion weight is fit on the selection split
     # selection captions of a standalone reranker (epoch and fusion weight; all 5 per dev image): t2i R@1 on
-    # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch (docs/rerank_experiments.md §5)
+    # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch (docs/research/rerank_experiments.md §5)
     fusion_queries: int = 5000
     # listwise over the whole batch's candidates (pooled_logits): each caption ranks its image against all
     # queries x (1 + negatives) candidates of the step, not only its own 1 + negatives. Free for T-EMDE (a dot
@@ -213,8 +213,8 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
     """Teach the reranker to rank on its own before it learns a residual over the two-tower score.
 
     Trained only on mined shortlists, with the two-tower score in its logit, a reranker
-    gets almost no signal on a training split the towers already fit (alone it ranked
-    the gold image first for 1% of test captions). Here each step scores every caption
+    gets almost no signal on a training split the towers already fit, and alone it ranks
+    almost nothing first (docs/research/rerank_experiments.md §1). Here each step scores every caption
     against every image of a batch of `pretrain_batch` distinct images (batch^2 pairs)
     with the reranker's own score and a symmetric InfoNCE, as the towers are trained.
     Cached in done_path once finished (the main stage then resumes on its own)."""

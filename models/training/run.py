@@ -43,21 +43,20 @@ class TrainConfig:
     towers: TowerTrainConfig = field(default_factory=TowerTrainConfig)
     rerank: RerankTrainConfig = field(default_factory=RerankTrainConfig)
     methods: tuple[str, ...] = ("cp", "temde", "sm", "tv")
-    # the references are costlier per step; their budgets are fixed here and reported. CP's dev R@1 was still
-    # rising after 3 listwise epochs: 6 measured dev 22.26 vs 21.44 (docs/rerank_experiments.md §6)
+    # the references are costlier per step; their budgets are fixed here and reported. CP: 6 listwise epochs, as
+    # its dev R@1 still rises after 3 (docs/research/rerank_experiments.md §6)
     epochs_by_method: dict = field(default_factory=lambda: {"cp": 6, "temde": 3, "sm": 1, "tv": 1})
-    # the served rerankers' recipe (docs/rerank_experiments.md): in-batch pretraining on their own score,
+    # the served rerankers' recipe (docs/research/rerank_experiments.md): in-batch pretraining on their own score,
     # then listwise training on their own score, the fusion weight chosen on dev (RerankTrainConfig.standalone)
     pretrain_by_method: dict = field(default_factory=lambda: {"cp": 5, "temde": 5})
-    # captions drawn per training image per listwise epoch (RerankTrainConfig.captions_per_image elsewhere). T-EMDE
-    # with all 5 (3 epochs, best at 2) beat 1 caption x 3, 6 or 10 epochs on both dev sets: f8k-dev 22.74 vs
-    # 22.24 / 22.40 / 22.70, coco-mini-dev+f8k-dev 35.25 vs 31.25 / 33.50 / 34.50 (benchmarks/temde_sweep.py,
-    # docs/results/temde_sweep.json); 19 min instead of 6 on 2 cores
+    # captions drawn per training image per listwise epoch (RerankTrainConfig.captions_per_image elsewhere). T-EMDE:
+    # all 5 captions for 3 epochs beat 1 caption for 3, 6 or 10 epochs on both dev sets, at about 3x the training
+    # time (docs/research/bridge.md, "T-EMDE's training budget")
     captions_by_method: dict = field(default_factory=lambda: {"temde": 5})
     # independently seeded T-EMDEs (seeds seed, seed + 1, ...) trained one after the other and merged into one wider
-    # T-EMDE (temde.merge: the score is their mean), the fusion weight fit on dev for the merge. On the dev sets the
-    # six 3-member merges measured averaged TEMDE@100 R@1 23.47 in domain and 32.58 out of domain against 23.07 and
-    # 32.07 for the seven single draws (docs/bridge.md, "Seed ensembles as the T-EMDE recipe"); ~9 min a member
+    # T-EMDE (temde.merge: the score is their mean), the fusion weight fit on dev for the merge. 3 members: on average
+    # a merge beats a single draw on both dev sets, for one T-EMDE training per member
+    # (docs/research/bridge.md, "Seed ensembles as the T-EMDE recipe")
     members_by_method: dict = field(default_factory=lambda: {"temde": 3})
     standalone_methods: tuple[str, ...] = ("cp", "temde")
     # rerankers taken from another checkpoint (--reuse) whose fusion weight w is fit again on this run's dev banks:
@@ -120,7 +119,7 @@ def train_members(model, method: str, train_banks, dev_banks, rcfg: RerankTrainC
 def seed_from_checkpoint(ckpt: Path, run_dir: Path, stages: tuple[str, ...]) -> None:
     """Start a run from a checkpoint's trained stages (e.g. its towers) instead of training them again:
     each stage's weights, report and recorded wall time go where `train` would have left them, so the
-    checkpoint it writes reports the full cost. Used to add the label bridge to towers trained before it."""
+    checkpoint it writes reports the full cost (e.g. adding the label bridge to towers trained without it)."""
     meta = checkpoint.read_config(ckpt)
     from safetensors.torch import load_file
 

@@ -1,7 +1,7 @@
 """Reranker training on realistic shortlists ("dev stacking").
 
-The towers fit their training split closely (train loss 0.45 at the default's
-best epoch), so the two-tower shortlist of a training caption is far easier
+The towers fit their training split closely (docs/research/rerank_experiments.md
+§1), so the two-tower shortlist of a training caption is far easier
 than a test caption's: its positive is nearly always first, and a reranker
 trained there learns to defer to the two-tower score (the fused weights stay
 at their initial values). Captions of images the towers never saw have test-

@@ -2,7 +2,7 @@
 // carry, with how many of them carry it) toggle a filter; a "taken" date range; the filters in force as
 // removable chips, and how many items of the index pass them (the answer's "filtered.matching").
 // Several chips: AND across fields, OR within one ({"and": [{"field": "tags", "in": [...]}, ...]}), the
-// service's filter tree (docs/search_features.md). app.js sends filter() with each search and hands every
+// service's filter tree (docs/research/search_features.md). app.js sends filter() with each search and hands every
 // answer to update().
 
 import { removeButton } from "./api.js";

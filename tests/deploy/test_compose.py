@@ -140,11 +140,11 @@ def _settings_env_names() -> dict[str, list[type]]:
     """Env variable -> the Settings classes that read it, from the pydantic-settings models themselves."""
     from pydantic import AliasChoices
 
-    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.service.settings import Settings as ServiceSettings
 
     names: dict[str, list[type]] = {}
-    for cls in (ServiceSettings, IndexSettings):
+    for cls in (ServiceSettings, IndexerSettings):
         assert not cls.model_config.get("case_sensitive")  # env names compare upper-cased below
         prefix = cls.model_config.get("env_prefix", "")
         for field, info in cls.model_fields.items():
@@ -219,11 +219,11 @@ def test_services_are_wired_as_documented(cfg):
     for name in ("api", "indexer", "reindex"):
         assert s[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
         assert s[name]["build"]["context"] == str(REPO) and s[name]["image"] == s["api"]["image"]
-        from crossprobe.indexer.redis_conn import Settings as IndexSettings
+        from crossprobe.indexer.jobs.settings import IndexerSettings
 
         root = s[name]["environment"]["CROSSPROBE_INDEX_ROOT"]
         assert ("volume", "indexes", root) in _binds(s[name]), name  # one index volume, shared
-        assert IndexSettings.model_fields["root"].default != Path(root)  # i.e. the env really moves it
+        assert IndexerSettings.model_fields["index_root"].default != Path(root)  # i.e. the env really moves it
     assert s["indexer"]["environment"]["CROSSPROBE_PUSHGATEWAY_URL"] == \
         s["reindex"]["environment"]["CROSSPROBE_PUSHGATEWAY_URL"]
     assert s["pushgateway"]["image"].startswith("prom/pushgateway:")
@@ -283,7 +283,7 @@ def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_d
     for name in MILVUS_SERVICES:
         assert {src for kind, src, _ in _binds(s[name]) if kind == "volume"} <= declared, name
 
-    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.service.settings import Settings as ServiceSettings
 
     for name in ("api", "indexer", "reindex"):
@@ -292,6 +292,6 @@ def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_d
         assert (u.scheme, u.hostname, u.port) == ("http", "milvus", 19530), name  # Milvus' gRPC port (its default)
         assert e["CROSSPROBE_ANN_BACKEND"] == "milvus", name
     assert cfg["services"]["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"] == "faiss"  # the default
-    ixs = IndexSettings(ann_backend=s["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"],
+    ixs = IndexerSettings(ann_backend=s["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"],
                         milvus_uri=s["indexer"]["environment"]["CROSSPROBE_MILVUS_URI"])
     assert ixs.ann_backend == "milvus" and ServiceSettings(milvus_uri=ixs.milvus_uri).milvus_uri == ixs.milvus_uri

@@ -115,7 +115,7 @@ def test_image_facts():
 def test_dockerignore_keeps_the_context_small_and_the_copied_files_in():
     patterns = [p.strip() for p in (REPO / ".dockerignore").read_text().splitlines()
                 if p.strip() and not p.startswith("#")]
-    for must in (".venv", "cache", "runs", "artifacts", "docs/results", ".git"):
+    for must in (".venv", "cache", "runs", "artifacts", "docs/research/results", "benchmarks", "research", ".git"):
         assert must in patterns, must
 
     def ignored(path: str) -> bool:

@@ -136,7 +136,7 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
         start("prometheus", [tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
                              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"])
 
-        base_env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.root),
+        base_env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
                     "HF_HUB_OFFLINE": "1"}
         # the real batch job, pushing while it runs and at its end; it builds a second index beside the
         # service's, which the service's 1 s reload poll then serves too (two indexes on the dashboard)
@@ -210,8 +210,8 @@ def _one_round(s: Stack, built) -> None:
                 break
         assert 429 in codes, "no 429 with CROSSPROBE_QUEUE_SIZE=1 and 8 concurrent searches"
 
-    from crossprobe.indexer.redis_conn import connect
-    from crossprobe.indexer.store import Store
+    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.indexer.storage.store import Store
 
     r = connect(built.ixs)
     key = Store(built.ixs, r).feat_key("photos", built.version, built.ids[0])

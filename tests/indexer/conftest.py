@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from crossprobe.indexer.redis_conn import Settings
+from crossprobe.indexer.jobs.settings import IndexerSettings
 
 FORMATS = ["jpg", "png", "webp", "bmp", "tiff", "jpeg"]
 
@@ -45,9 +45,9 @@ def models_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture()
-def settings(redis_server, redis_url, models_dir, tmp_path) -> Settings:
+def settings(redis_server, redis_url, models_dir, tmp_path) -> IndexerSettings:
     redis_server.flushall()
-    return Settings(redis_url=redis_url, root=tmp_path / "indexes", model_dir=models_dir, batch_size=4,
+    return IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model_dir=models_dir, batch_size=4,
                     threads=2, progress=False)
 
 
@@ -55,7 +55,7 @@ def settings(redis_server, redis_url, models_dir, tmp_path) -> Settings:
 def env(settings) -> dict:
     """Environment that makes a `crossprobe index` subprocess / CliRunner use the same settings."""
     e = dict(os.environ)
-    e.update({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.root),
+    e.update({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.index_root),
               "CROSSPROBE_INDEX_MODEL_DIR": str(settings.model_dir), "CROSSPROBE_INDEX_BATCH_SIZE": "4",
               "CROSSPROBE_INDEX_THREADS": "2", "CROSSPROBE_INDEX_PROGRESS": "false"})
     return e
@@ -157,20 +157,20 @@ def gateway_values(url: str, job: str, index: str) -> dict[str, float]:
 @pytest.fixture(scope="session")
 def redis_cluster():
     """A real Redis Cluster: 3 masters + 3 replicas (redis-server processes on free loopback ports, created with
-    `redis-cli --cluster create`; crossprobe.indexer.local_cluster), cluster-node-timeout 1 s so a failover
+    `redis-cli --cluster create`; crossprobe.indexer.storage.local_cluster), cluster-node-timeout 1 s so a failover
     happens within a test. Stopped by PID. Tests that pause or kill a node start a cluster of their own."""
-    from crossprobe.indexer.local_cluster import LocalCluster
+    from crossprobe.indexer.storage.local_cluster import LocalCluster
 
     with LocalCluster(node_timeout_ms=1000) as cluster:
         yield cluster
 
 
 @pytest.fixture()
-def cluster_settings(redis_cluster, models_dir, tmp_path) -> Settings:
+def cluster_settings(redis_cluster, models_dir, tmp_path) -> IndexerSettings:
     """The `settings` fixture's, on the cluster (flushed first)."""
-    from crossprobe.indexer.redis_conn import connect
+    from crossprobe.indexer.storage.redis_conn import connect
 
-    s = Settings(redis_url=redis_cluster.url, redis_cluster=True, root=tmp_path / "cluster-indexes", model_dir=models_dir,
+    s = IndexerSettings(redis_url=redis_cluster.url, redis_cluster=True, index_root=tmp_path / "cluster-indexes", model_dir=models_dir,
                  batch_size=4, threads=2, progress=False)
     r = connect(s)
     r.flushall()

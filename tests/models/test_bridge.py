@@ -37,7 +37,7 @@ def test_probabilities_come_from_the_grid_alone():
 
 
 def test_off_registers_nothing_and_keeps_g():
-    b = LabelBridge(BridgeConfig(), 8)
+    b = LabelBridge(BridgeConfig.off(), 8)
     assert not list(b.state_dict()) and not list(b.parameters())
     g = F.normalize(torch.randn(3, 8), dim=-1)
     assert torch.equal(b(torch.randn(3, 49, bb.IMAGE_FEAT_DIM), g), g)

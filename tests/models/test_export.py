@@ -2,14 +2,15 @@
 import pytest
 
 from crossprobe.models import export as ex
+from crossprobe.models import graphs
 from crossprobe.models.evaluation.timing import parity
 
 
-@pytest.mark.parametrize("name", list(ex.GRAPHS))
+@pytest.mark.parametrize("name", list(graphs.GRAPHS))
 def test_onnx_parity(small_model, tmp_path, name):
     paths = ex.export_all(small_model, tmp_path, "test", names=(name,))
     # fresh inputs with other shapes than the export example: dynamic axes must hold
-    inputs = ex.example_inputs(small_model, K=13, T=11)[name]
+    inputs = graphs.example_inputs(small_model, K=13, T=11)[name]
     assert parity(small_model, name, paths[name], inputs) <= 1e-4
 
 
@@ -21,7 +22,7 @@ def test_committed_checkpoint_exports_with_parity(tmp_path):
     model, meta = checkpoint.load()
     paths = ex.export_all(model, tmp_path, meta["fingerprint"],
                           names=("query_tower", "cp_scorer", "temde_scorer", "explain"))
-    inputs = ex.example_inputs(model, K=100, T=16)
+    inputs = graphs.example_inputs(model, K=100, T=16)
     for name, path in paths.items():
         assert parity(model, name, path, inputs[name]) <= 1e-4, name
 
@@ -47,7 +48,7 @@ def test_options_export_with_parity(small_cfg, bert, tmp_path, option):
     model = SearchModel(cfg, bert).eval()
     names = {"zodiac-cp": ("cp_scorer", "explain"), "zodiac-tv": ("tv_scorer",)}.get(option, ("query_tower", "image_tower"))
     paths = ex.export_all(model, tmp_path, "test", names=names)
-    inputs = ex.example_inputs(model, K=13, T=11)
+    inputs = graphs.example_inputs(model, K=13, T=11)
     for name in names:
         assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name
 
@@ -69,7 +70,7 @@ def test_rerankers_on_backbone_features_export_with_parity(small_cfg, bert, tmp_
     model = SearchModel(cfg, bert).eval()
     names = ("query_tower", "image_tower", "cp_scorer", "explain")
     paths = ex.export_all(model, tmp_path, "test", names=names)
-    inputs = ex.example_inputs(model, K=13, T=11)
+    inputs = graphs.example_inputs(model, K=13, T=11)
     for name in names:
         assert parity(model, name, paths[name], inputs[name]) <= 1e-4, name
 
@@ -82,7 +83,7 @@ def test_attention_probs_are_the_ones_attention_uses(small_model):
     attn = small_model.cp.vision_probes.attn
     x, ctx = torch.randn(3, 4, attn.h * attn.hd), torch.randn(3, 49, attn.h * attn.hd)
     with torch.inference_mode():
-        a = ex.attention_probs(attn, x, ctx)  # (3, h, 4, 49)
+        a = graphs.attention_probs(attn, x, ctx)  # (3, h, 4, 49)
         v = attn.kv(ctx).view(3, 49, 2, attn.h, attn.hd)[:, :, 1].transpose(1, 2)
         out = attn.out((a @ v).transpose(1, 2).reshape(3, 4, -1))
         assert torch.allclose(out, attn(x, ctx), atol=1e-5)
@@ -94,8 +95,8 @@ def test_explain_maps_are_distributions_that_follow_the_query(small_model):
     `probe_regions` (the image's probes averaged) does not."""
     import torch
 
-    grid, p_t = ex.example_inputs(small_model, K=5)["explain"]
-    graph = ex.ExplainGraph(small_model).eval()
+    grid, p_t = graphs.example_inputs(small_model, K=5)["explain"]
+    graph = graphs.ExplainGraph(small_model).eval()
     with torch.inference_mode():
         regions, probes = graph(grid, p_t)
         regions2, probes2 = graph(grid, torch.randn_like(p_t) * 3)
@@ -119,7 +120,38 @@ def test_explain_without_cross_layers_is_the_probe_map(small_cfg, bert):
     cfg.cp = dataclasses.replace(cfg.cp, layers=0)
     torch.manual_seed(0)
     model = SearchModel(cfg, bert).eval()
-    grid, p_t = ex.example_inputs(model, K=3)["explain"]
+    grid, p_t = graphs.example_inputs(model, K=3)["explain"]
     with torch.inference_mode():
-        regions, probes = ex.ExplainGraph(model)(grid, p_t)
+        regions, probes = graphs.ExplainGraph(model)(grid, p_t)
     assert torch.equal(regions, probes)
+
+
+def test_ensure_graphs_writes_into_the_fingerprint_folder_and_only_what_is_missing(small_model, tmp_path, monkeypatch):
+    """The one export path the indexer, the service and the CLI share: <root>/<fingerprint>/<name>.onnx, the
+    wanted graphs only once, a manifest naming every graph present, no temp file left behind."""
+    import json
+
+    folder = ex.ensure_graphs(tmp_path, ["image_tower"], model=small_model, fingerprint="fp1")
+    assert folder == tmp_path / "fp1" and (folder / "image_tower.onnx").exists()
+    first = (folder / "image_tower.onnx").stat().st_mtime_ns
+
+    calls = []
+    real = ex.export_all
+    monkeypatch.setattr(ex, "export_all", lambda *a, **k: calls.append(k.get("names")) or real(*a, **k))
+    assert ex.ensure_graphs(tmp_path, ["image_tower"], model=small_model, fingerprint="fp1") == folder
+    assert calls == []  # present: nothing exported, no model needed
+    ex.ensure_graphs(tmp_path, ["image_tower", "query_tower"], model=small_model, fingerprint="fp1", also=["explain"])
+    assert calls == [["query_tower", "explain"]]
+    assert (folder / "image_tower.onnx").stat().st_mtime_ns == first
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["fingerprint"] == "fp1"
+    assert manifest["graphs"] == ["explain.onnx", "image_tower.onnx", "query_tower.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp1"]  # the temp export folder is gone
+
+
+def test_ensure_graphs_refuses_a_checkpoint_of_another_fingerprint(tmp_path):
+    from crossprobe.models import DEFAULT_CHECKPOINT
+
+    with pytest.raises(ValueError, match="fingerprint"):
+        ex.ensure_graphs(tmp_path, ["query_tower"], DEFAULT_CHECKPOINT, fingerprint="not-this-one")
+    assert ex.checkpoint_fingerprint(None) == ex.checkpoint_fingerprint(DEFAULT_CHECKPOINT)

@@ -60,7 +60,7 @@ def test_pair_scorer_adds_the_region_term_only_when_asked(small_model):
 
 
 def test_committed_checkpoint_finds_the_coffee_cup_in_a_cell():
-    """On a real photo, with the committed checkpoint's class table (its region labels are off by default: docs/bridge.md):
+    """On a real photo, with the committed checkpoint's class table (its region labels are off by default: docs/research/bridge.md):
     the cells of scikit-image's coffee photo are labelled with cup / espresso classes, so a coffee query scores it
     above the other photos of the demo gallery by region labels alone."""
     from crossprobe.models import backbones as bb

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.models import export as ex
+from crossprobe.models import graphs
 
 
 def run_fresh(tmp_path: Path, body: str) -> str:
@@ -23,8 +24,8 @@ def run_fresh(tmp_path: Path, body: str) -> str:
 
 def test_shared_pool_gives_the_same_scores_as_own_pools(small_model, tmp_path):
     paths = ex.export_all(small_model, tmp_path, "test", names=("cp_scorer",))
-    inputs = ex.example_inputs(small_model, K=37)["cp_scorer"]
-    names = ex.io_names(small_model, "cp_scorer")[0]
+    inputs = graphs.example_inputs(small_model, K=37)["cp_scorer"]
+    names = graphs.io_names(small_model, "cp_scorer")[0]
     np.savez(tmp_path / "in.npz", **{k: v.numpy() for k, v in zip(names, inputs)})
     out = run_fresh(tmp_path, f"""
         import numpy as np
@@ -41,3 +42,28 @@ def test_shared_pool_gives_the_same_scores_as_own_pools(small_model, tmp_path):
     """)
     diff, k = out.split()
     assert int(k) == 37 and float(diff) <= 1e-5
+
+
+def test_stage_timer_sums_repeats_across_threads():
+    import threading
+    import time
+
+    from crossprobe.models.runtime import StageTimer
+
+    timer = StageTimer()
+
+    def work():
+        for _ in range(5):
+            with timer.stage("decode"):
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    timer.add("encode", 0.5)
+    seconds = timer.seconds()
+    assert list(seconds) == ["decode", "encode"] and seconds["encode"] == 0.5
+    assert seconds["decode"] >= 20 * 0.002  # 20 stages of at least 2 ms each, summed
+    assert timer.ms()["encode"] == 500.0

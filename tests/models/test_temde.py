@@ -8,7 +8,7 @@ from crossprobe.models.temde import Temde, TemdeConfig, merge
 def _trained_like(seed: int, N: int, log_tau: float) -> Temde:
     """A T-EMDE with non-trivial BatchNorm statistics and its own temperature, as training leaves one."""
     torch.manual_seed(seed)
-    t = Temde(TemdeConfig(d_in=16, N=N, K=4, inner=3))
+    t = Temde(TemdeConfig(d_in=16, N=N, K=4, inner=3, inputs="tower"))
     with torch.no_grad():
         t.log_tau.fill_(log_tau)
         for c in (t.text_coder, t.image_coder):
@@ -35,7 +35,7 @@ def test_merged_members_score_their_n_weighted_mean():
 
 def test_merge_refuses_members_of_other_shapes():
     a = _trained_like(0, 3, 0.0)
-    b = Temde(TemdeConfig(d_in=16, N=3, K=8, inner=3))
+    b = Temde(TemdeConfig(d_in=16, N=3, K=8, inner=3, inputs="tower"))
     with pytest.raises(ValueError, match="share K"):
         merge([a, b])
 
@@ -47,7 +47,7 @@ def test_coder_softmax_layouts_agree_with_the_distances(K):
     either way each (token, partition) row is softmax(-||z - c||^2 / tau) over that partition's K centroids,
     and the raw sketch sums real tokens only."""
     torch.manual_seed(K)
-    t = Temde(TemdeConfig(d_in=16, N=5, K=K, inner=3)).eval()
+    t = Temde(TemdeConfig(d_in=16, N=5, K=K, inner=3, inputs="tower")).eval()
     x = torch.randn(2, 7, 16)
     c = t.image_coder
     with torch.no_grad():

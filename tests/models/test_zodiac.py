@@ -63,7 +63,7 @@ def test_padding_never_changes_real_tokens_in_a_zodiac_block():
 
 
 def test_zodiac_is_selectable_in_cp_and_tv():
-    cp = CrossProbe(CrossProbeConfig(d_in=16, d=32, m=2, n=3, layers=1, attention="zodiac")).eval()
+    cp = CrossProbe(CrossProbeConfig(d_in=16, d=32, m=2, n=3, layers=1, attention="zodiac", inputs="tower")).eval()
     assert isinstance(cp.cross[0].attn, ZodiacAttention)
     p_t, w = cp.encode_text(torch.randn(2, 4, 16), torch.ones(2, 4, dtype=torch.bool))
     p_v, b = cp.encode_image(torch.randn(5, 49, 16))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from crossprobe.indexer import build
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
+from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.service.server import wait_ready
 from tests.conftest import random_labels
 from tests.indexer.conftest import make_images, models_dir, redis_server, redis_url  # noqa: F401 (fixtures)
@@ -35,22 +35,22 @@ def svc_ckpt(small_cfg, bert, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def artifacts(svc_ckpt, bert, tmp_path_factory) -> Path:
-    from crossprobe.service.backend import ensure_onnx
+    from crossprobe.models import export
 
     d = tmp_path_factory.mktemp("svc-onnx")
-    ensure_onnx(d, svc_ckpt, bert)
+    export.ensure_graphs(d, export.SEARCH_GRAPHS, svc_ckpt, bert=bert, also=export.SERVICE_GRAPHS)
     return d
 
 
 @dataclass
 class Built:
-    ixs: IndexSettings
+    ixs: IndexerSettings
     gallery: Path
     version: str
     ids: list[str]
 
 
-def build_index(ixs: IndexSettings, gallery: Path, ckpt: Path, bert, name: str = "photos") -> str:
+def build_index(ixs: IndexerSettings, gallery: Path, ckpt: Path, bert, name: str = "photos") -> str:
     return build(name, images=gallery, settings=ixs, ckpt=ckpt, bert=bert, log=lambda *_: None).version
 
 
@@ -59,7 +59,7 @@ def built(redis_server, redis_url, models_dir, svc_ckpt, bert, tmp_path_factory)
     """Index "photos": 12 generated images, built by the indexer into a fresh root and a flushed Redis."""
     redis_server.flushall()
     root = tmp_path_factory.mktemp("svc-index")
-    ixs = IndexSettings(redis_url=redis_url, root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
                         progress=False)
     gallery = root / "gallery"
     make_images(gallery, 12)
@@ -72,7 +72,7 @@ def built(redis_server, redis_url, models_dir, svc_ckpt, bert, tmp_path_factory)
 def service_settings(built: Built, ckpt: Path, artifacts: Path, **over):
     from crossprobe.service.settings import Settings
 
-    base = dict(redis_url=built.ixs.redis_url, index_root=built.ixs.root, ckpt=ckpt, artifacts_dir=artifacts,
+    base = dict(redis_url=built.ixs.redis_url, index_root=built.ixs.index_root, ckpt=ckpt, artifacts_dir=artifacts,
                 threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret", batch_wait_ms=1.0)
     return Settings(**{**base, **over})
 

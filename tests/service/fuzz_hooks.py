@@ -29,8 +29,10 @@ import schemathesis
 from hypothesis import strategies as st
 
 from crossprobe.service import query_image
-from crossprobe.service.errors import ApiError
-from crossprobe.service.schemas import filter_from_json, is_invisible
+from crossprobe.service.errors import STATUS
+from crossprobe.service.exceptions import CrossprobeError
+from crossprobe.indexer.storage.filter_model import filter_from_json
+from crossprobe.service.schemas import is_invisible
 
 _visible_char = st.characters().filter(lambda c: not is_invisible(c))
 # <= 101 characters: inside every query field's maxLength (512)
@@ -64,8 +66,8 @@ def _not_an_image(value, b64: bool) -> bool:
     try:
         data = query_image.b64_bytes(value, 1 << 30) if b64 else value
         query_image.pixels(data, 1 << 40)
-    except ApiError as e:
-        return e.status == 422
+    except CrossprobeError as e:
+        return STATUS[e.code] == 422
     except Exception:  # noqa: BLE001 - a value the decoder cannot even take is not an image either
         return True
     return False

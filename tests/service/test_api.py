@@ -83,7 +83,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
     """The service's ann and rerank scores equal the PyTorch model on the indexed features (fp32 query graph)."""
     import torch
 
-    from crossprobe.models.export import CPScorer, QueryGraph, TemdeScorer
+    from crossprobe.models.graphs import CPScorer, QueryGraph, TemdeScorer
     from crossprobe.indexer import open_index
     from crossprobe.models import backbones as bb
 
@@ -111,7 +111,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
 def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ckpt, artifacts):
     """The opt-in int8 query graph is quantized once beside the fp32 one (the default), says so in
     every response, and ranks like fp32 (scores within quantization noise)."""
-    from crossprobe.service.backend import Models
+    from crossprobe.service.inference import Models
     from tests.service.conftest import service_settings
 
     fp = checkpoint.read_config(svc_ckpt)["fingerprint"]

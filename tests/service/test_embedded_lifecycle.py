@@ -13,18 +13,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import _alive, close_embedded, connect, embedded_pid
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import _alive, close_embedded, connect, embedded_pid
 from crossprobe.service.server import free_port
 from tests.indexer.conftest import make_images
 from tests.service.conftest import build_index
 
 
 @pytest.fixture(scope="module")
-def embedded(models_dir, svc_ckpt, bert, tmp_path_factory) -> IndexSettings:
+def embedded(models_dir, svc_ckpt, bert, tmp_path_factory) -> IndexerSettings:
     """Index "photos" (6 images) in an embedded Redis under a fresh root; the server stopped again afterwards."""
     root = tmp_path_factory.mktemp("embedded")
-    ixs = IndexSettings(redis_url=None, root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
+    ixs = IndexerSettings(redis_url=None, index_root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
                         progress=False)
     make_images(root / "gallery", 6)
     build_index(ixs, root / "gallery", svc_ckpt, bert)
@@ -49,7 +49,7 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_serve_stops_the_embedded_redis_it_started(embedded, svc_ckpt, artifacts, tmp_path, sig):
     port = free_port()
-    env = {**_env(), "CROSSPROBE_INDEX_ROOT": str(embedded.root), "CROSSPROBE_CKPT": str(svc_ckpt),
+    env = {**_env(), "CROSSPROBE_INDEX_ROOT": str(embedded.index_root), "CROSSPROBE_CKPT": str(svc_ckpt),
            "CROSSPROBE_ARTIFACTS_DIR": str(artifacts), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
            "CROSSPROBE_THREADS": "1", "CROSSPROBE_WARMUP": "false", "CROSSPROBE_ACCESS_LOG": "false"}
     log = tmp_path / "server.log"
@@ -93,8 +93,9 @@ def test_serve_stops_the_embedded_redis_it_started(embedded, svc_ckpt, artifacts
 ATTACH = """
 import sys
 from pathlib import Path
-from crossprobe.indexer.redis_conn import Settings, connect, embedded_pid
-s = Settings(root=Path(sys.argv[1]), progress=False)
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import connect, embedded_pid
+s = IndexerSettings(index_root=Path(sys.argv[1]), progress=False)
 assert connect(s).get(b"probe-key") == b"v" or connect(s).set(b"probe-key", b"v")
 print(embedded_pid(s.rdb))
 """
@@ -102,7 +103,7 @@ print(embedded_pid(s.rdb))
 
 def test_only_the_process_that_started_it_stops_it(embedded):
     """Normal exit (atexit) of a process that started the server stops it; one that attached does not."""
-    args = [sys.executable, "-c", ATTACH, str(embedded.root)]
+    args = [sys.executable, "-c", ATTACH, str(embedded.index_root)]
     out = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     started = int(out.stdout.strip())

@@ -4,7 +4,7 @@ phases, at least 1,000 generated requests: no 5xx and no failed check allowed. `
 `fuzz` marker keeps it out of `make test`: a few minutes on 2 cores).
 
 The numbers (requests generated, responses by status, 5xx, failed checks) are printed and written to
-docs/results/fuzz.json with the command and the machine. CROSSPROBE_FUZZ_EXAMPLES (per operation and phase,
+docs/research/results/fuzz.json with the command and the machine. CROSSPROBE_FUZZ_EXAMPLES (per operation and phase,
 default 150) and CROSSPROBE_FUZZ_SEED (default 16) change the run. The server runs with the defaults a
 deployment starts from: no keys (the search routes are open, /admin/* answers 403), no rate limit.
 
@@ -34,7 +34,7 @@ from tests.service import live
 pytestmark = pytest.mark.fuzz
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULT = ROOT / "docs" / "results" / "fuzz.json"
+RESULT = ROOT / "docs" / "research" / "results" / "fuzz.json"
 MIN_CASES = 1000
 
 

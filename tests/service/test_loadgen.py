@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks.loadgen import Generator, search_requests
 from tests.service import live
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from loadgen import Generator, search_requests  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from tests.service.conftest import _client, build_index
 
 @pytest.fixture(scope="module")
 def milvus_uri(built, tmp_path_factory):
-    from crossprobe.indexer.ann import milvus_backend
+    from crossprobe.indexer.storage.ann import milvus_backend
 
     uri = str(tmp_path_factory.mktemp("svc-milvus") / "milvus.db")
     yield uri
@@ -65,7 +65,7 @@ def test_filters_and_like_through_milvus(mclient, built):
 
 
 def test_milvus_unreachable_is_a_503_not_a_500(mclient, monkeypatch):
-    from crossprobe.indexer.ann import AnnUnavailable, milvus_backend
+    from crossprobe.indexer.storage.ann import AnnUnavailable, milvus_backend
 
     def down(self, *a, **k):
         raise AnnUnavailable("Milvus search: connection refused")

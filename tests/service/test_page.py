@@ -209,7 +209,7 @@ def test_explain_matches_pytorch(client, built, svc_ckpt, bert):
 
     from crossprobe.models import backbones as bb
     from crossprobe.models import checkpoint
-    from crossprobe.models.export import ExplainGraph
+    from crossprobe.models.graphs import ExplainGraph
 
     item = built.ids[5]
     got = client.post("/v1/explain", json={"query": "anything", "ids": [item]}).json()["probe_maps"][item]

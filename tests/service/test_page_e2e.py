@@ -56,7 +56,7 @@ def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtur
     """(base URL, gallery folder) of a live service over an index of the sample photos, built with the
     committed checkpoint from a manifest (MANIFEST's tags, cameras and dates)."""
     from crossprobe.indexer import build
-    from crossprobe.indexer.redis_conn import Settings as IndexSettings
+    from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.service.demo import write_sample_gallery
 
     if not Path(CHROMIUM).exists():
@@ -72,12 +72,12 @@ def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtur
     assert len(lines) == len(list(gallery.glob("*.jpg")))
     manifest = work / "samples.jsonl"
     manifest.write_text("".join(lines))
-    ixs = IndexSettings(redis_url=redis_url, root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
                         threads=2, progress=False)
     build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
     port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.root),
+    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
            "CROSSPROBE_ARTIFACTS_DIR": str(OUT / "onnx-service"), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
            "CROSSPROBE_THREADS": "2", "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
            "HF_HUB_OFFLINE": "1"}

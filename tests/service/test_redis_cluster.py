@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from crossprobe.indexer.local_cluster import LocalCluster
-from crossprobe.indexer.redis_conn import Settings as IndexSettings
-from crossprobe.indexer.redis_conn import connect
+from crossprobe.indexer.storage.local_cluster import LocalCluster
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.service.server import wait_ready
 from tests.indexer.conftest import redis_cluster  # noqa: F401 (fixture)
 from tests.service.conftest import Built, build_index, service_settings
@@ -20,7 +20,7 @@ QUERIES = ["a red square", "a dark picture", "green and blue", "stripes"]
 def _cluster_built(url: str, gallery, models_dir, ckpt, bert, root) -> Built:
     from crossprobe.indexer import open_index
 
-    ixs = IndexSettings(redis_url=url, redis_cluster=True, root=root / "indexes", model_dir=models_dir,
+    ixs = IndexerSettings(redis_url=url, redis_cluster=True, index_root=root / "indexes", model_dir=models_dir,
                         batch_size=8, threads=2, progress=False)
     r = connect(ixs)
     r.flushall()

@@ -7,8 +7,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from crossprobe.indexer.redis_conn import connect
-from crossprobe.indexer.store import Store
+from crossprobe.indexer.storage.redis_conn import connect
+from crossprobe.indexer.storage.store import Store
 from crossprobe.service.app import create_app
 from tests.indexer.conftest import make_images
 from tests.service.conftest import build_index, service_settings, wait_ready
@@ -100,7 +100,7 @@ def test_activation_under_load_fails_no_request(versions, built, svc_ckpt, artif
 def test_a_version_deleted_under_the_service_degrades_then_retries(versions, built, svc_ckpt, bert, artifacts):
     """gc before the switch (the wrong order) costs the rerank, not the request; a request that finds
     its version deleted after the switch answers from the new version."""
-    from crossprobe.service.pipeline import StageClock
+    from crossprobe.models.runtime import StageTimer
 
     store, _, v2, two = versions  # v2 is active (the previous test switched to it)
     with TestClient(create_app(service_settings(built, svc_ckpt, artifacts))) as c:  # polling off
@@ -118,5 +118,5 @@ def test_a_version_deleted_under_the_service_degrades_then_retries(versions, bui
         assert not body["degraded"] and body["index"]["version"] == v3
         # a request that took the v2 handle before the switch: its fetch fails, it retries on v3
         q = svc.models.encode(["a photo"])[0]
-        out = svc.searcher._after_encode(q, old, svc.searcher.plan("a photo", 3, "cp"), StageClock())
+        out = svc.searcher._after_encode(q, old, svc.searcher.plan("a photo", 3, "cp"), StageTimer())
         assert out.handle.version == v3 and not out.degraded and all(h.rerank is not None for h in out.hits)

@@ -242,7 +242,7 @@ def test_knn_service_image_and_embedding_queries(client, built):
 
 def test_knn_service_deduplicates_like_clip_back(client, built):
     """deduplicate (clip_back's default true) never returns two results with cosine >= 0.94; false returns all."""
-    from crossprobe.service.clip_compat import DEDUP_COSINE
+    from crossprobe.service.routes.clip import DEDUP_COSINE
 
     item_id, path = next(iter(_files(built).items()))
     body = {"image": _b64(path.read_bytes()), "num_images": 12}
@@ -351,11 +351,11 @@ def test_tag_and_caption_filters_on_an_hnsw_index(client, tagged):
 
 
 def test_a_selective_filter_on_hnsw_is_an_exact_scan():
-    """filters.search on an approximate index: at most exact_max matching rows -> an exact scan of them (never
+    """filter_columns.search on an approximate index: at most exact_max matching rows -> an exact scan of them (never
     HNSW's starved walk); more -> FAISS with the bitmap, whose short answer stands, marked not exact."""
     import faiss
 
-    from crossprobe.service import filters
+    from crossprobe.indexer.storage import filter_columns
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((50, 8)).astype(np.float32)
@@ -374,13 +374,13 @@ def test_a_selective_filter_on_hnsw_is_an_exact_scan():
     mask = np.zeros(50, bool)
     mask[[3, 17, 29, 41]] = True
     q = vecs[17]
-    f = filters.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=100)
+    f = filter_columns.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=100)
     assert f.how == "exact-scan" and f.exact and f.matching == 4 and len(f.rows) == 3
     best = sorted([3, 17, 29, 41], key=lambda r: -float(vecs[r] @ q))[:3]
     assert list(f.rows) == best
-    f = filters.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=2)  # too many to scan
+    f = filter_columns.search(ShortHNSW(), lambda rows: vecs[rows], q, 3, mask, exact_max=2)  # too many to scan
     assert f.how == "faiss-idselector" and not f.exact and len(f.rows) == 1
-    f = filters.search(index, lambda rows: vecs[rows], q, 3, mask, exact_max=100)  # the real HNSW: all found
+    f = filter_columns.search(index, lambda rows: vecs[rows], q, 3, mask, exact_max=100)  # the real HNSW: all found
     assert list(f.rows) == best
 
 

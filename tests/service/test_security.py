@@ -95,7 +95,7 @@ def test_search_routes_need_a_search_key(keyed, built):
 
 
 def test_health_page_docs_and_static_files_stay_open(keyed):
-    from crossprobe.service.app import PAGE_CSP
+    from crossprobe.service.routes.page import PAGE_CSP
 
     assert keyed.get("/healthz").json() == {"status": "ok"}
     assert keyed.get("/readyz").status_code == 200
@@ -386,15 +386,18 @@ def test_rate_limit_per_client_address_without_keys(client, monkeypatch):
 
 def test_overload_and_rate_limit_share_the_error_shape(client, monkeypatch):
     """429 overloaded (the admission queue) and 429 rate_limited differ only in their code and message."""
-    from crossprobe.service.app import overloaded
-    from crossprobe.service.batcher import Overloaded
+    from crossprobe.service.errors import STATUS
+    from crossprobe.service.exceptions import Overloaded
+    from crossprobe.service.batcher import Limiter
 
     _limit(client, monkeypatch, rate=1.0, burst=1, clock=_Clock())
     client.post("/v1/search", json={"query": "x", "k": 0})
     r = client.post("/v1/search", json={"query": "x", "k": 0})
-    over = overloaded(Overloaded("full"))
-    assert over.status == r.status_code == 429 and set(over.headers) == {"Retry-After"}
-    assert set(r.json()["error"]) == {"code", "message"} and r.json()["error"]["code"] != over.code
+    with pytest.raises(Overloaded) as over:  # what the admission queue raises when it is full
+        with Limiter(0).admit():
+            pass
+    assert STATUS[over.value.code] == r.status_code == 429 and over.value.retry_after_s == 1
+    assert set(r.json()["error"]) == {"code", "message"} and r.json()["error"]["code"] != over.value.code
 
 
 # ---- CORS ---------------------------------------------------------------------------------------------------

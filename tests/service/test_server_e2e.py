@@ -19,7 +19,7 @@ from tests.service.live import stop
 
 def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
     port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.root),
+    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
            "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
            "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_THREADS": "1", "CROSSPROBE_LOG_LEVEL": "info",
            "CROSSPROBE_ACCESS_LOG": "false",

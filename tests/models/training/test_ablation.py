@@ -1,5 +1,5 @@
 """`crossprobe ablate` end to end on the generated mini-corpus: every option trains,
-is measured against its baseline, lands in docs/results/ablation.json in the
+is measured against its baseline, lands in docs/research/results/ablation.json in the
 issue's shape, and a second run resumes from the stored results."""
 import copy
 import json

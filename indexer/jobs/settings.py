@@ -1,0 +1,84 @@
+"""The batch jobs' Settings: StorageSettings plus every knob of build / add / delete / reindex.
+
+Environment: CROSSPROBE_INDEX_<FIELD> (e.g. CROSSPROBE_INDEX_BATCH_SIZE), except where a field names its
+variable (CROSSPROBE_ANN_BACKEND, RAY_ADDRESS, CROSSPROBE_PUSHGATEWAY_*), and the shared storage fields
+(storage/settings.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from crossprobe.indexer.storage.settings import StorageSettings
+
+
+class IndexerSettings(StorageSettings):
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_")
+
+    # (StorageSettings' own defaults are the batch jobs': a pipeline of redis_batch values may take a while on a
+    # busy server, and a build would rather wait seconds than fail; still bounded, so a paused Redis fails the
+    # build instead of hanging it)
+
+    model_dir: Path | None = None  # exported ONNX graphs; default <index_root>/_models
+    # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
+    # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
+    # masters (docs/research/scaling-redis-cluster.md). Recorded in each version's manifest (add / delete keep
+    # their base's); 0: untagged keys, single Redis only
+    key_buckets: int = Field(64, ge=0, le=16384)
+    max_pixels: int = Field(40_000_000, ge=1)  # header check before any decode (decompression bombs, huge scans)
+    quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
+    batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
+    workers: int = Field(1, ge=1, le=8)  # decode threads overlapping the encoder
+    # image-tower head runtime: onnx is faster than PyTorch eager (docs/research/indexer.md); torch for checking
+    head: Literal["onnx", "torch"] = "onnx"
+    factory: str | None = None  # force a faiss.index_factory string; default chosen by size
+    flat_max: int = 20_000  # below this many vectors: exact "Flat"
+    hnsw_max: int = 2_000_000  # below this: "HNSW32"; beyond: IVF-PQ trained on a sample
+    redis_batch: int = 1000  # keys per pipeline when copying or deleting
+    throttle_s: float = Field(0.0, ge=0)  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
+    progress: bool = True  # tqdm bar
+    # reindex: refuse to activate when more than this fraction of the old version's items could not be
+    # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
+    reindex_max_lost: float = Field(0.01, ge=0, le=1)
+
+    # -- ANN backend (storage/ann/): where NEW versions keep their vectors' index -----------------------------
+    # faiss: index.faiss in the version directory, searched in the service's process; milvus: a collection per
+    # version (<prefix>_<name>_<version>) in the Milvus at milvus_uri. The service reads each version from the
+    # backend its manifest names, so switching affects only versions built afterwards
+    ann_backend: Literal["faiss", "milvus"] = Field(
+        "faiss", validation_alias=AliasChoices("CROSSPROBE_ANN_BACKEND", "ann_backend"))
+    # one build call (insert batch, flush, index build + load) waits at most this long
+    milvus_build_timeout_s: float = Field(1800.0, gt=0, le=86_400)
+    # index type of a new collection: AUTO = FLAT below flat_max vectors, HNSW above (as FAISS's factory)
+    milvus_index: Literal["AUTO", "FLAT", "HNSW", "IVF_FLAT"] = "AUTO"
+    milvus_hnsw_m: int = Field(32, ge=4, le=128)  # HNSW graph degree (FAISS's HNSW32 has 32)
+    milvus_hnsw_ef_construction: int = Field(40, ge=8, le=2048)  # HNSW build beam (FAISS's default: 40)
+    milvus_ivf_nlist: int | None = Field(None, ge=1, le=65_536)  # IVF_FLAT lists; unset: 4 sqrt(n), a power of 2
+
+    # -- engine (ray_engine.py): who runs decode -> encode for build / add / reindex ------------------------
+    # single: this process (decode threads + one encoder); ray: Ray Data, an actor pool of encoders (one per GPU, else CPU)
+    engine: Literal["single", "ray"] = "single"
+    ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "ray_address"))  # a Ray cluster; unset: start a local Ray
+    ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of the local Ray instance (default: this machine's)
+    ray_actors: int | None = Field(None, ge=1)  # encoder actors (default: one per GPU, else CPUs - decode tasks)
+    ray_object_store_mb: int = Field(1024, ge=100)  # object store of the local Ray instance (pixels in flight)
+    ray_temp_dir: Path | None = None  # the local Ray instance's session dir root (default: Ray's /tmp/ray)
+
+    # -- Pushgateway (push.py): build and reindex push their progress while running and at the end -----
+    # Variables named CROSSPROBE_PUSHGATEWAY_*, not CROSSPROBE_INDEX_*: one deployment setting for every batch job.
+    # Pushgateway URL (http://host:9091) for the progress of build and reindex; unset: nothing is pushed
+    pushgateway_url: str | None = Field(None, validation_alias="CROSSPROBE_PUSHGATEWAY_URL")
+    # one push (connect + reply) waits at most this long; a down or hung gateway must not stall the job, and the
+    # pushes run in a thread of their own, so this bounds only how long the job's end waits for its final push
+    pushgateway_timeout_s: float = Field(2.0, gt=0, le=60, validation_alias="CROSSPROBE_PUSHGATEWAY_TIMEOUT_S")
+    # progress pushes this often (Prometheus scrapes the gateway every 15-60 s: finer gains nothing)
+    pushgateway_interval_s: float = Field(5.0, gt=0, le=3600, validation_alias="CROSSPROBE_PUSHGATEWAY_INTERVAL_S")
+
+    @property
+    def models(self) -> Path:
+        return Path(self.model_dir or self.index_root / "_models")
+
+

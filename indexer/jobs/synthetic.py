@@ -1,0 +1,90 @@
+"""Grow an index to N items for capacity tests and benchmarks: real items plus generated neighbours.
+
+Each generated item is a real item's vector plus Gaussian noise (sigma 0.3 / sqrt(d), renormalised: a near
+neighbour of its source, as a near-duplicate photo would be) and a copy of the source's Redis values (features
+and metadata) under its own id, written as one complete version through the store's own layout (FAISS factory
+chosen by size as the indexer does, ids, vectors.npy, manifest last) and activated with the one SET. Used by
+benchmarks/service_bench.py (the 100K-item latency index), benchmarks/search_features_bench.py and the
+filter tests (a 1%-selective filter over 100K items).
+
+Selectivity tags: every item (real or generated) gets "sel-1.0"; a seeded random 10% also "sel-0.1"; a 1%
+subset of those also "sel-0.01": filters with known selectivity (1%, 10%, 100%) over the same index.
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+from crossprobe.indexer.storage import faiss_io
+from crossprobe.indexer.storage.reader import open_index
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.store import atomic_write, new_version
+
+SELECTIVITY = (0.01, 0.1, 1.0)
+
+
+def selectivity_tags(total: int, seed: int) -> list[list[str]]:
+    """Per row: the "sel-<fraction>" tags it carries (exactly round(fraction x total) rows each, nested)."""
+    order = np.random.default_rng(seed + 1).permutation(total)
+    rank = np.empty(total, np.int64)
+    rank[order] = np.arange(total)
+    cut = {f: int(round(f * total)) for f in SELECTIVITY}
+    return [[f"sel-{f}" for f in SELECTIVITY if r < cut[f]] for r in rank]
+
+
+def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, factory: str | None = None,
+         log=print) -> str:
+    """Write and activate index `name`: `base`'s active version's items plus total - len(base) generated ones.
+    -> the new version. Redis values are copied with GET + SET (works on any Redis)."""
+    src_ix = open_index(base, None, ixs)
+    st = src_ix.store
+    src = st.read_vectors(base, src_ix.version)
+    n_real, d = src.shape
+    if total < n_real:
+        raise ValueError(f"total {total} < the {n_real} items of {base}")
+    rng = np.random.default_rng(seed)
+    pick = np.arange(total - n_real) % n_real
+    noise = rng.standard_normal((total - n_real, d)).astype(np.float32) * (0.3 / np.sqrt(d))
+    gen = src[pick] + noise
+    gen /= np.linalg.norm(gen, axis=1, keepdims=True)
+    vectors = np.ascontiguousarray(np.concatenate([src, gen]), np.float32)
+    base_ids = list(src_ix.ids)
+    ids = base_ids + [f"gen/{i:07d}_{base_ids[j]}" for i, j in enumerate(pick)]
+    tags = selectivity_tags(total, seed)
+    version = new_version()
+    vdir = st.version_dir(name, version)
+    vdir.mkdir(parents=True, exist_ok=True)
+    st.r.sadd(st.versions_key(name), version)
+    keys, src_keys = st.layout(name, version, st.s.key_buckets), src_ix.keys  # the new version: current layout
+    chunk = 2000
+    for i in range(0, total, chunk):  # each item's values under its own id, the source's copied
+        rows = ids[i:i + chunk]
+        srcs = [r if k + i < n_real else base_ids[pick[k + i - n_real]] for k, r in enumerate(rows)]
+        feats = st.mget([src_keys.feat(s) for s in srcs])
+        metas = st.mget([src_keys.meta(s) for s in srcs])
+        with st.r.pipeline(transaction=False) as p:
+            for k, (r, f, m) in enumerate(zip(rows, feats, metas)):
+                meta = json.loads(m)
+                meta["id"] = r
+                meta["tags"] = list(meta.get("tags") or []) + tags[i + k]
+                p.set(keys.feat(r), f)
+                p.set(keys.meta(r), json.dumps(meta))
+            p.execute()
+    factory = factory or faiss_io.choose_factory(total, d, ixs)
+    t = time.perf_counter()
+    faiss_io.write_index(faiss_io.build_faiss(vectors, factory), vdir / "index.faiss")
+    log(f"{name}: FAISS {factory} over {total} vectors in {time.perf_counter() - t:.1f}s")
+    faiss_io.write_ids(ids, vdir / "ids")
+    faiss_io.write_vectors(vectors, vdir / "vectors.npy")
+    m = dict(src_ix.manifest)
+    m.update(name=name, version=version, kind="synthetic", base=base, base_version=src_ix.version, count=total,
+             factory=factory, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
+             source={"synthetic": f"{base}/{src_ix.version} + {total - n_real} noisy copies, seed {seed}"},
+             selectivity_tags=[f"sel-{f}" for f in SELECTIVITY],
+             keys=keys.manifest(st.active_key(name)))
+    atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))  # last: a version without it is incomplete
+    st.activate(name, version)
+    return version

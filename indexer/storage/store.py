@@ -1,0 +1,333 @@
+"""Where index versions live: FAISS directories on disk, keys in Redis, the active switch.
+
+Disk:   <root>/<name>/<version>/  index.faiss, ids (JSON list: row -> item id),
+        vectors.npy (N, d) float32 (the source for incremental rebuilds: IVF-PQ
+        cannot give exact vectors back), manifest.json (written last: a version
+        without it is incomplete), report.json, build/ (the journal while building),
+        .lock (flock held by the process building it).
+Redis:  <prefix>:<name>:active                 -> version (the ONE switch: a single SET)
+        <prefix>:<name>:versions               -> set of versions ever started (for gc)
+        <prefix>:<name>:<version>:f:{<name>:<bucket>}:<item id>  -> codec value (P_v, b_bar, s_I)
+        <prefix>:<name>:<version>:m:{<name>:<bucket>}:<item id>  -> metadata JSON
+A reader resolves `active` once and then only touches its version's keys, so it
+keeps working through an activation until that version is gc'ed.
+
+The {<name>:<bucket>} part is a Redis Cluster hash tag (bucket = crc32(item id) % buckets, the
+version's manifest records `buckets`): a shortlist of 100 items touches at most `buckets` slots, so
+it is at most that many MGETs, pipelined as one round trip per master (indexer/storage/cluster.py), and the
+index still spreads over every master. The tag leaves the version out on purpose: an item's keys in
+two versions share a slot, so add / delete COPY them server-side on a cluster too (COPY needs both
+keys in one slot), and an item's two keys share a slot, so one UNLINK removes both. Versions built
+before the tag (manifest without `buckets`) keep their untagged keys <...>:f:<item id> and stay
+readable; add / delete derive new versions in their base's layout, build / reindex use the current one.
+On one Redis the tag is just part of the name.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from crossprobe.indexer.storage.settings import StorageSettings
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # no glob characters: key patterns stay exact
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ValueError(f"index name {name!r}: use letters, digits, '_', '.', '-' (max 64, starting alnum)")
+    return name
+
+
+def new_version() -> str:
+    """Sortable by creation time, unique enough for one writer per index."""
+    t = time.time()
+    return time.strftime("v%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t * 1e6) % 1_000_000:06d}"
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """The Redis key names of one version's values (see the module docstring)."""
+    prefix: str
+    name: str
+    version: str
+    buckets: int  # 0: untagged keys (versions built before the hash tag)
+
+    @classmethod
+    def of(cls, prefix: str, manifest: dict) -> "KeyLayout":
+        """A complete version's layout, from its manifest (no `buckets` there: built before the tag)."""
+        return cls(prefix, manifest["name"], manifest["version"], int(manifest.get("keys", {}).get("buckets", 0)))
+
+    @property
+    def base(self) -> str:
+        """Every value key of the version starts with this (SCAN MATCH base*)."""
+        return f"{self.prefix}:{self.name}:{self.version}:"
+
+    def bucket(self, item_id: str) -> int:
+        """crc32 of the UTF-8 id (stable across processes and languages, unlike Python's hash())."""
+        return zlib.crc32(item_id.encode()) % self.buckets
+
+    def tag(self, item_id: str) -> str:
+        return "{%s:%d}:" % (self.name, self.bucket(item_id)) if self.buckets else ""
+
+    def feat(self, item_id: str) -> str:
+        return f"{self.base}f:{self.tag(item_id)}{item_id}"
+
+    def meta(self, item_id: str) -> str:
+        return f"{self.base}m:{self.tag(item_id)}{item_id}"
+
+    def parse(self, key: str | bytes) -> tuple[str, str]:
+        """A value key of this version -> ("f" | "m", item id): the inverse of feat / meta."""
+        key = key.decode() if isinstance(key, bytes) else key
+        if not key.startswith(self.base):
+            raise ValueError(f"{key!r} is not a key of {self.name}/{self.version}")
+        kind, rest = key[len(self.base):].split(":", 1)
+        if self.buckets:  # strip the tag "{<name>:<bucket>}:"
+            rest = rest.split("}:", 1)[1]
+        return kind, rest
+
+    def manifest(self, active_key: str) -> dict:
+        """manifest.json "keys": how a reader in any language finds a value."""
+        if not self.buckets:
+            return {"active": active_key, "features": self.feat("{id}"), "metadata": self.meta("{id}")}
+        tag = "{%s:<bucket>}:" % self.name
+        return {"active": active_key, "features": f"{self.base}f:{tag}<id>", "metadata": f"{self.base}m:{tag}<id>",
+                "buckets": self.buckets, "bucket": "crc32(utf-8 id) % buckets"}
+
+
+@dataclass
+class VersionInfo:
+    name: str
+    version: str
+    state: str  # active | complete | building | abandoned
+    count: int | None
+    fingerprint: str | None
+    factory: str | None
+    created: str | None
+
+
+class Store:
+    def __init__(self, settings: StorageSettings, r: redis.Redis):
+        self.s, self.r = settings, r
+        self.root = Path(settings.index_root)
+        self.prefix = settings.index_key_prefix
+
+    # ---- keys -------------------------------------------------------------
+    def active_key(self, name: str) -> str:
+        return f"{self.prefix}:{name}:active"
+
+    def versions_key(self, name: str) -> str:
+        return f"{self.prefix}:{name}:versions"
+
+    def key_base(self, name: str, version: str) -> str:
+        return f"{self.prefix}:{name}:{version}:"
+
+    def layout(self, name: str, version: str, buckets: int | None = None) -> KeyLayout:
+        """A version's key names: `buckets` given (a job writing a version), else its manifest's; a version
+        without a manifest (being built) uses its journal's spec, else the current setting."""
+        if buckets is None:
+            m = self.read_manifest(name, version)
+            if m is not None:
+                return KeyLayout.of(self.prefix, m)
+            else:
+                spec = self.version_dir(name, version) / "build" / "spec.json"
+                try:
+                    buckets = int(json.loads(spec.read_text())["key_buckets"])
+                except (OSError, ValueError, KeyError):
+                    buckets = self.s.key_buckets
+        return KeyLayout(self.prefix, name, version, buckets)
+
+    def feat_key(self, name: str, version: str, item_id: str) -> str:
+        return self.layout(name, version).feat(item_id)
+
+    def meta_key(self, name: str, version: str, item_id: str) -> str:
+        return self.layout(name, version).meta(item_id)
+
+    # ---- reads that differ on a cluster: batch MGET, request-path fetch, health check ----
+    @property
+    def cluster(self) -> bool:
+        from crossprobe.indexer.storage.cluster import is_cluster
+
+        return is_cluster(self.r)
+
+    def mget(self, keys: list[str]) -> list[bytes | None]:
+        """MGET for batch jobs: on a cluster redis-py's mget_nonatomic (one MGET per slot, pipelined per
+        node; it rides through a failover by re-sending)."""
+        if not keys:
+            return []
+        return self.r.mget_nonatomic(keys) if self.cluster else self.r.mget(keys)
+
+    def fetch(self, keys: list[str]) -> list[bytes | None]:
+        """MGET for the request path: on a cluster one round trip per master that fails fast when a master
+        does not answer (indexer/storage/cluster.py says why it is not mget_nonatomic)."""
+        if not keys:
+            return []
+        if self.cluster:
+            from crossprobe.indexer.storage.cluster import fetch
+
+            return fetch(self.r, keys)
+        return self.r.mget(keys)
+
+    def ping(self) -> bool:
+        """The service's health check: PING the Redis, or every master of the cluster."""
+        if self.cluster:
+            from crossprobe.indexer.storage.cluster import ping
+
+            return ping(self.r)
+        return bool(self.r.ping())
+
+    # ---- disk -------------------------------------------------------------
+    def version_dir(self, name: str, version: str) -> Path:
+        return self.root / check_name(name) / version
+
+    def read_manifest(self, name: str, version: str) -> dict | None:
+        p = self.version_dir(name, version) / "manifest.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def read_ids(self, name: str, version: str) -> list[str]:
+        return json.loads((self.version_dir(name, version) / "ids").read_text())
+
+    def read_vectors(self, name: str, version: str) -> np.ndarray:
+        return np.load(self.version_dir(name, version) / "vectors.npy")
+
+    def metadata(self, name: str, version: str, ids: list[str]) -> list[bytes | None]:
+        """The metadata values of `ids` in one version (None where missing), MGET in chunks of redis_batch."""
+        out: list[bytes | None] = []
+        keys = self.layout(name, version)
+        for i in range(0, len(ids), self.s.redis_batch):
+            out += self.mget([keys.meta(it) for it in ids[i:i + self.s.redis_batch]])
+        return out
+
+    @contextmanager
+    def lock(self, name: str, version: str, wait: bool = False):
+        """Held by the process building a version; released by the kernel even on SIGKILL."""
+        d = self.version_dir(name, version)
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise RuntimeError(f"{name}/{version} is being built by another process") from None
+            yield
+        finally:
+            os.close(fd)
+
+    def _locked(self, name: str, version: str) -> bool:
+        try:
+            with self.lock(name, version):
+                return False
+        except RuntimeError:
+            return True
+
+    # ---- versions ---------------------------------------------------------
+    def names(self) -> list[str]:
+        disk = {p.name for p in self.root.iterdir() if p.is_dir() and NAME_RE.match(p.name)} if self.root.is_dir() else set()
+        return sorted(disk)
+
+    def active(self, name: str) -> str | None:
+        v = self.r.get(self.active_key(check_name(name)))
+        return v.decode() if v else None
+
+    def versions(self, name: str) -> list[VersionInfo]:
+        d = self.root / check_name(name)
+        on_disk = {p.name for p in d.iterdir() if p.is_dir() and p.name.startswith("v")} if d.is_dir() else set()
+        in_redis = {v.decode() for v in self.r.smembers(self.versions_key(name))}
+        active = self.active(name)
+        out = []
+        for v in sorted(on_disk | in_redis):
+            m = self.read_manifest(name, v) if v in on_disk else None
+            if v == active:
+                state = "active"
+            elif m is not None:
+                state = "complete"
+            else:
+                state = "building" if v in on_disk and self._locked(name, v) else "abandoned"
+            out.append(VersionInfo(name, v, state, m and m["count"], m and m["fingerprint"], m and m["factory"],
+                                   m and m["created"]))
+        return out
+
+    def activate(self, name: str, version: str, expect: str | None = None, check_expect: bool = False) -> None:
+        """Point `active` at a complete version with one SET. With check_expect, only if
+        `active` still equals `expect` (WATCH/MULTI): an add/delete built on an old
+        version must not silently undo a change that was activated meanwhile."""
+        m = self.read_manifest(name, version)
+        if m is None:
+            raise ValueError(f"{name}/{version} is not a complete version (no manifest.json)")
+        ids = self.read_ids(name, version)
+        keys = self.layout(name, version)
+        if ids and self.r.exists(keys.feat(ids[0]), keys.feat(ids[-1])) != 2:  # on a cluster: one EXISTS per slot
+            raise ValueError(f"{name}/{version}: its Redis values are missing (gc'ed or another Redis?)")
+        key = self.active_key(name)
+        if not check_expect:
+            self.r.set(key, version)
+            return
+        with self.r.pipeline(transaction=True) as p:
+            try:
+                p.watch(key)
+                cur = p.get(key)
+                cur = cur.decode() if cur else None
+                if cur != expect:
+                    raise RuntimeError(f"{name}: active version changed from {expect} to {cur} during this job; run it again")
+                p.multi()
+                p.set(key, version)
+                p.execute()
+            except redis.WatchError:
+                raise RuntimeError(f"{name}: active version changed during this job; run it again") from None
+
+    def drop(self, name: str, version: str) -> int:
+        """Delete one version's Redis keys (SCAN + UNLINK, pipelined) and its directory. On a cluster redis-py
+        SCANs every master and splits each UNLINK by slot."""
+        n = 0
+        batch: list[bytes] = []
+        for k in self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.s.redis_batch):
+            batch.append(k)
+            if len(batch) >= self.s.redis_batch:
+                n += self.r.unlink(*batch)
+                batch = []
+        if batch:
+            n += self.r.unlink(*batch)
+        from crossprobe.indexer.storage import ann  # a version's Milvus collection, if any, goes with it (before its manifest)
+
+        ann.drop_version(self.s, name, version, self.read_manifest(name, version))
+        self.r.srem(self.versions_key(name), version)
+        shutil.rmtree(self.version_dir(name, version), ignore_errors=True)
+        return n
+
+    def gc(self, name: str) -> list[tuple[str, int]]:
+        """Remove every version except the active one and builds still running."""
+        active = self.active(name)
+        removed = []
+        for info in self.versions(name):
+            if info.version == active or info.state == "building":
+                # a journal whose removal a kill cut short (journal.py: Journal.remove) is garbage even here
+                shutil.rmtree(self.version_dir(name, info.version) / "build.removed", ignore_errors=True)
+                continue
+            try:
+                with self.lock(name, info.version):  # a build resumed since versions() was read keeps its version
+                    removed.append((info.version, self.drop(name, info.version)))
+            except RuntimeError:
+                continue
+        from crossprobe.indexer.storage import ann  # collections whose version the store no longer knows (Milvus only)
+
+        ann.gc_orphans(self.s, name, {info.version for info in self.versions(name)})
+        return removed

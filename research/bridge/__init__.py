@@ -1,0 +1,1 @@
+"""The label bridge experiments: research/bridge/README.md."""

@@ -1,0 +1,1 @@
+"""Region-level labels: research/region_labels/README.md."""

@@ -1,0 +1,1 @@
+"""Reranker recipes, fusion and stacking: research/rerank/README.md."""

@@ -1,0 +1,1 @@
+"""T-EMDE shape, budget and variants: research/temde/README.md."""

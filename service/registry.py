@@ -1,0 +1,166 @@
+"""The served index versions: name -> IndexHandle (one pinned version: its ANN index (FAISS, or a Milvus
+collection), ids, Redis keys).
+
+A new version is loaded completely beside the old one, then the dict is replaced by a new dict in one
+assignment: a request that already took a handle finishes on its version; the next request sees the new one.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from crossprobe.indexer.storage.ann import AnnUnavailable
+from crossprobe.indexer.storage.reader import FingerprintMismatch, IndexReader, open_index
+from crossprobe.indexer.storage.redis_conn import connect
+from crossprobe.indexer.storage.store import NAME_RE, Store
+from crossprobe.indexer.storage import filter_columns
+from crossprobe.service import metrics
+from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
+from crossprobe.service.settings import Settings
+
+log = logging.getLogger("crossprobe.service")
+
+
+class IndexHandle:
+    """One loaded, immutable version of an index."""
+
+    def __init__(self, reader: IndexReader):
+        self.reader = reader
+        self.name, self.version = reader.name, reader.version
+        self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
+        self.loaded_at = time.time()
+        self.columns = filter_columns.ColumnCache()  # metadata columns for filters, read on the first filtered search
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def info(self) -> dict:
+        m = self.reader.manifest
+        return {"name": self.name, "version": self.version, "count": len(self), "fingerprint": m["fingerprint"],
+                "factory": m.get("factory"), "created": m.get("created")}
+
+
+class Registry:
+    def __init__(self, settings: Settings, fingerprint: str):
+        self.settings = settings
+        self.store = Store(settings, connect(settings))
+        self.fingerprint = fingerprint
+        self.handles: dict[str, IndexHandle] = {}  # replaced, never mutated: readers may hold the old dict
+        self.problems: dict[str, str] = {}  # name -> why its active version is not served (old one may be)
+        self._refused: dict[str, str] = {}  # name -> active version that failed to load
+        self._lock = threading.Lock()  # one refresh at a time (poller and /admin/reload)
+        if settings.threads:
+            import faiss
+
+            faiss.omp_set_num_threads(settings.threads)  # process-wide: FAISS and ORT share the same cores
+
+    # ---- lookups (request path) ------------------------------------------------
+    def default_name(self) -> str | None:
+        if self.settings.default_index:
+            return self.settings.default_index
+        return min(self.handles) if self.handles else None
+
+    def get(self, name: str | None) -> IndexHandle:
+        name = name or self.default_name()
+        if name is None:
+            raise NotReady("no index is being served yet")
+        h = self.handles.get(name)
+        if h is not None:
+            return h
+        if name in self.problems:
+            raise IndexUnavailable(f"index {name!r} cannot be served: {self.problems[name]}")
+        raise IndexNotFound(f"no index {name!r} here; served: {sorted(self.handles)}")
+
+    def current(self, name: str) -> IndexHandle | None:
+        return self.handles.get(name)
+
+    # ---- loading (background) --------------------------------------------------
+    def wanted(self) -> list[str]:
+        if self.settings.index_names:
+            return self.settings.index_names
+        return [n for n in self.store.names() if NAME_RE.match(n) and self.store.active(n)]
+
+    def load(self, name: str, version: str) -> IndexHandle:
+        reader = open_index(name, self.fingerprint, self.settings, version=version, store=self.store)
+        h = IndexHandle(reader)
+        if len(h):  # touch what a query touches (pages of the FAISS index, one MGET) before going live
+            reader.search(np.zeros((1, reader.d), np.float32), 1)
+            reader.features(reader.ids[:1])
+            if self.settings.filter_preload:
+                t = time.perf_counter()
+                try:
+                    h.columns.get(lambda: filter_columns.all_metadata(reader))
+                    log.info("%s/%s: filter columns of %d items read in %.2f s", name, version, len(h),
+                             time.perf_counter() - t)
+                except RedisError as e:  # not fatal: the first filtered search reads them (or answers 503)
+                    metrics.error("filter_preload")
+                    log.warning("%s/%s: filter columns not preloaded (%s); read on the first filtered search",
+                                name, version, e)
+        return h
+
+    def refresh(self, force: bool = False) -> dict[str, dict]:
+        """Serve each wanted index's active version; load changed ones fully, then swap. -> per-name outcome.
+        A version that failed to load is not retried on every poll (a big index is costly to read), only
+        when `active` moves again or with force (POST /admin/reload)."""
+        with self._lock:
+            out: dict[str, dict] = {}
+            try:
+                names = self.wanted()
+            except Exception as e:  # noqa: BLE001 - Redis down: keep serving what is loaded, retry next poll
+                metrics.error("reload_redis")
+                log.warning("cannot list indexes: %s", e)
+                return {n: {"version": h.version, "changed": False, "error": str(e)} for n, h in self.handles.items()}
+            for name in names:
+                cur = self.handles.get(name)
+                try:
+                    active = self.store.active(name)
+                except Exception as e:  # noqa: BLE001 - Redis down: keep serving what is loaded
+                    out[name] = self._failed(name, cur, None, f"cannot read the active version: {e}", "redis")
+                    continue
+                if active is None:
+                    out[name] = self._failed(name, cur, None, "no active version (never built, or its key was "
+                                             "deleted)", "no_active")
+                    continue
+                if cur is not None and cur.version == active:
+                    self.problems.pop(name, None)  # e.g. a refused version was rolled back
+                    out[name] = {"version": active, "changed": False}
+                    continue
+                if not force and self._refused.get(name) == active:
+                    out[name] = {"version": cur.version if cur else None, "changed": False,
+                                 "error": self.problems.get(name)}
+                    continue
+                try:
+                    h = self.load(name, active)
+                except FingerprintMismatch as e:
+                    out[name] = self._failed(name, cur, active, str(e), "fingerprint_mismatch")
+                    continue
+                except AnnUnavailable as e:  # the vector engine is down or starting: retried at the next poll
+                    out[name] = self._failed(name, cur, None, f"{type(e).__name__}: {e}", "ann_unavailable")
+                    continue
+                except Exception as e:  # noqa: BLE001 - a bad version never takes down the served one
+                    out[name] = self._failed(name, cur, active, f"{type(e).__name__}: {e}", "load_failed")
+                    continue
+                self.handles = {**self.handles, name: h}  # the swap: one reference assignment
+                self.problems.pop(name, None)
+                self._refused.pop(name, None)
+                metrics.index_served(name, h.version, h.reader.fingerprint, len(h))
+                metrics.RELOADS.labels(name, "switched" if cur else "loaded").inc()
+                log.info("index %s: serving version %s (%d items)%s", name, h.version, len(h),
+                         f", was {cur.version}" if cur else "")
+                out[name] = {"version": h.version, "changed": True, "previous": cur.version if cur else None}
+            return out
+
+    def _failed(self, name: str, cur: IndexHandle | None, version: str | None, why: str, kind: str) -> dict:
+        """Record why `name` could not be (re)loaded; the served version, if any, stays."""
+        if self.problems.get(name) != why:  # count and log a problem once, not once per poll
+            metrics.RELOADS.labels(name, kind).inc()
+            metrics.error(f"reload_{kind}")
+            log.warning("index %s: %s%s", name, why, f" (still serving {cur.version})" if cur else "")
+        self.problems[name] = why
+        if version is not None:
+            self._refused[name] = version
+        return {"version": cur.version if cur else None, "changed": False, "error": why}

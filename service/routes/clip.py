@@ -1,0 +1,175 @@
+"""The clip-retrieval (rom1504/clip-retrieval, clip_back) HTTP API over this service's search.
+
+  POST /knn-service   {"text", "modality": "image", "num_images", "num_result_ids", "indice_name", ...}
+                      -> [{"id", "similarity", "url", "caption", ...metadata}, ..., {"id", "similarity"}, ...]
+  GET  /indices-list  -> ["name", ...]
+  POST /metadata      {"ids": [...], "indice_name"} -> [{"id", "metadata": {"url", "caption", ...}}, ...]
+
+As in clip_back: the first num_images results carry metadata; the rest, up to
+num_result_ids, are ids and similarities only, for a client to page through
+with /metadata. /metadata answers a list of {"id", "metadata"} because that is
+what clip_back returns and its front-end reads. Bodies are parsed from the raw
+bytes whatever the Content-Type: the front-end posts JSON as text/plain (which
+avoids a CORS preflight). Differences: ids are the index's string ids (not
+integer rows); "similarity" is the ranking score (the reranker's logit for a
+text query unless the server's default rerank is "none"; the cosine for image
+and embedding queries, which are not reranked); "image" (base64) and
+"embedding_input" (a vector of the index's dimension) are queries as in clip_back,
+embedding_input first, then image, then text; image_url and a text index are
+refused with 422 "unsupported"; num_images is capped at 200 and num_result_ids
+at 1000; deduplicate (default true, as in clip_back) drops results whose stored
+vectors have a cosine >= 0.94 with a better one; safety, violence and aesthetic
+options are accepted and not applied.
+
+Redis down: /knn-service still answers clip_back's list, from the ANN
+stage: ANN order, "similarity" is then the two-tower cosine (not the reranker's
+logit; both are "higher is better", which is all clip_back clients read), and
+only "url" and an empty "caption" beside id and similarity. The response says so
+in a header clients ignore safely, `X-Crossprobe-Degraded: feature_store_unavailable`
+(exposed to the origins CROSSPROBE_CORS_ORIGINS allows). /metadata has nothing to answer without
+Redis: 503 feature_store_unavailable with Retry-After.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+import numpy as np
+
+from crossprobe.service import query_image
+from crossprobe.service.deps import QUERY, SEARCH, degraded_headers, read_metadata, run_search, svc
+from crossprobe.service.errors import validation_error
+from crossprobe.service.exceptions import InvalidRequest, Unsupported
+from crossprobe.service.pipeline import public_metadata
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
+                                        error_responses, is_invisible)
+from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
+
+# deduplicate (clip_back's default true): results whose stored vectors have at least this cosine with a better
+# result are dropped, clip_back's get_non_uniques threshold
+DEDUP_COSINE = 0.94
+
+# the route groups of deps.py: a search key when keys are set; /knn-service runs the query tower, so it also
+# takes a rate-limit token. (clip-retrieval's own front-end sends no key: with keys on, put a proxy that adds
+# X-API-Key in front of it, or keep this service's keys off behind a private network.)
+query_routes = APIRouter(tags=["clip-retrieval"], **QUERY)
+read_routes = APIRouter(tags=["clip-retrieval"], **SEARCH)
+
+
+async def _json(request: Request) -> Any:
+    """The body as JSON. Its size (Settings.max_body_bytes) and nesting depth were checked by BodyGuard
+    before this route ran (body_guard.py); RecursionError is still a 422 should a parser recurse anyway."""
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InvalidRequest(f"invalid request: body is not valid JSON ({e})") from None
+
+
+def _image_url(request: Request, index: str, item_id: str) -> str:
+    """<CROSSPROBE_PUBLIC_BASE_URL>/v1/items/<id>/image (absolute: clip-retrieval's front-end runs on another
+    origin and uses it as <img src>); unset: root-relative. The request's Host header only with
+    CROSSPROBE_URLS_FROM_HOST_HEADER: a client chooses it, and these URLs end up in pages and caches."""
+    settings = svc(request).settings
+    if settings.public_base_url:
+        base = settings.public_base_url.rstrip("/")
+    elif settings.urls_from_host_header:
+        base = str(request.base_url).rstrip("/")
+    else:
+        base = ""
+    return f"{base}/v1/items/{quote(item_id, safe='/')}/image?index={quote(index, safe='')}"
+
+
+def _flat(request: Request, index: str, item_id: str, meta: dict | None, expose_uri: bool) -> dict:
+    out = {k: v for k, v in (public_metadata(meta, expose_uri) or {}).items() if k != "id"}
+    out["caption"] = out.get("caption") or ""
+    out["url"] = _image_url(request, index, item_id)
+    return out
+
+
+async def _parse(request: Request, model):
+    """Body (JSON whatever the content type) -> a validated request model, or a 422."""
+    try:
+        return model.model_validate(await _json(request))
+    except ValidationError as e:
+        raise validation_error(e.errors(), drop_prefix=()) from None
+
+
+def _body_doc(model) -> dict[str, Any]:
+    """openapi_extra for a route that parses its raw body itself (_parse, for clip_back's text/plain posts):
+    FastAPI sees no body parameter, so the body is declared here, from the model the route validates with."""
+    return {"requestBody": {"required": True, "description": "JSON, whatever the Content-Type (clip-retrieval's "
+                            "front-end posts it as text/plain)",
+                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+# response_model: the document only (the route returns its JSONResponse as built)
+@query_routes.post("/knn-service", response_model=list[KnnResult], openapi_extra=_body_doc(KnnRequest),
+                   responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
+                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, "
+                                             "or the image over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
+                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s422="invalid_request: the body fails validation (an "
+                                             "embedding_input of another length than the index's vectors); "
+                                             "invalid_image: \"image\" is not base64 or not an image; "
+                                             "unsupported: image_url, or modality \"text\""))
+async def knn_service(request: Request) -> JSONResponse:
+    state = svc(request)
+    req = await _parse(request, KnnRequest)
+    if req.image_url:
+        raise Unsupported("image_url is not supported (this service fetches nothing); send the image "
+                          "itself, base64, as \"image\"")
+    if req.modality != "image":
+        raise Unsupported("there is no text index here; use \"modality\": \"image\" "
+                          "(text-to-image search)")
+    # clip_back's precedence: embedding_input, then image, then text
+    text = image = embedding = None
+    if req.embedding_input:
+        embedding = np.asarray(req.embedding_input, np.float32)
+    elif req.image:
+        image = query_image.b64_bytes(req.image, state.settings.query_image_max_bytes)
+    elif req.text and not is_invisible(req.text):
+        text = req.text
+    else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
+        raise InvalidRequest("invalid request: text: send a non-blank \"text\", an \"image\" "
+                             "or an \"embedding_input\"")
+    state.require_ready()
+    k = min(req.num_images, MAX_K)
+    total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
+    # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
+    out = await run_search(state, state.searcher.plan(text, k, index=req.indice_name, tail=total - k, image=image,
+                                                      embedding=embedding,
+                                                      dedup=DEDUP_COSINE if req.deduplicate else None))
+    name = out.handle.name
+    expose = state.settings.expose_uri
+    results = [{**_flat(request, name, h.id, h.metadata, expose), "id": h.id, "similarity": h.score}
+               for h in out.hits]
+    # degraded (Redis down): the same list, ANN order, similarity = the two-tower cosine, no metadata fields
+    # beyond url / caption ""; said by a header only, since clip_back clients read a bare list
+    return JSONResponse(results + [{"id": h.id, "similarity": h.score} for h in out.tail],
+                        headers=degraded_headers(out))
+
+
+@read_routes.get("/indices-list", responses=error_responses(*ANY_ROUTE))
+async def indices_list(request: Request) -> list[str]:
+    reg = svc(request).registry
+    return sorted(reg.handles) if reg else []
+
+
+@read_routes.post("/metadata", response_model=list[MetadataEntry], openapi_extra=_body_doc(MetadataRequest),
+                  responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
+async def metadata(request: Request) -> list[dict]:
+    state = svc(request)
+    req = await _parse(request, MetadataRequest)
+    state.require_ready()
+    handle = state.registry.get(req.indice_name)
+    ids = [str(i) for i in req.ids]
+    known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
+    metas = dict(zip(known, await read_metadata(state, handle, known, "metadata"))) if known else {}
+    return [{"id": i, "metadata": _flat(request, handle.name, i, metas[i], state.settings.expose_uri)
+             if metas.get(i) is not None else None} for i in ids]

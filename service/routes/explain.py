@@ -1,0 +1,64 @@
+"""POST /v1/explain: where the Cross-probe reranker looked in each image for a query."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from crossprobe.service import metrics
+from crossprobe.service.deps import QUERY, read_metadata, server_timing, svc
+from crossprobe.service.exceptions import ItemNotFound
+from crossprobe.service.explainer import EXPLAIN_MODES
+from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, error_responses
+
+router = APIRouter(**QUERY)
+
+
+@router.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))
+async def explain(body: ExplainRequest, request: Request) -> Response:
+    """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
+
+    The grid is not stored, so each image is decoded and run through the image backbone again (explainer.py;
+    the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422. An id whose
+    file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
+    state = svc(request)
+    state.require_ready()
+    handle = state.registry.get(body.index)
+    ids = list(dict.fromkeys(body.ids))
+    unknown = [i for i in ids if i not in handle.ids]
+    if unknown:
+        raise ItemNotFound(f"{len(unknown)} of the ids are not in {handle.name}/{handle.version}: {unknown[:5]}",
+                           {"ids": unknown})
+    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    # the same admission queue as searches: an explain costs more CPU than a search (a backbone run per id)
+    with state.limiter.admit():
+        q, info = await state.batcher.submit(body.query)
+        t = time.perf_counter()
+        metas = await read_metadata(state, handle, ids, "explain")
+        metadata_ms = (time.perf_counter() - t) * 1000
+        loading = not state.models.explainer_loaded
+        t = time.perf_counter()
+        explainer = await loop.run_in_executor(state.pool, state.models.explainer)
+        load_ms = (time.perf_counter() - t) * 1000
+        res = await loop.run_in_executor(state.pool, explainer.explain, handle, ids, metas, q.p_t)
+    timings = {"queue": info.queue_ms, "encode": info.encode_ms, "metadata": metadata_ms,
+               # the first explain of a process loads (or exports) the graphs: said, so the total adds up
+               **({"load": load_ms} if loading else {}), **res.timings_ms}
+    # own stage names in crossprobe_stage_seconds: explain traffic must not move the search stages' percentiles
+    metrics.observe_stages({f"explain_{k}": v for k, v in timings.items()})
+    timings = {k: round(v, 3) for k, v in {**timings, "total": (time.perf_counter() - t0) * 1000}.items()}
+    payload = {
+        "index": {"name": handle.name, "version": handle.version},
+        "mode": explainer.mode,
+        "description": EXPLAIN_MODES[explainer.mode],
+        "grid": explainer.grid_side,
+        "maps": {i: np.round(m, 6).tolist() for i, m in res.maps.items()},
+        "probe_maps": {i: np.round(m, 6).tolist() for i, m in res.probe_maps.items()},
+        "unavailable": res.unavailable,
+        "timings_ms": timings,
+    }
+    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})

@@ -1,0 +1,71 @@
+"""GET /v1/indexes, POST /admin/reload, and the operational routes: /healthz, /readyz, /metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from crossprobe.service import errors, metrics, security
+from crossprobe.service.deps import ADMIN, SEARCH, svc
+from crossprobe.service.schemas import ANY_ROUTE, POST_ROUTE, error_responses
+
+router = APIRouter(**SEARCH)  # a search key when keys are set: the index list
+admin = APIRouter(**ADMIN)  # X-Admin-Key: /admin/*
+ops = APIRouter()  # open: health and readiness; /metrics behind its own optional key
+
+
+@router.get("/v1/indexes", responses=error_responses(*ANY_ROUTE))
+async def indexes(request: Request) -> dict:
+    state = svc(request)
+    reg = state.registry
+    # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
+    limits = {"query_image_bytes": state.settings.query_image_max_bytes,
+              "query_image_pixels": state.settings.query_image_max_pixels}
+    if reg is None:
+        return {"indexes": [], "default": None, "unavailable": {}, "limits": limits}
+    default = reg.default_name()
+    return {"indexes": [{**h.info(), "default": n == default} for n, h in sorted(reg.handles.items())],
+            "default": default, "unavailable": dict(reg.problems), "limits": limits}
+
+
+@ops.get("/healthz", responses=error_responses(*ANY_ROUTE))
+async def healthz() -> dict:
+    """Liveness: the process serves HTTP (models may still be loading; see /readyz)."""
+    return {"status": "ok"}
+
+
+@ops.get("/readyz", responses=error_responses(503, *ANY_ROUTE, s503="not_ready: still loading (Retry-After); "
+                 "feature_store_unavailable: Redis is down and CROSSPROBE_READYZ_REQUIRES_REDIS is set"))
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
+    Redis is usable (the circuit breaker's state). Redis down: still ready with "status": "degraded"
+    (searches answer from the ANN stage), or 503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS."""
+    state = svc(request)
+    fs = state.feature_store.health()
+    if not state.ready:
+        return JSONResponse(errors.body("not_ready", state.why_not_ready(), {"feature_store": fs}), 503,
+                            headers={"Retry-After": "1"})
+    if not fs["up"] and state.settings.readyz_requires_redis:
+        return JSONResponse(errors.body("feature_store_unavailable", f"Redis is down ({fs['last_error']})",
+                                        {"feature_store": fs}), 503,
+                            headers={"Retry-After": str(state.feature_store.retry_after_s)})
+    return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
+                         "query_precision": state.models.query_precision,
+                         "indexes": {n: h.version for n, h in state.registry.handles.items()},
+                         "feature_store": fs})
+
+
+# Prometheus' text format: the 200 is declared as text/plain. response_class=Response (no media type of its own):
+# with the default class the 200 would say JSON, with PlainTextResponse the JSON errors would say text/plain
+@ops.get("/metrics", dependencies=security.METRICS, response_class=Response,
+            responses={**security.METRICS_RESPONSES, **error_responses(*ANY_ROUTE),
+                       200: {"description": "Prometheus text exposition format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def prometheus() -> Response:
+    data, ctype = metrics.render()
+    return Response(data, media_type=ctype)
+
+
+@admin.post("/admin/reload", responses=error_responses(503, *POST_ROUTE))
+async def admin_reload(request: Request) -> dict:
+    """Check every index's `active` key now and switch to new versions (also retries a refused one)."""
+    return {"indexes": await svc(request).reload(force=True)}

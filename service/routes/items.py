@@ -1,0 +1,66 @@
+"""GET /v1/items/{id} (an indexed item's metadata) and GET /v1/items/{id}/image (its file, resized)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from crossprobe.service import security
+from crossprobe.service.deps import SEARCH, read_metadata, svc
+from crossprobe.service.exceptions import ImageUnavailable, ItemNotFound
+from crossprobe.service.images import resized_jpeg
+from crossprobe.service.pipeline import public_metadata
+from crossprobe.service.schemas import ANY_ROUTE, ItemResponse, error_responses
+from crossprobe.service.state import ServiceState
+
+router = APIRouter(**SEARCH)
+
+
+def _item(state: ServiceState, item_id: str, index: str | None):
+    state.require_ready()
+    handle = state.registry.get(index)
+    if item_id not in handle.ids:
+        raise ItemNotFound(f"no item {item_id!r} in {handle.name}/{handle.version}")
+    return handle
+
+
+# declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
+# response_class=Response: the 200 is image/jpeg only (FastAPI's default class would also declare JSON)
+@router.get("/v1/items/{item_id:path}/image", response_class=Response, responses={
+    200: {"description": "the image, resized", "content": {"image/jpeg": {"schema": {"type": "string",
+                                                                                     "format": "binary"}}}},
+    **error_responses(404, 422, 503, *ANY_ROUTE, s404="index_not_found, item_not_found; image_unavailable: no "
+                      "file is recorded for the item, or it is gone or unreadable")})
+async def item_image(request: Request, item_id: str,
+                     index: Annotated[str | None, Query(max_length=64)] = None,
+                     size: Annotated[int | None, Query(ge=16, le=4096, description="max side in pixels")] = None
+                     ) -> Response:
+    """The indexed file of an indexed item, resized to fit `size` (default CROSSPROBE_IMAGE_MAX_SIDE)."""
+    state = svc(request)
+    handle = _item(state, item_id, index)
+    meta = (await read_metadata(state, handle, [item_id], "item"))[0]
+    if not meta or not meta.get("uri"):
+        raise ImageUnavailable(f"{item_id!r} has no file recorded in {handle.name}/{handle.version}")
+    settings = state.settings
+    side = min(size or settings.image_max_side, settings.image_max_side)
+    try:
+        data = await asyncio.to_thread(resized_jpeg, meta["uri"], side, settings.image_quality,
+                                       settings.image_max_pixels)
+    except ImageUnavailable as e:
+        raise ImageUnavailable(f"{item_id!r}: {e}") from None
+    # behind search keys: private, or a shared cache (CDN, proxy) would hand it to callers without a key
+    cache = "private" if security.access(request).search_keys_on else "public"
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": f"{cache}, max-age=300"})
+
+
+@router.get("/v1/items/{item_id:path}", response_model=ItemResponse,
+                 responses=error_responses(404, 422, 503, *ANY_ROUTE))
+async def item(request: Request, item_id: str, index: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+    """Metadata of one indexed item (as the indexer stored it)."""
+    state = svc(request)
+    handle = _item(state, item_id, index)
+    meta = (await read_metadata(state, handle, [item_id], "item"))[0]
+    return {"id": item_id, "index": {"name": handle.name, "version": handle.version},
+            "metadata": public_metadata(meta, state.settings.expose_uri)}

@@ -1,0 +1,22 @@
+"""GET /: the web page (service/static/: plain HTML, JS and CSS, no build step)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, Response
+
+router = APIRouter()
+
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
+# the page loads only its own files and calls only this origin: no inline script or style, nothing from a CDN
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> Response:
+    """The search page: query box, reranker switch, index picker, result grid with scores and timings, and
+    the "explain" heat maps (static/app.js calls /v1/indexes, /v1/search, /v1/explain, /v1/items/{id}/image)."""
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": PAGE_CSP, "Cache-Control": "no-cache"})

@@ -1,0 +1,61 @@
+"""StorageSettings: one declaration of the shared fields, read by the service and the batch jobs alike, with
+each role's own variables and defaults for its Redis budget."""
+from __future__ import annotations
+
+import pytest
+
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.service.settings import Settings as ServiceSettings
+
+SHARED = ("REDIS_URL", "CROSSPROBE_INDEX_ROOT", "CROSSPROBE_INDEX_KEY_PREFIX", "CROSSPROBE_MILVUS_URI",
+          "CROSSPROBE_MILVUS_TIMEOUT_S", "CROSSPROBE_REDIS_SOCKET_TIMEOUT_S", "CROSSPROBE_INDEX_REDIS_SOCKET_TIMEOUT_S",
+          "CROSSPROBE_THREADS", "CROSSPROBE_INDEX_THREADS")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for var in SHARED:
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_no_field_is_declared_twice():
+    base = set(StorageSettings.model_fields)
+    for cls in (ServiceSettings, IndexerSettings):
+        own = {n for n in cls.model_fields if n not in base}
+        assert not {n for n in own for b in base if n.removeprefix("index_") == b.removeprefix("index_")}
+        assert all(cls.model_fields[n] is not None for n in base)  # inherited, not redeclared
+        assert not set(vars(cls).get("__annotations__", {})) & base, cls
+
+
+def test_one_environment_configures_both_roles(monkeypatch, tmp_path):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("CROSSPROBE_INDEX_ROOT", str(tmp_path))
+    monkeypatch.setenv("CROSSPROBE_INDEX_KEY_PREFIX", "photos-prod")
+    monkeypatch.setenv("CROSSPROBE_MILVUS_URI", "http://milvus:19530")
+    service, indexer = ServiceSettings(), IndexerSettings()
+    for field in ("redis_url", "index_root", "index_key_prefix", "milvus_uri", "rdb"):
+        assert getattr(service, field) == getattr(indexer, field), field
+    assert service.index_root == tmp_path and service.rdb == tmp_path / "redis.db"
+
+
+def test_each_role_has_its_own_redis_budget(monkeypatch):
+    """A search gives up on Redis in ~200 ms, a batch job waits seconds; each role reads its own variable."""
+    assert ServiceSettings().redis_socket_timeout_s == 0.2 and IndexerSettings().redis_socket_timeout_s == 10.0
+    assert ServiceSettings().milvus_timeout_s == 1.0 and IndexerSettings().milvus_timeout_s == 10.0
+    assert ServiceSettings().threads == 1 and IndexerSettings().threads is None
+    monkeypatch.setenv("CROSSPROBE_REDIS_SOCKET_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("CROSSPROBE_INDEX_THREADS", "3")
+    assert ServiceSettings().redis_socket_timeout_s == 0.5 and IndexerSettings().redis_socket_timeout_s == 10.0
+    assert IndexerSettings().threads == 3 and ServiceSettings().threads == 1
+    assert ServiceSettings(redis_socket_timeout_s=2).redis_socket_timeout_s == 2  # a keyword wins over the role
+    monkeypatch.setenv("CROSSPROBE_MILVUS_TIMEOUT_S", "4")  # one variable for both roles
+    assert ServiceSettings().milvus_timeout_s == IndexerSettings().milvus_timeout_s == 4
+    assert ServiceSettings.default_of("redis_retries") == 1 and IndexerSettings.default_of("redis_retries") == 3
+
+
+def test_cluster_mode_needs_startup_nodes():
+    with pytest.raises(ValueError, match="REDIS_URL"):
+        ServiceSettings(redis_cluster=True)
+    with pytest.raises(ValueError, match="REDIS_URL"):
+        IndexerSettings(redis_cluster=True)

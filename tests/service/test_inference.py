@@ -1,0 +1,44 @@
+"""The service's Models: one shared ONNX Runtime pool by default (models/runtime.py)."""
+import pytest
+
+from tests.models.test_runtime import run_fresh
+
+BODY = """
+    from crossprobe.models import runtime
+    from crossprobe.service.inference import Models
+    from crossprobe.service.settings import Settings
+    m = Models(Settings(query_precision="fp32", threads=2))
+    print(runtime.shared_pool_threads(), m.query.get_session_options().use_per_session_threads,
+          m.scorers["cp"].get_session_options().use_per_session_threads)
+"""
+
+
+@pytest.mark.parametrize("shared, expect", [("true", ["2", "False", "False"]), ("false", ["None", "True", "True"])])
+def test_models_share_one_pool_unless_told_otherwise(svc_ckpt, artifacts, tmp_path, monkeypatch, shared, expect):
+    monkeypatch.setenv("CROSSPROBE_CKPT", str(svc_ckpt))
+    monkeypatch.setenv("CROSSPROBE_ARTIFACTS_DIR", str(artifacts))
+    monkeypatch.setenv("CROSSPROBE_ORT_SHARED_POOL", shared)
+    assert run_fresh(tmp_path, BODY).split() == expect
+
+
+DEFAULT_THREADS = """
+    import faiss
+    from crossprobe.models import runtime
+    from crossprobe.service.inference import Models
+    from crossprobe.service.registry import Registry
+    from crossprobe.service.settings import Settings
+    s = Settings(query_precision="fp32")
+    m = Models(s)
+    Registry(s, m.fingerprint)
+    print(s.threads, runtime.shared_pool_threads(), faiss.omp_get_max_threads())
+"""
+
+
+def test_one_thread_per_graph_and_for_faiss_by_default(svc_ckpt, artifacts, redis_url, tmp_path, monkeypatch):
+    """CROSSPROBE_THREADS defaults to 1 (docs/research/reliability.md: a pool per core spins on the cores that concurrent
+    searches need): the shared ONNX Runtime pool and FAISS's OpenMP both get one thread."""
+    monkeypatch.setenv("CROSSPROBE_CKPT", str(svc_ckpt))
+    monkeypatch.setenv("CROSSPROBE_ARTIFACTS_DIR", str(artifacts))
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.delenv("CROSSPROBE_THREADS", raising=False)
+    assert run_fresh(tmp_path, DEFAULT_THREADS).split() == ["1", "1", "1"]
