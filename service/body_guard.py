@@ -6,7 +6,9 @@
          a body of 100,000 '[' made /knn-service and /metadata answer 500 (RecursionError). The check
          cannot recurse: string literals are cut out with one regex, then the depth is the largest
          prefix sum of +1 / -1 over the remaining brackets (numpy), linear in the body size. Bodies with
-         at most MAX_JSON_DEPTH brackets in all (every ordinary request) skip even that.
+         at most MAX_JSON_DEPTH brackets in all (every ordinary request) skip even that. Binary bodies (an
+         image upload: image/*, application/octet-stream, multipart/form-data) are not JSON and are not
+         checked: their bytes hold '[' and '{' at random.
 
 The checked body is then replayed to the app unchanged.
 """
@@ -17,6 +19,9 @@ from fastapi.responses import JSONResponse
 
 from crossprobe.service import errors, metrics
 from crossprobe.service.settings import MAX_JSON_DEPTH
+
+BINARY_TYPES = (b"image/", b"application/octet-stream", b"multipart/form-data")
+
 
 def json_depth(raw: bytes) -> int:
     """Deepest nesting of [ and { in raw (JSON text; brackets inside strings do not count). No recursion and
@@ -48,7 +53,8 @@ class BodyGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or ()).get(b"content-length")
+        headers = dict(scope.get("headers") or ())
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await self._refuse(scope, receive, send, 413, "too_large",
                                f"body of {int(length)} bytes; the limit is {self.max_bytes}")
@@ -71,7 +77,8 @@ class BodyGuard:
             if not message.get("more_body", False):
                 break
         raw = b"".join(chunks)
-        if json_depth(raw) > self.max_depth:
+        binary = headers.get(b"content-type", b"").lower().lstrip().startswith(BINARY_TYPES)
+        if not binary and json_depth(raw) > self.max_depth:
             await self._refuse(scope, receive, send, 422, "invalid_request",
                                f"invalid request: body: JSON nested deeper than {self.max_depth} levels")
             return

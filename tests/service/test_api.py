@@ -331,6 +331,26 @@ def test_deeply_nested_json_is_a_4xx_never_a_500(client, path, depth):
         assert "nested deeper" in r.json()["error"]["message"]
 
 
+def test_an_uploaded_image_is_not_checked_as_json(client):
+    """An image's bytes hold '[' and '{' at random: an upload with more of them than MAX_JSON_DEPTH is searched,
+    as a file body and as a multipart form (it was refused as "JSON nested deeper than 32 levels")."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    px = np.full((64, 64, 3), ord("["), np.uint8)  # raw '[' bytes: a BMP stores its pixels as they are
+    buf = io.BytesIO()
+    Image.fromarray(px).save(buf, "BMP")
+    data = buf.getvalue()
+    assert data.count(b"[") > 100
+    for kwargs in ({"content": data, "headers": {"Content-Type": "image/bmp"}},
+                   {"content": data, "headers": {"Content-Type": "application/octet-stream"}},
+                   {"files": {"image": ("x.bmp", data, "image/bmp")}}):
+        r = client.post("/v1/search/image", params={"k": 2}, **kwargs)
+        assert r.status_code == 200, r.text
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting(client):
     r = client.post("/knn-service", content=json.dumps({**KNN, "text": "[" * 400 + "a red square"}))
     assert r.status_code == 200, r.text
