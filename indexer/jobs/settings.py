@@ -23,11 +23,6 @@ class IndexerSettings(StorageSettings):
     # build instead of hanging it)
 
     model_dir: Path | None = None  # exported ONNX graphs; default <index_root>/_models
-    # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
-    # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
-    # masters (docs/research/scaling-redis-cluster.md). Recorded in each version's manifest (add / delete keep
-    # their base's); 0: untagged keys, single Redis only
-    key_buckets: int = Field(64, ge=0, le=16384)
     max_pixels: int = Field(40_000_000, ge=1)  # header check before any decode (decompression bombs, huge scans)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
@@ -37,7 +32,6 @@ class IndexerSettings(StorageSettings):
     factory: str | None = None  # force a faiss.index_factory string; default chosen by size
     flat_max: int = 20_000  # below this many vectors: exact "Flat"
     hnsw_max: int = 2_000_000  # below this: "HNSW32"; beyond: IVF-PQ trained on a sample
-    redis_batch: int = 1000  # keys per pipeline when copying or deleting
     throttle_s: float = Field(0.0, ge=0)  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
     progress: bool = True  # tqdm bar
     # reindex: refuse to activate when more than this fraction of the old version's items could not be

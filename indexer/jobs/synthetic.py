@@ -58,7 +58,7 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
     vdir = st.version_dir(name, version)
     vdir.mkdir(parents=True, exist_ok=True)
     st.r.sadd(st.versions_key(name), version)
-    keys, src_keys = st.layout(name, version, st.s.key_buckets), src_ix.keys  # the new version: current layout
+    keys, src_keys = st.layout(name, version, st.settings.key_buckets), src_ix.keys  # the new version: current layout
     chunk = 2000
     for i in range(0, total, chunk):  # each item's values under its own id, the source's copied
         rows = ids[i:i + chunk]

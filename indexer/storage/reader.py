@@ -29,7 +29,7 @@ class IndexReader:
         self.store, self.name, self.version, self.manifest = store, name, version, manifest
         vdir = store.version_dir(name, version)
         # the backend the version was built with (its manifest says; FAISS for versions older than the field)
-        self.ann: ann.AnnIndex = ann.backend_for(store.s, manifest).open(name, version, manifest, vdir)
+        self.ann: ann.AnnIndex = ann.backend_for(store.settings, manifest).open(name, version, manifest, vdir)
         self.index = getattr(self.ann, "index", None)  # the faiss.Index of a FAISS version (tools, tests)
         self.d: int = manifest["dims"]["g"]
         self.ids: list[str] = json.loads((vdir / "ids").read_text())

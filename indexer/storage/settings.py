@@ -75,6 +75,14 @@ class StorageSettings(BaseSettings):
     index_key_prefix: str = Field(
         "crossprobe", validation_alias=_env("CROSSPROBE_INDEX_KEY_PREFIX", field="index_key_prefix"))
 
+    # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
+    # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
+    # masters (docs/research/scaling-redis-cluster.md). Recorded in each version's manifest (add / delete keep
+    # their base's); 0: untagged keys, single Redis only
+    key_buckets: int = Field(64, ge=0, le=16384, validation_alias=_env("CROSSPROBE_INDEX_KEY_BUCKETS", field="key_buckets"))
+    # keys per Redis pipeline when the store reads metadata in chunks, copies or deletes a version's values
+    redis_batch: int = Field(1000, ge=1, validation_alias=_env("CROSSPROBE_INDEX_REDIS_BATCH", field="redis_batch"))
+
     # -- ANN search effort (set on every reader; the built files do not change) ----------------------------------
     # HNSW efSearch; unset = by index size, chosen for recall@100 >= 0.95 against exact search on Flickr8k dev
     # captions (docs/research/scaling.md)

@@ -127,7 +127,7 @@ class VersionInfo:
 
 class Store:
     def __init__(self, settings: StorageSettings, r: redis.Redis):
-        self.s, self.r = settings, r
+        self.settings, self.r = settings, r
         self.root = Path(settings.index_root)
         self.prefix = settings.index_key_prefix
 
@@ -153,7 +153,7 @@ class Store:
                 try:
                     buckets = int(json.loads(spec.read_text())["key_buckets"])
                 except (OSError, ValueError, KeyError):
-                    buckets = self.s.key_buckets
+                    buckets = self.settings.key_buckets
         return KeyLayout(self.prefix, name, version, buckets)
 
     def feat_key(self, name: str, version: str, item_id: str) -> str:
@@ -213,8 +213,8 @@ class Store:
         """The metadata values of `ids` in one version (None where missing), MGET in chunks of redis_batch."""
         out: list[bytes | None] = []
         keys = self.layout(name, version)
-        for i in range(0, len(ids), self.s.redis_batch):
-            out += self.mget([keys.meta(it) for it in ids[i:i + self.s.redis_batch]])
+        for i in range(0, len(ids), self.settings.redis_batch):
+            out += self.mget([keys.meta(it) for it in ids[i:i + self.settings.redis_batch]])
         return out
 
     @contextmanager
@@ -299,16 +299,16 @@ class Store:
         SCANs every master and splits each UNLINK by slot."""
         n = 0
         batch: list[bytes] = []
-        for k in self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.s.redis_batch):
+        for k in self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.settings.redis_batch):
             batch.append(k)
-            if len(batch) >= self.s.redis_batch:
+            if len(batch) >= self.settings.redis_batch:
                 n += self.r.unlink(*batch)
                 batch = []
         if batch:
             n += self.r.unlink(*batch)
         from crossprobe.indexer.storage import ann  # a version's Milvus collection, if any, goes with it (before its manifest)
 
-        ann.drop_version(self.s, name, version, self.read_manifest(name, version))
+        ann.drop_version(self.settings, name, version, self.read_manifest(name, version))
         self.r.srem(self.versions_key(name), version)
         shutil.rmtree(self.version_dir(name, version), ignore_errors=True)
         return n
@@ -329,5 +329,5 @@ class Store:
                 continue
         from crossprobe.indexer.storage import ann  # collections whose version the store no longer knows (Milvus only)
 
-        ann.gc_orphans(self.s, name, {info.version for info in self.versions(name)})
+        ann.gc_orphans(self.settings, name, {info.version for info in self.versions(name)})
         return removed

@@ -59,3 +59,23 @@ def test_cluster_mode_needs_startup_nodes():
         ServiceSettings(redis_cluster=True)
     with pytest.raises(ValueError, match="REDIS_URL"):
         IndexerSettings(redis_cluster=True)
+
+
+def test_the_service_store_has_what_the_store_reads(monkeypatch, tmp_path):
+    """The service hands its own Settings to Store and IndexReader: the store's knobs (metadata read in chunks of
+    redis_batch, the key layout of a version without a manifest) are storage settings, read from the indexer's
+    variables by both roles."""
+    import ast
+    import inspect
+
+    from crossprobe.indexer.storage import reader, store
+
+    used = set()
+    for module in (store, reader):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "settings"):
+                used.add(node.attr)
+    assert used and used <= set(ServiceSettings.model_fields) | {"rdb"}, used - set(ServiceSettings.model_fields)
+    monkeypatch.setenv("CROSSPROBE_INDEX_REDIS_BATCH", "7")
+    assert ServiceSettings().redis_batch == IndexerSettings().redis_batch == 7
