@@ -67,7 +67,7 @@ def make_queries(vectors: np.ndarray, src_path: Path | None, count: int, workdir
         if src_path is None:
             raise FileNotFoundError("no real vectors")
         fp = json.loads((src_path.parent / "manifest.json").read_text())["fingerprint"]
-        from crossprobe.models import backbones as bb
+        from crossprobe.models import inputs
         from crossprobe.models import runtime
         from crossprobe.models.checkpoint import DEFAULT_CHECKPOINT
         from crossprobe.models.data.flickr8k import Flickr8k
@@ -77,13 +77,13 @@ def make_queries(vectors: np.ndarray, src_path: Path | None, count: int, workdir
             raise FileNotFoundError(f"the committed checkpoint is not {fp}")
         graphs = export.ensure_graphs(workdir / "onnx", export.SEARCH_GRAPHS, DEFAULT_CHECKPOINT)
         sess = runtime.session(graphs / "query_tower.onnx", 2, False)
-        tok = bb.load_tokenizer()
+        tok = inputs.load_tokenizer()
         cap = Flickr8k.load()
         test = set(cap.splits["test"])
         texts = [c for c, i in zip(cap.captions, cap.caption_image) if i in test][:count]
         out = []
         for i in range(0, len(texts), 32):
-            ids, mask = bb.tokenize(tok, texts[i:i + 32])
+            ids, mask = inputs.tokenize(tok, texts[i:i + 32])
             out.append(sess.run(None, {"input_ids": ids, "attention_mask": mask})[0])
         q = np.concatenate(out).astype(np.float32)
         return q / np.linalg.norm(q, axis=1, keepdims=True), f"{len(q)} Flickr8k test captions (query tower {fp}, fp32)"

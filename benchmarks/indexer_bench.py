@@ -73,11 +73,11 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     from crossprobe.models.graphs import ImageGraph
     from crossprobe.models.runtime import session
     from crossprobe.indexer.jobs.encoder import Encoder
-    from crossprobe.models import backbones as bb
+    from crossprobe.models import inputs
 
     Encoder(IndexerSettings(model_dir=models, threads=threads), ckpt)  # make sure the head graph is exported
     model, meta = checkpoint.load(ckpt)
-    px = np.stack([bb.load_image(p) for p in images])
+    px = np.stack([inputs.load_image(p) for p in images])
     sess = image_backbone_session(models, threads=threads)
     grid = np.concatenate([sess.run(None, {"pixels": px[i:i + 32]})[0] for i in range(0, len(px), 32)])
     ort_head = session(models / meta["fingerprint"] / "image_tower.onnx", threads=threads)

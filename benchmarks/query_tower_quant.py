@@ -35,7 +35,7 @@ from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import encode_images
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.evaluation.timing import median_ms
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.runtime import session
 from crossprobe.models.training.data import CachedData
 
@@ -44,7 +44,7 @@ CAPTION = "a black dog is running through the grass with a ball in its mouth"
 
 def latency_ms(sess, tok, n: int = 300) -> float:
     def once():
-        ids, mask = bb.tokenize(tok, [CAPTION])
+        ids, mask = inputs.tokenize(tok, [CAPTION])
         sess.run(None, {"input_ids": ids, "attention_mask": mask})
 
     return round(median_ms(once, n, warmup=20), 3)
@@ -53,7 +53,7 @@ def latency_ms(sess, tok, n: int = 300) -> float:
 def encode_all(sess, tok, captions: list[str], batch: int = 64) -> np.ndarray:
     out = []
     for s in range(0, len(captions), batch):
-        ids, mask = bb.tokenize(tok, captions[s : s + batch])
+        ids, mask = inputs.tokenize(tok, captions[s : s + batch])
         out.append(sess.run(None, {"input_ids": ids, "attention_mask": mask})[0])
     return np.concatenate(out)
 
@@ -68,7 +68,7 @@ def main() -> None:
     gold = np.array([col[data.ds.caption_image[j]] for j in cap_rows])
     captions = [data.ds.captions[j] for j in cap_rows]
     g_img = encode_images(model, data.grids, img_rows).g.numpy()
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     tmp = Path(tempfile.mkdtemp())
     ex.export_all(model, tmp, meta["fingerprint"], names=("query_tower",))
     fp32 = tmp / "query_tower.onnx"

@@ -29,10 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
-def grid_manhattan(grid: int = bb.GRID) -> torch.Tensor:
+def grid_manhattan(grid: int = inputs.GRID) -> torch.Tensor:
     """(grid*grid, grid*grid) shortest path lengths on the 4-neighbour grid."""
     ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
     ys, xs = ys.flatten(), xs.flatten()

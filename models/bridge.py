@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 CLASSES_FILE = Path(__file__).resolve().parent / "data" / "imagenet_classes.tsv"
 N_CLASSES = 1000
@@ -157,7 +157,7 @@ class LabelBridge(nn.Module):
         """E_c = normalize(mean over the class's texts of the text tower's g_q). Run once per checkpoint."""
         if not self.cfg.enabled:
             return
-        tok = bb.load_tokenizer()
+        tok = inputs.load_tokenizer()
         texts = class_texts(self.cfg)
         flat = [t for ts in texts for t in ts]
         owner = torch.tensor([c for c, ts in enumerate(texts) for _ in ts])  # text -> its class (classes have 1-3 lemmas)
@@ -165,7 +165,7 @@ class LabelBridge(nn.Module):
         text_tower.eval()
         gs = []
         for s in range(0, len(flat), batch):
-            ids, mask = bb.tokenize(tok, flat[s : s + batch])
+            ids, mask = inputs.tokenize(tok, flat[s : s + batch])
             gs.append(text_tower(torch.from_numpy(ids), torch.from_numpy(mask)).g)
         text_tower.train(was)
         g = torch.zeros(N_CLASSES, gs[0].shape[-1]).index_add_(0, owner, torch.cat(gs))  # sum per class: the mean's direction

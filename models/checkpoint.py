@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from crossprobe.models import DEFAULT_CHECKPOINT  # noqa: F401  (checkpoint.DEFAULT_CHECKPOINT for callers)
+from crossprobe.models import DEFAULT_CHECKPOINT, read_config  # noqa: F401  (checkpoint.X for callers)
 from crossprobe.models.model import ModelConfig, SearchModel
 
 
@@ -70,10 +70,6 @@ def _rmtree(p: Path) -> None:
     import shutil
 
     shutil.rmtree(p, ignore_errors=True)
-
-
-def read_config(path: Path) -> dict:
-    return json.loads((Path(path) / "config.json").read_text())
 
 
 def load(path: Path | None = None, bert=None) -> tuple[SearchModel, dict]:

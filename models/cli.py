@@ -205,7 +205,9 @@ def export(
     ckpt: Path = CKPT,
     out: Path = typer.Option(Path("artifacts/onnx"), help="root folder: the graphs go to <out>/<fingerprint>/"),
 ):
-    """Export every ONNX graph of a checkpoint into <out>/<fingerprint>/ (each checked against PyTorch)."""
+    """Export every ONNX graph the service and the indexer run: the checkpoint's graphs into <out>/<fingerprint>/
+    (each checked against PyTorch), its int8 query tower, and the shared image backbone <out>/image_backbone.onnx.
+    Point CROSSPROBE_ARTIFACTS_DIR and CROSSPROBE_INDEX_MODEL_DIR at <out> and nothing exports at start."""
     from crossprobe.models import checkpoint
     from crossprobe.models import export as ex
     from crossprobe.models import graphs
@@ -220,6 +222,8 @@ def export(
         typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
         if diff > 1e-4:
             raise typer.Exit(1)
+    typer.echo(ex.ensure_int8_query(folder))
+    typer.echo(ex.ensure_backbone(out))
 
 
 @app.command()

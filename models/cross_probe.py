@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.layers import Block, Fusion, ProbePool, grid_positions, masked_mean
 
 INPUTS = ("tower", "backbone", "both")
@@ -69,10 +69,10 @@ class CrossProbe(nn.Module):
             self.text_in = nn.Linear(cfg.d_in, d)
             self.vision_in = nn.Linear(cfg.d_in, d)
         if cfg.uses_backbone:  # LayerNorm first: Lite0's ReLU6 grid and MiniLM states have very different scales
-            self.text_bb = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, d))
-            self.vision_bb = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, d))
+            self.text_bb = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, d))
+            self.vision_bb = nn.Sequential(nn.LayerNorm(inputs.IMAGE_FEAT_DIM), nn.Linear(inputs.IMAGE_FEAT_DIM, d))
             # the raw grid has no positions (the vision tower adds its own to its tokens)
-            self.register_buffer("pos", grid_positions(bb.GRID, d), persistent=False)  # (49, d)
+            self.register_buffer("pos", grid_positions(inputs.GRID, d), persistent=False)  # (49, d)
         self.text_probes = ProbePool(cfg.m, d, cfg.heads, cfg.dropout)
         self.vision_probes = ProbePool(cfg.n, d, cfg.heads, cfg.dropout)
         self.type_emb = nn.Parameter(torch.zeros(2, d))  # text / vision, so cross layers know which is which

@@ -15,6 +15,7 @@ from PIL import Image
 from crossprobe.models import checkpoint
 from crossprobe.models.region_labels import add_region
 from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 # scikit-image photos that ship inside its wheel (others are fetched on demand and fail offline)
 SAMPLES = {
@@ -69,13 +70,13 @@ def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Pat
     if not gallery:
         raise SystemExit(f"no images found in {images}")
     names = list(gallery)
-    pixels = torch.from_numpy(np.stack([bb.load_image(gallery[n]) for n in names]))
+    pixels = torch.from_numpy(np.stack([inputs.load_image(gallery[n]) for n in names]))
     grids = bb.ImageBackbone()(pixels)  # (G, 49, 1280)
     v = model.image(grids)  # bridged g_I, as the index stores it
     p_v, b_bar = model.cp.encode_image(v.tokens, grids)
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     queries = queries or QUERIES
-    ids, mask = bb.tokenize(tok, queries)
+    ids, mask = inputs.tokenize(tok, queries)
     t = model.text(torch.from_numpy(ids), torch.from_numpy(mask))
     p_t, w_bar = model.cp.encode_text(t.tokens, t.mask, t.states)
     s_tt = t.g @ v.g.T  # (Q, G)

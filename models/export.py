@@ -15,6 +15,7 @@ wanted graphs exist, nothing here imports torch or loads the PyTorch model: a re
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from crossprobe.models import DEFAULT_CHECKPOINT
+from crossprobe.models import DEFAULT_CHECKPOINT, read_config
 
 log = logging.getLogger("crossprobe.models")
 
@@ -35,13 +36,30 @@ SEARCH_GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
 SERVICE_GRAPHS = SEARCH_GRAPHS + ("explain", "image_tower")
 
 
+class GraphsUnavailable(RuntimeError):
+    """Graphs are missing and this installation cannot export them: it has no PyTorch (the container image)."""
+
+
+def _torch_for_export(what: str, folder: Path) -> None:
+    """Refuse, with what to do, where a missing graph would need PyTorch that is not installed."""
+    try:
+        importlib.import_module("torch")
+    except ImportError:
+        raise GraphsUnavailable(
+            f"{what} not exported in {folder}, and this installation has no PyTorch to export it (the container "
+            f"image ships without torch: it holds the graphs of its own checkpoint only). Export them where PyTorch "
+            f"is installed: `crossprobe export --ckpt CKPT --out DIR` (for instance in the image's builder stage, "
+            f"`docker build --target builder`), then point CROSSPROBE_ARTIFACTS_DIR (the service) and "
+            f"CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR") from None
+
+
 def checkpoint_fingerprint(ckpt: Path | None) -> str:
     """The fingerprint recorded in a checkpoint's config.json (reads JSON only: no torch)."""
     path = Path(ckpt or DEFAULT_CHECKPOINT)
     cfg = path / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"no checkpoint at {path} (train one with `crossprobe train`, or set CROSSPROBE_CKPT)")
-    return json.loads(cfg.read_text())["fingerprint"]
+    return read_config(path)["fingerprint"]
 
 
 def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
@@ -58,6 +76,7 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
         return final
     wanted = missing + [n for n in also if n not in missing and not (final / f"{n}.onnx").exists()]
     if model is None:
+        _torch_for_export(f"graphs {wanted} of checkpoint {fingerprint}", final)
         from crossprobe.models import checkpoint
 
         model, meta = checkpoint.load(ckpt, bert)
@@ -70,6 +89,7 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
         export_all(model, tmp, fingerprint, names=wanted)
         final.mkdir(exist_ok=True)
         for name in wanted:  # each graph appears whole, by one rename
+            os.chmod(tmp / f"{name}.onnx", 0o644)  # mkdtemp's 0600 would hide it from another uid (the image's)
             os.replace(tmp / f"{name}.onnx", final / f"{name}.onnx")
         _write_manifest(final, fingerprint)
     finally:
@@ -82,12 +102,14 @@ def ensure_backbone(root: Path) -> Path:
     path = Path(root) / BACKBONE
     if path.exists():
         return path
+    _torch_for_export("the image backbone graph", path.parent)
     import torch
 
     from crossprobe.models import backbones as bb
+    from crossprobe.models import inputs
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    dummy = torch.zeros(1, 3, bb.IMAGE_SIZE, bb.IMAGE_SIZE)
+    dummy = torch.zeros(1, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE)
     _export(bb.ImageBackbone(), (dummy,), path, ["pixels"], ["grid"], {"pixels": {0: "batch"}, "grid": {0: "batch"}})
     return path
 
@@ -135,6 +157,7 @@ def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[st
         with torch.no_grad():
             torch.onnx.export(module.eval(), args, tmp, input_names=inputs, output_names=outputs,
                               dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600, as in ensure_graphs
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -162,6 +185,7 @@ def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> 
     try:
         quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8, per_channel=True,
                          op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600, as in ensure_graphs
         os.replace(tmp, dst)
     finally:
         if os.path.exists(tmp):

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.model import SearchModel
 from crossprobe.models.region_labels import add_region
 
@@ -178,14 +178,14 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
     mask[1, T - 3 :] = 0
     return {
         "query_tower": (ids, mask),
-        "image_tower": (torch.randn(2, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM).abs(),),
+        "image_tower": (torch.randn(2, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM).abs(),),
         "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K))
         + region_inputs(model, "cp", K),
         "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + region_inputs(model, "temde", K),
         "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
         "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
         # a real grid is ReLU6 output: non-negative
-        "explain": (torch.rand(K, bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc)),
+        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc)),
     }
 
 
@@ -213,7 +213,7 @@ def region_inputs(model: SearchModel, method: str, K: int) -> tuple:
     """The scorer graph's extra inputs when the method has a region weight: q_cls (1, 1000), labels (K, 49)."""
     if model.cfg.region.weight(method) <= 0:
         return ()
-    return F.normalize(torch.randn(1, 1000), dim=-1), torch.randint(0, 1000, (K, bb.GRID * bb.GRID))
+    return F.normalize(torch.randn(1, 1000), dim=-1), torch.randint(0, 1000, (K, inputs.GRID * inputs.GRID))
 
 
 def io_names(model: SearchModel, name: str) -> tuple[list[str], list[str], dict]:

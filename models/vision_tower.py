@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.layers import Block, grid_positions
 from crossprobe.models.pooling import make_pool
 
@@ -38,12 +38,12 @@ class VisionTower(nn.Module):
     def __init__(self, cfg: VisionTowerConfig):
         super().__init__()
         self.cfg = cfg
-        self.inp = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, cfg.d))
-        self.register_buffer("pos", grid_positions(bb.GRID, cfg.d), persistent=False)  # (49, d)
+        self.inp = nn.Sequential(nn.LayerNorm(inputs.IMAGE_FEAT_DIM), nn.Linear(inputs.IMAGE_FEAT_DIM, cfg.d))
+        self.register_buffer("pos", grid_positions(inputs.GRID, cfg.d), persistent=False)  # (49, d)
         self.blocks = nn.ModuleList(Block(cfg.d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
         self.ln = nn.LayerNorm(cfg.d)
         self.pool = make_pool(cfg.pool, cfg.d, cfg.pool_hops)
-        self.glob = nn.Sequential(nn.LayerNorm(bb.IMAGE_FEAT_DIM), nn.Linear(bb.IMAGE_FEAT_DIM, cfg.d))
+        self.glob = nn.Sequential(nn.LayerNorm(inputs.IMAGE_FEAT_DIM), nn.Linear(inputs.IMAGE_FEAT_DIM, cfg.d))
 
     def forward(self, grid: torch.Tensor) -> VisionOut:
         """(B, 49, 1280) backbone grid -> VisionOut."""

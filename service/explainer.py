@@ -44,11 +44,11 @@ class Explainer:
     GRID_CACHE = 64
 
     def __init__(self, settings: Settings, graphs: Path, bert=None):
-        from crossprobe.models import backbones as bb
+        from crossprobe.models import inputs
         from crossprobe.models.data.features import image_backbone_session
 
         self.settings = settings
-        self.grid_side = bb.GRID
+        self.grid_side = inputs.GRID
         # the indexer's backbone graph (one for all checkpoints), exported into the service's artifacts dir
         self.backbone = image_backbone_session(Path(settings.artifacts_dir), threads=settings.threads)
         explain = export.ensure_graphs(graphs.parent, ["explain"], settings.ckpt, bert=bert,

@@ -33,7 +33,7 @@ class QueryVectors:
 
 class Models:
     def __init__(self, settings: Settings, bert=None):
-        from crossprobe.models import backbones as bb
+        from crossprobe.models import inputs
 
         self.fingerprint = export.checkpoint_fingerprint(settings.ckpt)
         graphs = export.ensure_graphs(settings.artifacts_dir, export.SEARCH_GRAPHS, settings.ckpt, bert=bert,
@@ -44,8 +44,8 @@ class Models:
         self._explainer_lock = threading.Lock()
         self._image: ImageQueryEncoder | None = None
         self._image_lock = threading.Lock()
-        self._bb = bb
-        self.tokenizer = bb.load_tokenizer()
+        self._inputs = inputs
+        self.tokenizer = inputs.load_tokenizer()
         self.query_precision = settings.query_precision
         query_graph = graphs / "query_tower.onnx"
         if settings.query_precision == "int8":
@@ -68,7 +68,7 @@ class Models:
         groups = [texts] if self.query_precision == "fp32" else [[t] for t in texts]
         out: list[QueryVectors] = []
         for group in groups:
-            ids, mask = self._bb.tokenize(self.tokenizer, group)
+            ids, mask = self._inputs.tokenize(self.tokenizer, group)
             g, p_t, w_bar, s_q, *q_cls = self.query.run(None, {"input_ids": ids, "attention_mask": mask})
             out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i], q_cls[0][i] if q_cls else None) for i in range(len(group))]
         return out

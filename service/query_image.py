@@ -19,7 +19,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.service.exceptions import CrossprobeError, InvalidImage, InvalidRequest, TooLarge
 
 # a data URL's prefix ("data:image/jpeg;base64,"), which browsers' FileReader.readAsDataURL produces
@@ -89,7 +89,7 @@ def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
             if w * h > max_pixels:
                 raise TooLarge(f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
                                f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
-            return bb.load_image(img)  # first frame of a GIF / page of a TIFF
+            return inputs.load_image(img)  # first frame of a GIF / page of a TIFF
     except CrossprobeError:
         raise
     except Image.DecompressionBombError as e:

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
 @dataclass
@@ -72,7 +72,7 @@ def decode_one(item: Item, max_pixels: int) -> tuple[np.ndarray, dict] | Skip:
                     return Skip(item.id, item.uri, "oversized", f"{w}x{h} = {w * h} pixels > max_pixels {max_pixels}")
                 fmt = img.format
                 facts = exif_facts(img)  # header data: read before load_image decodes the pixels
-                x = bb.load_image(img)  # first frame of a GIF / first page of a TIFF
+                x = inputs.load_image(img)  # first frame of a GIF / first page of a TIFF
         return x, {"width": w, "height": h, "format": fmt, **facts}
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
         return Skip(item.id, item.uri, "missing", str(e)[:200])
@@ -96,5 +96,5 @@ def decode_batch(items: list[Item], start: int, max_pixels: int) -> Decoded:
             rows.append(start + i)
             pix.append(r[0])
             meta.append(r[1])
-    pixels = np.stack(pix) if pix else np.zeros((0, 3, bb.IMAGE_SIZE, bb.IMAGE_SIZE), np.float32)
+    pixels = np.stack(pix) if pix else np.zeros((0, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
     return Decoded(rows, pixels, meta, skips)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models import checkpoint
+from crossprobe.models import DEFAULT_CHECKPOINT, read_config
 from crossprobe.indexer.jobs.settings import IndexerSettings
 
 
@@ -56,7 +56,7 @@ class Encoder:
         from crossprobe.models.export import ensure_graphs
         from crossprobe.models.runtime import session
 
-        self.fingerprint, self.dims = identity or identify(ckpt, model)
+        self.fingerprint, self.dims = identity or identify(ckpt, model, settings.models)
         self.settings = settings
         models = settings.models
         models.mkdir(parents=True, exist_ok=True)
@@ -68,6 +68,8 @@ class Encoder:
             pass  # exported before for this exact fingerprint: no PyTorch model needed
         else:
             if model is None:
+                from crossprobe.models import checkpoint  # torch: only when no head graph is exported
+
                 model, _ = checkpoint.load(ckpt, bert)
             if settings.head == "torch":
                 from crossprobe.models.graphs import ImageGraph
@@ -101,25 +103,42 @@ def prepare(settings: IndexerSettings, ckpt: Path | None = None, model=None, ber
     graphs: N actors never export the same file at once, nor each load the PyTorch model."""
     from crossprobe.models.export import ensure_backbone, ensure_graphs
 
-    fingerprint, dims = identify(ckpt, model)
+    fingerprint, dims = identify(ckpt, model, settings.models)
     ensure_backbone(settings.models)
     if settings.head == "onnx":
         ensure_graphs(settings.models, ["image_tower"], ckpt, model=model, bert=bert, fingerprint=fingerprint)
     return fingerprint, dims
 
 
-def identify(ckpt: Path | None = None, model=None) -> tuple[str, Dims]:
-    """(fingerprint, dims) from the checkpoint's config.json alone (cheap), or of an in-memory model."""
+def identify(ckpt: Path | None = None, model=None, graphs: Path | None = None) -> tuple[str, Dims]:
+    """(fingerprint, dims) from the checkpoint's config.json (cheap), or of an in-memory model. graphs: the model
+    folder (<model_dir>); where this fingerprint's head graph is exported there, the dims are read off the graph,
+    so that nothing imports torch (the container image has none: docs/deployment.md)."""
     if model is not None:  # tests, notebooks: the fingerprint checkpoint.save would record
         return _fingerprint_of(model), model_dims(model.cfg.to_dict())
-    path = Path(ckpt or checkpoint.DEFAULT_CHECKPOINT)
+    path = Path(ckpt or DEFAULT_CHECKPOINT)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (train one with `crossprobe train`, or pass --ckpt)")
-    meta = checkpoint.read_config(path)
+    meta = read_config(path)
+    head = Path(graphs) / meta["fingerprint"] / "image_tower.onnx" if graphs else None
+    if head is not None and head.exists():
+        return meta["fingerprint"], graph_dims(head)
     return meta["fingerprint"], model_dims(meta["model"])
+
+
+def graph_dims(head: Path) -> Dims:
+    """The dims of an exported head graph: one run on a zero grid (the graph's shapes are partly symbolic)."""
+    from crossprobe.models import inputs
+    from crossprobe.models.runtime import session
+
+    grid = np.zeros((1, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM), np.float32)
+    g, p_v, _, s_i, *labels = session(head, threads=1).run(None, {"grid": grid})
+    return Dims(g.shape[1], p_v.shape[1], p_v.shape[2], s_i.shape[1], labels[0].shape[1] if labels else 0)
 
 
 def _fingerprint_of(model) -> str:
     """The fingerprint checkpoint.save would record for this in-memory model."""
+    from crossprobe.models import checkpoint
+
     tensors = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.trained_state_dict().items()}
     return checkpoint.fingerprint(tensors, model.cfg.to_dict())

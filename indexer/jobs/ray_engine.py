@@ -42,7 +42,7 @@ from crossprobe.models.runtime import StageTimer
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _decode(batch: dict, bs: int, max_pixels: int) -> dict:
         t = time.perf_counter()
         its = [Item(**d) for d in json.loads(items_json)]
         dec = decode_batch(its, int(b) * bs, max_pixels)
-        pixels = np.zeros((bs, 3, bb.IMAGE_SIZE, bb.IMAGE_SIZE), np.float32)
+        pixels = np.zeros((bs, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
         pixels[:len(dec.rows)] = dec.pixels
         out["b"].append(int(b))
         out["pixels"].append(pixels)

@@ -191,13 +191,13 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         spec = {"kind": kind, "name": name, "base": base, "factory": settings.factory,
                 "ids_sha": hashlib.sha256(json.dumps(sorted(set(ids))).encode()).hexdigest()[:16]}
     elif kind == "reindex":  # another fingerprint than the base's is the point (or the same: a re-encode)
-        fingerprint, dims = identify(ckpt, model)
+        fingerprint, dims = identify(ckpt, model, settings.models)
         quant = quantization or base_manifest["layout"]["quantization"]
         # no source in the spec: the items are the base version's, which `base` names exactly
         spec = {"kind": kind, "name": name, "base": base, "fingerprint": fingerprint, "quantization": quant,
                 "batch_size": settings.batch_size, "max_pixels": settings.max_pixels, "factory": settings.factory}
     else:
-        fingerprint, dims = identify(ckpt, model)
+        fingerprint, dims = identify(ckpt, model, settings.models)
         if base_manifest and base_manifest["fingerprint"] != fingerprint:
             raise FingerprintMismatch(
                 f"index {name!r} (version {base}) was built with model {base_manifest['fingerprint']}; this checkpoint "

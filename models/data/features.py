@@ -17,10 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -67,14 +66,14 @@ def image_backbone_session(cache_dir: Path, threads: int | None = None):
 
 def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids") -> np.ndarray:
     """Encode every image to its (49, 1280) grid; decode of the next batch overlaps encode."""
-    cache = ChunkedCache(out, (len(paths), bb.GRID * bb.GRID, bb.IMAGE_FEAT_DIM), np.float16)
+    cache = ChunkedCache(out, (len(paths), inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM), np.float16)
     if cache.complete:
         return np.load(out, mmap_mode="r")
     sess = image_backbone_session(out.parent)
     starts = list(range(cache.done, len(paths), batch))
 
     def decode(s: int) -> np.ndarray:
-        return np.stack([bb.load_image(p) for p in paths[s : s + batch]])
+        return np.stack([inputs.load_image(p) for p in paths[s : s + batch]])
 
     with ThreadPoolExecutor(max_workers=1) as pool, tqdm(total=len(paths), initial=cache.done, desc=desc, unit="img") as bar:
         nxt = pool.submit(decode, starts[0]) if starts else None
@@ -87,25 +86,29 @@ def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "ima
     return np.load(out, mmap_mode="r")
 
 
-@torch.inference_mode()
 def cache_text(captions: list[str], out: Path, frozen_layers: int, batch: int = 256, desc: str = "caption states"):
     """Run MiniLM's embeddings + bottom `frozen_layers` layers over every caption."""
+    import torch  # here, not at the top: the indexer and the service import this module for the image session
+
+    from crossprobe.models import backbones as bb
+
     n = len(captions)
-    states = ChunkedCache(out, (n, bb.MAX_TOKENS, bb.TEXT_FEAT_DIM), np.float16)
-    masks = ChunkedCache(out.with_name(out.stem + "_mask.npy"), (n, bb.MAX_TOKENS), np.uint8)
+    states = ChunkedCache(out, (n, inputs.MAX_TOKENS, inputs.TEXT_FEAT_DIM), np.float16)
+    masks = ChunkedCache(out.with_name(out.stem + "_mask.npy"), (n, inputs.MAX_TOKENS), np.uint8)
     if states.complete and masks.complete:
         return np.load(out, mmap_mode="r"), np.load(masks.path, mmap_mode="r")
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     bottom = bb.MiniLMBottom(bb.load_minilm(), frozen_layers).eval()
     start = min(states.done, masks.done)
     with tqdm(total=n, initial=start, desc=desc, unit="cap") as bar:
         for s in range(start, n, batch):
-            ids, mask = bb.tokenize(tok, captions[s : s + batch])
-            h = bottom(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            ids, mask = inputs.tokenize(tok, captions[s : s + batch])
+            with torch.inference_mode():
+                h = bottom(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
             T = ids.shape[1]
-            padded = np.zeros((len(ids), bb.MAX_TOKENS, bb.TEXT_FEAT_DIM), np.float16)
+            padded = np.zeros((len(ids), inputs.MAX_TOKENS, inputs.TEXT_FEAT_DIM), np.float16)
             padded[:, :T] = h
-            pm = np.zeros((len(ids), bb.MAX_TOKENS), np.uint8)
+            pm = np.zeros((len(ids), inputs.MAX_TOKENS), np.uint8)
             pm[:, :T] = mask
             states.commit(s, padded)
             masks.commit(s, pm)

@@ -46,7 +46,7 @@ from crossprobe.models.evaluation.encode import PairScorer
 from crossprobe.models.evaluation.report import KEYS, machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, split_banks, tt_scores
 from crossprobe.models.evaluation.timing import median_ms, rerank_ms, scorer_inputs, scorer_module
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.model import ModelConfig
 from crossprobe.models.single_stream import SingleStream
@@ -125,13 +125,13 @@ def _round(r: dict) -> dict:
 
 def query_ms(model, repeats: int = 200, threads: int = 2) -> float:
     """Tokenizer + ONNX Runtime query tower for one typical caption, median ms."""
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     with tempfile.TemporaryDirectory() as d:
         ex.export_all(model, Path(d), "ablation", names=("query_tower",))
         sess = runtime.session(Path(d) / "query_tower.onnx", threads)
 
         def once():
-            ids, mask = bb.tokenize(tok, ["a black dog is running through the grass with a ball in its mouth"])
+            ids, mask = inputs.tokenize(tok, ["a black dog is running through the grass with a ball in its mouth"])
             sess.run(None, {"input_ids": ids, "attention_mask": mask})
 
         return round(median_ms(once, repeats, warmup=10), 3)

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from crossprobe.models.evaluation import retrieval
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.losses import info_nce, order_hinge, vsepp_max_violation
 from crossprobe.models.model import SearchModel
 from crossprobe.models.training.data import CachedData
@@ -45,7 +45,7 @@ class TowerTrainConfig:
 def hflip_grid(grid: torch.Tensor) -> torch.Tensor:
     """(B, 49, C) row-major 7x7 grid -> left-right mirrored grid."""
     B, N, C = grid.shape
-    return grid.view(B, bb.GRID, bb.GRID, C).flip(2).reshape(B, N, C)
+    return grid.view(B, inputs.GRID, inputs.GRID, C).flip(2).reshape(B, N, C)
 
 
 def length_bucketed_batches(data: CachedData, images: np.ndarray, batch: int, rng) -> list[tuple[np.ndarray, np.ndarray]]:

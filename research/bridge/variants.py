@@ -30,7 +30,7 @@ from crossprobe.models.data.features import image_backbone_session
 from crossprobe.models.data.flickr8k import Flickr8k, available
 from crossprobe.models.evaluation.encode import encode_images, encode_texts
 from crossprobe.models.evaluation.report import machine
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.bridge import LabelBridge
 from crossprobe.models.training.data import CachedData
 
@@ -45,7 +45,7 @@ def pixels_of(paths, size: int, flip: bool) -> np.ndarray:
         img = ImageOps.exif_transpose(Image.open(p)).convert("RGB").resize((size, size), Image.BILINEAR)
         if flip:
             img = ImageOps.mirror(img)
-        out.append(bb.preprocess_array(np.asarray(img)))
+        out.append(inputs.preprocess_array(np.asarray(img)))
     return np.stack(out)
 
 
@@ -164,7 +164,7 @@ def main() -> None:
     print(rows)
     # flip: the mirror's grid through the same backbone graph; probabilities and un-bridged g_I averaged
     sess = image_backbone_session(Path("cache/flickr8k"))
-    gf = torch.cat([torch.from_numpy(sess.run(None, {"pixels": pixels_of(paths[s : s + 32], bb.IMAGE_SIZE, True)})[0]) for s in range(0, len(paths), 32)])
+    gf = torch.cat([torch.from_numpy(sess.run(None, {"pixels": pixels_of(paths[s : s + 32], inputs.IMAGE_SIZE, True)})[0]) for s in range(0, len(paths), 32)])
     with torch.no_grad():
         pf, g0f = model.bridge.probs(gf), model.vision(gf).g
     rows["flip"] = {**scores(model.bridge, (p0 + pf) / 2, F.normalize(g0 + g0f, dim=-1)), "backbone_runs": 2}

@@ -43,6 +43,7 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models import checkpoint
 from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.features import image_backbone_session
@@ -67,7 +68,7 @@ def mirror(model, dev: DevSets) -> dict:
     n = len(everything.g) - len(data.split_images("dev"))
     paths = [folder.image_path(i) for i in range(n)] + [data.ds.image_path(r) for r in data.split_images("dev")]
     sess = image_backbone_session(Path("cache/flickr8k"))
-    mirrored = torch.cat([torch.from_numpy(sess.run(None, {"pixels": pixels_of(paths[s: s + 32], bb.IMAGE_SIZE, True)})[0])
+    mirrored = torch.cat([torch.from_numpy(sess.run(None, {"pixels": pixels_of(paths[s: s + 32], inputs.IMAGE_SIZE, True)})[0])
                           for s in range(0, len(paths), 32)])
     tm = model.temde
 
@@ -137,8 +138,8 @@ def add_region_inputs(model, text, images) -> None:
 
 def region_temde(cfg, d: int) -> Temde:
     t = Temde(cfg)
-    t.text_coder.lin = nn.Linear(bb.TEXT_FEAT_DIM + d, cfg.N * cfg.inner)
-    t.image_coder.lin = nn.Linear(bb.IMAGE_FEAT_DIM + d, cfg.N * cfg.inner)
+    t.text_coder.lin = nn.Linear(inputs.TEXT_FEAT_DIM + d, cfg.N * cfg.inner)
+    t.image_coder.lin = nn.Linear(inputs.IMAGE_FEAT_DIM + d, cfg.N * cfg.inner)
     return t
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.bridge import N_CLASSES, BridgeConfig, LabelBridge, class_lemmas, class_texts
 
 
@@ -26,7 +27,7 @@ def test_probabilities_come_from_the_grid_alone():
 
     backbone = bb.ImageBackbone()
     bridge = LabelBridge(BridgeConfig(beta=1.0), 8)
-    pixels = torch.from_numpy(np.stack([bb.load_image(sample_gallery()[n]) for n in ("coffee", "cat")]))
+    pixels = torch.from_numpy(np.stack([inputs.load_image(sample_gallery()[n]) for n in ("coffee", "cat")]))
     with torch.no_grad():
         grid = backbone(pixels)
         p = bridge.probs(grid)
@@ -40,14 +41,14 @@ def test_off_registers_nothing_and_keeps_g():
     b = LabelBridge(BridgeConfig.off(), 8)
     assert not list(b.state_dict()) and not list(b.parameters())
     g = F.normalize(torch.randn(3, 8), dim=-1)
-    assert torch.equal(b(torch.randn(3, 49, bb.IMAGE_FEAT_DIM), g), g)
+    assert torch.equal(b(torch.randn(3, 49, inputs.IMAGE_FEAT_DIM), g), g)
 
 
 def test_fused_vector_moves_towards_the_top_classes():
     torch.manual_seed(0)
     b = LabelBridge(BridgeConfig(beta=0.5, top_t=1), 16)
     b.class_emb.copy_(F.normalize(torch.randn(N_CLASSES, 16), dim=-1))
-    grid = torch.rand(4, 49, bb.IMAGE_FEAT_DIM)
+    grid = torch.rand(4, 49, inputs.IMAGE_FEAT_DIM)
     g = F.normalize(torch.randn(4, 16), dim=-1)
     out = b(grid, g)
     assert torch.allclose(out.norm(dim=-1), torch.ones(4), atol=1e-5)
@@ -68,8 +69,8 @@ def test_class_embeddings_are_the_text_towers_vectors(small_model):
     """E_c = g_q of the class name (one template, one lemma), computed by the model's own text tower."""
     m = copy.deepcopy(small_model)
     m.bridge.set_class_embeddings(m.text)
-    tok = bb.load_tokenizer()
-    ids, mask = bb.tokenize(tok, ["espresso", "goldfish"])
+    tok = inputs.load_tokenizer()
+    ids, mask = inputs.tokenize(tok, ["espresso", "goldfish"])
     with torch.no_grad():
         g = m.text(torch.from_numpy(ids), torch.from_numpy(mask)).g
     assert torch.allclose(m.bridge.class_emb[[967, 1]], g, atol=1e-5)

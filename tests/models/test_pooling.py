@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 from crossprobe.models.layers import SelfAttentivePooling, frobenius_penalty
 from crossprobe.models.losses import order_hinge, order_violation
 from crossprobe.models.model import SearchModel
@@ -59,8 +59,8 @@ def test_temde_pooled_towers_train(small_cfg, bert):
     cfg = copy.deepcopy(small_cfg)
     cfg.text.pool, cfg.vision.pool = "temde", "temde"
     model = SearchModel(cfg, bert).train()
-    t = model.text.forward_states(torch.randn(2, 6, bb.TEXT_FEAT_DIM), torch.ones(2, 6, dtype=torch.bool))
-    v = model.vision(torch.randn(2, 49, bb.IMAGE_FEAT_DIM))
+    t = model.text.forward_states(torch.randn(2, 6, inputs.TEXT_FEAT_DIM), torch.ones(2, 6, dtype=torch.bool))
+    v = model.vision(torch.randn(2, 49, inputs.IMAGE_FEAT_DIM))
     (t.g @ v.g.T).trace().backward()
     assert model.vision.pool.centroids.grad.abs().sum() > 0
     assert torch.allclose(t.g.norm(dim=-1), torch.ones(2), atol=1e-5)
@@ -71,8 +71,8 @@ def test_fast_query_tower_runs_no_transformer_layer(small_cfg, bert):
     cfg.text = TextTowerConfig(d=64, layers=0, finetune_layers=0, pool_hops=4)
     model = SearchModel(cfg, bert).eval()
     assert len(model.text.top) == 0 and len(model.text.bottom.layers) == 0 and cfg.text.frozen_layers == 0
-    tok = bb.load_tokenizer()
-    ids, mask = (torch.from_numpy(a) for a in bb.tokenize(tok, ["a dog on the beach", "two kids"]))
+    tok = inputs.load_tokenizer()
+    ids, mask = (torch.from_numpy(a) for a in inputs.tokenize(tok, ["a dog on the beach", "two kids"]))
     with torch.no_grad():
         out = model.text(ids, mask)
         pad = model.text(torch.nn.functional.pad(ids, (0, 5)), torch.nn.functional.pad(mask, (0, 5)))

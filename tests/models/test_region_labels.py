@@ -64,6 +64,7 @@ def test_committed_checkpoint_finds_the_coffee_cup_in_a_cell():
     the cells of scikit-image's coffee photo are labelled with cup / espresso classes, so a coffee query scores it
     above the other photos of the demo gallery by region labels alone."""
     from crossprobe.models import backbones as bb
+    from crossprobe.models import inputs
     from crossprobe.models import checkpoint
     from crossprobe.models.bridge import class_lemmas
     from crossprobe.models.demo import sample_gallery
@@ -74,12 +75,12 @@ def test_committed_checkpoint_finds_the_coffee_cup_in_a_cell():
     gallery = sample_gallery()
     names = list(gallery)
     with torch.inference_mode():
-        grids = bb.ImageBackbone()(torch.from_numpy(np.stack([bb.load_image(gallery[n]) for n in names])))
+        grids = bb.ImageBackbone()(torch.from_numpy(np.stack([inputs.load_image(gallery[n]) for n in names])))
         labels = model.bridge.cell_labels(grids)  # (G, 49)
         coffee = names.index(next(n for n in names if n.startswith("coffee")))
         cell_names = {class_lemmas()[int(c)][0] for c in labels[coffee]}
         assert cell_names & {"espresso", "cup", "coffee mug", "eggnog"}, cell_names
-        ids, mask = bb.tokenize(bb.load_tokenizer(), ["a cup of coffee"])
+        ids, mask = inputs.tokenize(inputs.load_tokenizer(), ["a cup of coffee"])
         g_q = model.text(torch.from_numpy(ids), torch.from_numpy(mask)).g
         s = region_score(model.bridge.class_sims(g_q), labels[None], model.cfg.region.pool)[0]
     assert int(s.argmax()) == coffee, dict(zip(names, s.tolist()))

@@ -1,10 +1,11 @@
 import torch
 
 from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
 def _ids(tok, texts, pad_to):
-    ids, mask = bb.tokenize(tok, texts)
+    ids, mask = inputs.tokenize(tok, texts)
     T = ids.shape[1]
     pad = pad_to - T
     ids = torch.nn.functional.pad(torch.from_numpy(ids), (0, pad))
@@ -13,7 +14,7 @@ def _ids(tok, texts, pad_to):
 
 
 def test_text_tower_shapes_and_unit_norm(small_model):
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     ids, mask = _ids(tok, ["a dog runs on the beach", "two kids"], 12)
     out = small_model.text(ids, mask)
     assert out.tokens.shape == (2, 12, 64)
@@ -22,7 +23,7 @@ def test_text_tower_shapes_and_unit_norm(small_model):
 
 
 def test_padding_never_changes_the_query_vector(small_model):
-    tok = bb.load_tokenizer()
+    tok = inputs.load_tokenizer()
     a = small_model.text(*_ids(tok, ["a black dog jumps over a log"], 10))
     b = small_model.text(*_ids(tok, ["a black dog jumps over a log"], 30))
     assert torch.allclose(a.g, b.g, atol=1e-5)
@@ -31,7 +32,7 @@ def test_padding_never_changes_the_query_vector(small_model):
 
 
 def test_vision_tower_shapes(small_model):
-    out = small_model.vision(torch.randn(3, 49, bb.IMAGE_FEAT_DIM))
+    out = small_model.vision(torch.randn(3, 49, inputs.IMAGE_FEAT_DIM))
     assert out.tokens.shape == (3, 49, 64)
     assert torch.allclose(out.g.norm(dim=-1), torch.ones(3), atol=1e-5)
 
@@ -42,7 +43,7 @@ def test_image_backbone_grid_and_a_real_photo():
     from PIL import Image
 
     net = bb.ImageBackbone()
-    x = torch.from_numpy(bb.load_image(Image.fromarray(sd.chelsea())))[None]
+    x = torch.from_numpy(inputs.load_image(Image.fromarray(sd.chelsea())))[None]
     with torch.no_grad():
         assert net(x).shape == (1, 49, 1280)
         top = net.net(x).argmax(-1).item()
@@ -51,8 +52,8 @@ def test_image_backbone_grid_and_a_real_photo():
 
 def test_minilm_bottom_plus_top_equals_huggingface(bert):
     """Our explicit BERT layer matches transformers' own forward on real tokens."""
-    tok = bb.load_tokenizer()
-    ids, mask = bb.tokenize(tok, ["a man rides a bike", "dogs"])
+    tok = inputs.load_tokenizer()
+    ids, mask = inputs.tokenize(tok, ["a man rides a bike", "dogs"])
     ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
     with torch.no_grad():
         ref = bert(input_ids=ids, attention_mask=mask).last_hidden_state

@@ -208,6 +208,7 @@ def test_explain_matches_pytorch(client, built, svc_ckpt, bert):
     import torch
 
     from crossprobe.models import backbones as bb
+    from crossprobe.models import inputs
     from crossprobe.models import checkpoint
     from crossprobe.models.graphs import ExplainGraph
 
@@ -215,7 +216,7 @@ def test_explain_matches_pytorch(client, built, svc_ckpt, bert):
     got = client.post("/v1/explain", json={"query": "anything", "ids": [item]}).json()["probe_maps"][item]
     model, _ = checkpoint.load(svc_ckpt, bert)
     with torch.inference_mode():
-        grid = bb.ImageBackbone()(torch.from_numpy(bb.load_image(built.gallery / item)[None]))
+        grid = bb.ImageBackbone()(torch.from_numpy(inputs.load_image(built.gallery / item)[None]))
         p_t = torch.zeros(1, model.cp.cfg.m, model.cp.cfg.d)
         _, want = ExplainGraph(model.eval())(grid, p_t)
     assert np.abs(np.asarray(got).reshape(-1) - want[0].numpy()).max() < 1e-4

@@ -9,7 +9,7 @@ import torch
 from crossprobe.models import checkpoint
 from crossprobe.indexer import FingerprintMismatch, add, build, open_index
 from crossprobe.indexer.storage.store import Store
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
 def _model_outputs(model, models_dir, paths):
@@ -17,7 +17,7 @@ def _model_outputs(model, models_dir, paths):
     from crossprobe.models.data.features import image_backbone_session
     from crossprobe.models.graphs import ImageGraph
 
-    pixels = np.stack([bb.load_image(p) for p in paths])
+    pixels = np.stack([inputs.load_image(p) for p in paths])
     grid = image_backbone_session(models_dir).run(None, {"pixels": pixels})[0]
     with torch.inference_mode():
         return [o.numpy() for o in ImageGraph(model)(torch.from_numpy(grid))]

