@@ -179,10 +179,14 @@ class Searcher:
             with clock.stage("like"):
                 vs = handle.reader.vectors(plan.like)
                 return _unit(vs.mean(axis=0), vs[0])
-        v = np.asarray(plan.embedding, np.float32)
-        if not np.isfinite(v).all() or float(np.linalg.norm(v)) == 0.0:
+        # in float64 and scaled by its largest value before the norm: every finite JSON vector that is not all
+        # zeros has a direction (values past float32's range were inf, values below it 0, and a norm under 1e-6
+        # came back unnormalised)
+        v = np.asarray(plan.embedding, np.float64)
+        if not np.isfinite(v).all() or not v.any():
             raise InvalidRequest("invalid request: embedding_input must be finite and not all zero")
-        return _unit(v, v)
+        v = v / np.abs(v).max()
+        return (v / np.linalg.norm(v)).astype(np.float32)
 
     # ---- the stages after encode: one worker thread per request ---------------------
     def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer,

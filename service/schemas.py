@@ -6,9 +6,10 @@ API's clients send options this service does not have.
 
 The OpenAPI document (/openapi.json) says what each route answers: every error status with the error JSON
 (error_responses below), and two rules JSON Schema cannot state exactly, written as:
-  format "visible-text"  a query must hold at least one visible character: only whitespace, control, zero-width
-                         or other invisible characters is "blank", 422 (is_invisible below; an exact pattern
-                         would be a character class of some 700 Unicode ranges)
+  format "visible-text"  a query must hold at least one visible character: only whitespace, control, zero-width,
+                         private-use or other invisible characters is "blank", 422 (is_invisible below says which
+                         Unicode categories; an exact pattern would be a character class of some 700 Unicode
+                         ranges). Declared by QueryText on every query text, JSON field or query parameter alike
   x-constraints          cross-field rules, e.g. /v1/search's "shortlist >= k" (422 when broken)
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
+                      model_validator)
 
 from crossprobe.indexer.storage.filter_model import MAX_FILTER_CONDITIONS, FilterNode, count_conditions
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
@@ -36,9 +38,48 @@ def _integral(v: Any) -> Any:
 ItemId = Annotated[str, Field(min_length=1, max_length=1024)]
 ItemIdOrIds = ItemId | Annotated[list[ItemId], Field(min_length=1, max_length=MAX_LIKE)]
 
-# the format of query texts in the OpenAPI document (see the module's docstring)
+# ---- query texts: one rule and one type for every route that takes a text, as a JSON field or a query parameter
+# Visible: a character whose Unicode general category is a letter (L*), mark (M*), number (N*), punctuation (P*) or
+# symbol (S*), other than the "blank" letters and symbols below. Invisible: control (Cc: NUL...), format (Cf:
+# zero-width space / joiners, BOM, bidi marks, soft hyphen, tag characters), unassigned (Cn, by the server's Unicode
+# database: Python 3.11's is Unicode 14.0), private use (Co), surrogate (Cs), every separator (Zs, Zl, Zp); plus the
+# blank letters and symbols that Unicode classifies as visible (Hangul fillers, braille blank). A query made only of
+# invisible characters is blank, 422: the tokenizer would see nothing (or [UNK]s) and the search would rank images
+# by noise. Private use is invisible (issue 36): a private-use code point has no standard glyph or meaning, only
+# what one application's font gives it (icon fonts), and the text tower never sees it: MiniLM's tokenizer
+# (BertNormalizer clean_text) deletes every one, U+E000..U+F8FF and planes 15-16, so the query reaches the model
+# empty (tests/service/test_schemas.py checks this).
+_INVISIBLE_CATEGORIES = {"Cc", "Cf", "Cn", "Co", "Cs", "Zs", "Zl", "Zp"}
+_BLANK_CHARS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
+
+
+def is_invisible(text: str) -> bool:
+    return all(ch in _BLANK_CHARS or unicodedata.category(ch) in _INVISIBLE_CATEGORIES for ch in text)
+
+
+def visible_or_error(text: str, what: str) -> str:
+    if is_invisible(text):
+        raise ValueError(f"{what} is blank (only whitespace, control or invisible characters)")
+    return text
+
+
+def _visible_query(text: str) -> str:
+    return visible_or_error(text, "query")
+
+
+# the format of query texts in the OpenAPI document (see the module's docstring), and what it means, in every
+# query text's description
 VISIBLE_TEXT = {"format": "visible-text"}
-VISIBLE_TEXT_HELP = "at least one visible character (only whitespace, control or zero-width characters: 422)"
+VISIBLE_TEXT_HELP = ("at least one visible character, i.e. one outside the Unicode categories "
+                     f"{', '.join(sorted(_INVISIBLE_CATEGORIES))} (control, format / zero-width, unassigned, private "
+                     "use, surrogate, separators) and not a blank filler ("
+                     f"{', '.join(f'U+{ord(c):04X}' for c in sorted(_BLANK_CHARS))}); a text of only such "
+                     "characters is blank: 422")
+# A query text, the same wherever a route takes one (/v1/search's and /v1/explain's "query", /v1/search/image's
+# `query` parameter; /knn-service's "text" is documented from it): 1 to MAX_QUERY_CHARS characters, format
+# visible-text in the document, blank: 422 "query is blank" (each use adds VISIBLE_TEXT_HELP to its description)
+QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT),
+                      AfterValidator(_visible_query)]
 
 
 # ---- metadata filters: the condition tree is the storage layer's (crossprobe.indexer.storage.filter_model) -----
@@ -55,8 +96,7 @@ class SearchRequest(BaseModel):
         "image is a base64-encoded image file",
         "each filter condition: exactly one of eq, in or a range, with values of its field's type"]})
 
-    query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
-                              description=f"text to search images for: {VISIBLE_TEXT_HELP}")
+    query: QueryText | None = Field(None, description=f"text to search images for: {VISIBLE_TEXT_HELP}")
     image: str | None = Field(None, min_length=1, description="an image to search with, base64 (standard or URL-safe "
                               "alphabet; a data: URL prefix is allowed): JPEG, PNG, WebP, GIF, BMP or TIFF, at most "
                               "CROSSPROBE_QUERY_IMAGE_MAX_BYTES decoded bytes and CROSSPROBE_QUERY_IMAGE_MAX_PIXELS "
@@ -90,11 +130,6 @@ class SearchRequest(BaseModel):
     # strict: a JSON number only (an int is fine); true / false / "1e2" are refused, not coerced
     min_score: float | None = Field(None, strict=True, allow_inf_nan=False,
                                     description="drop results whose score is lower (a JSON number)")
-
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, v: str | None) -> str | None:
-        return None if v is None else visible_or_error(v, "query")
 
     @field_validator("k", "shortlist", mode="before")
     @classmethod
@@ -186,16 +221,10 @@ MAX_EXPLAIN_IDS = 32
 class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra=VISIBLE_TEXT,
-                       description=f"the query the maps are for: {VISIBLE_TEXT_HELP}")
+    query: QueryText = Field(..., description=f"the query the maps are for: {VISIBLE_TEXT_HELP}")
     ids: list[ItemId] = Field(..., min_length=1, max_length=MAX_EXPLAIN_IDS,
                               description=f"item ids of the index (1 to {MAX_EXPLAIN_IDS}; repeats count once)")
     index: str | None = Field(None, min_length=1, max_length=64, description="index name (default: the server's)")
-
-    @field_validator("query")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        return visible_or_error(v, "query")
 
 
 class ExplainResponse(BaseModel):
@@ -250,32 +279,13 @@ ANY_ROUTE = (413,)
 POST_ROUTE = (408, 413, 422)
 
 
-# Characters that draw nothing: control (NUL...), format (zero-width space / joiners, BOM, bidi marks, soft
-# hyphen), unassigned / private / surrogate, every separator; plus the "blank" letters and symbols that Unicode
-# classifies as visible (Hangul fillers, braille blank). A query made only of these is blank: the tokenizer
-# would see nothing (or [UNK]s) and the search would rank images by noise.
-_INVISIBLE_CATEGORIES = {"Cc", "Cf", "Cn", "Co", "Cs", "Zs", "Zl", "Zp"}
-_BLANK_CHARS = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
-
-
-def is_invisible(text: str) -> bool:
-    return all(ch in _BLANK_CHARS or unicodedata.category(ch) in _INVISIBLE_CATEGORIES for ch in text)
-
-
-def visible_or_error(text: str, what: str) -> str:
-    if is_invisible(text):
-        raise ValueError(f"{what} is blank (only whitespace, control or invisible characters)")
-    return text
-
-
 # ---- clip-retrieval (rom1504/clip-retrieval clip_back) ----------------------------
 def _knn_documented(schema: dict[str, Any]) -> None:
     """KnnRequest's OpenAPI schema: the requests /knn-service answers 200. The model itself accepts more
     (image_url, a text modality) so that the route can refuse those with 422 "unsupported", which says more
     than a validation error; here they are what they are for a client: values that get a 422."""
     props = schema["properties"]
-    props["text"] = {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                                                  **VISIBLE_TEXT}], "default": None,
+    props["text"] = {"anyOf": [{"type": "null"}, TypeAdapter(QueryText).json_schema()], "default": None,
                      "description": f"a text query: {VISIBLE_TEXT_HELP}. One of text, image, embedding_input is "
                      "needed (x-constraints); the first given of embedding_input, image, text is used, as in "
                      "clip_back"}
@@ -347,8 +357,8 @@ class KnnResult(BaseModel):
 
     id: str
     similarity: float = Field(description="the ranking score (higher is better)")
-    url: str | None = Field(None, description="/v1/items/{id}/image?index=... (absolute with "
-                            "CROSSPROBE_PUBLIC_BASE_URL)")
+    url: str | None = Field(None, description="/v1/items/{id}/image?index=... (absolute, under "
+                            "CROSSPROBE_PUBLIC_URL, when that is set)")
     caption: str | None = None
 
 

@@ -11,8 +11,9 @@ from crossprobe.service import query_image
 from crossprobe.service.deps import QUERY, degraded_headers, run_search, server_timing, svc
 from crossprobe.service.exceptions import InvalidRequest
 from crossprobe.indexer.storage.filter_model import filter_from_json
-from crossprobe.service.schemas import POST_ROUTE, SearchRequest, SearchResponse, error_responses, is_invisible
-from crossprobe.service.settings import MAX_K, MAX_QUERY_CHARS, Rerank
+from crossprobe.service.schemas import (POST_ROUTE, VISIBLE_TEXT_HELP, QueryText, SearchRequest, SearchResponse,
+                                        error_responses)
+from crossprobe.service.settings import MAX_K, Rerank
 from crossprobe.service.state import ServiceState
 
 router = APIRouter(**QUERY)
@@ -100,8 +101,8 @@ def parse_filter(text: str | None):
                                              "the body is not a readable image"))
 async def search_image(request: Request,
                        k: Annotated[int, Query(ge=1, le=MAX_K, description="results to return")] = 10,
-                       query: Annotated[str | None, Query(min_length=1, max_length=MAX_QUERY_CHARS,
-                                                          description="a text to combine with the image")] = None,
+                       query: Annotated[QueryText | None, Query(
+                           description=f"a text to combine with the image: {VISIBLE_TEXT_HELP}")] = None,
                        weight: Annotated[float, Query(ge=0, le=1, description="the image's weight beside query")] = 0.5,
                        rerank: Annotated[Rerank | None, Query(description="with query: cp | temde | none")] = None,
                        index: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
@@ -116,9 +117,6 @@ async def search_image(request: Request,
     the same search as /v1/search's "image"."""
     state = svc(request)
     state.require_ready()
-    if query is not None and is_invisible(query):
-        raise InvalidRequest("invalid request: query: query is blank (only whitespace, control or "
-                             "invisible characters)")
     flt = parse_filter(filter)
     data = await query_image.upload_bytes(request, state.settings.query_image_max_bytes)
     plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup, filter=flt)

@@ -3,10 +3,14 @@ tiny index (tests/service/conftest.py's `built`: 12 images, a real Redis), every
 phases, at least 1,000 generated requests: no 5xx and no failed check allowed. `make test-fuzz` runs it (the
 `fuzz` marker keeps it out of `make test`: a few minutes on 2 cores).
 
-The numbers (requests generated, responses by status, 5xx, failed checks) are printed and written to
-docs/research/results/fuzz.json with the command and the machine. CROSSPROBE_FUZZ_EXAMPLES (per operation and phase,
-default 150) and CROSSPROBE_FUZZ_SEED (default 16) change the run. The server runs with the defaults a
-deployment starts from: no keys (the search routes are open, /admin/* answers 403), no rate limit.
+Every run draws a fresh seed (a fuzz test pinned to one seed proves only that seed) unless CROSSPROBE_FUZZ_SEED
+gives one, and prints it first with the command that replays the run. CROSSPROBE_FUZZ_EXAMPLES (per operation
+and phase, default 150) sets the size. The numbers (seed, requests generated, responses by status, 5xx, failed
+checks, server tracebacks) are printed and appended, passed or failed, to the "runs" of
+docs/research/results/fuzz.json with the date, the machine and the replay command (docs/research/reliability.md,
+"API fuzzing"). The server runs with the defaults a deployment starts from: no keys (the search routes are open,
+/admin/* answers 403), no rate limit. `make test` runs none of it (the `fuzz` marker), only the cheap checks of
+the seed and the record below.
 
 tests/service/fuzz_hooks.py holds the only adjustments (two rules JSON Schema cannot state; it says why).
 A schemathesis.toml (written per run) gives schemathesis the index's real ids and name as dictionaries, drawn
@@ -19,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,11 +37,38 @@ import pytest
 
 from tests.service import live
 
-pytestmark = pytest.mark.fuzz
-
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "docs" / "research" / "results" / "fuzz.json"
 MIN_CASES = 1000
+# what every run in RESULT shares; each run's own numbers go to its "runs" entry
+ABOUT = {
+    "about": "make test-fuzz runs, one entry per run, appended (passed or failed): schemathesis against the "
+             "service's own OpenAPI document; seed drawn per run unless CROSSPROBE_FUZZ_SEED gives it; replay a "
+             "run with its 'replay' command",
+    "config": "schemathesis.toml: the index's ids and name as dictionaries, probability 0.5 (_config)",
+    "hooks": "tests/service/fuzz_hooks.py: a strategy for format visible-text; filter_failure drops an ST202 "
+             "(valid data rejected) only when its 422 is a documented rule the request breaks: a blank query "
+             "(body or /v1/search/image's query parameter), shortlist < k, the other x-constraints",
+    "server": "crossprobe serve (uvicorn, h11 with the slow-client deadlines) over a 12-image index in a real "
+              "Redis; default settings: no keys, no rate limit, admin off",
+}
+
+
+def fuzz_seed() -> tuple[int, str]:
+    """CROSSPROBE_FUZZ_SEED, else a fresh seed from the OS (-> seed, "given" | "drawn")."""
+    given = os.environ.get("CROSSPROBE_FUZZ_SEED", "").strip()
+    if given:
+        return int(given), "given"
+    return random.SystemRandom().randrange(1, 2**31), "drawn"
+
+
+def record_run(run: dict, path: Path = RESULT) -> dict:
+    """Append one run to the results file's "runs" (created if missing); -> the whole document."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc = {**ABOUT, "runs": [*doc.get("runs", []), run]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return doc
 
 
 def _machine() -> dict:
@@ -74,6 +107,23 @@ def _served(base: str) -> Counter:
     return served
 
 
+def test_the_seed_is_drawn_per_run_unless_given(monkeypatch):
+    monkeypatch.delenv("CROSSPROBE_FUZZ_SEED", raising=False)
+    drawn = {fuzz_seed() for _ in range(5)}
+    assert len(drawn) == 5 and {how for _, how in drawn} == {"drawn"}, drawn
+    monkeypatch.setenv("CROSSPROBE_FUZZ_SEED", "20261125")
+    assert fuzz_seed() == (20261125, "given")
+
+
+def test_each_run_is_appended_to_the_record(tmp_path):
+    path = tmp_path / "fuzz.json"
+    record_run({"seed": 1}, path)
+    doc = record_run({"seed": 2}, path)
+    assert [r["seed"] for r in doc["runs"]] == [1, 2] and json.loads(path.read_text()) == doc
+    assert set(ABOUT) <= set(doc)
+
+
+@pytest.mark.fuzz
 def test_schemathesis_finds_no_5xx_and_no_failed_check(built, svc_ckpt, artifacts, tmp_path_factory):
     exe = Path(sys.executable).with_name("schemathesis")
     if not exe.exists():
@@ -81,7 +131,10 @@ def test_schemathesis_finds_no_5xx_and_no_failed_check(built, svc_ckpt, artifact
     import schemathesis
 
     examples = int(os.environ.get("CROSSPROBE_FUZZ_EXAMPLES", "150"))
-    seed = int(os.environ.get("CROSSPROBE_FUZZ_SEED", "16"))
+    seed, seed_source = fuzz_seed()
+    replay = f"CROSSPROBE_FUZZ_SEED={seed} CROSSPROBE_FUZZ_EXAMPLES={examples} make test-fuzz"
+    print(f"\nfuzz: seed {seed} ({seed_source}), {examples} examples per operation and phase; replay: {replay}",
+          flush=True)
     tmp = tmp_path_factory.mktemp("fuzz")
     report, har, config = tmp / "report.json", tmp / "requests.har", tmp / "schemathesis.toml"
     config.write_text(_config(built))
@@ -98,53 +151,63 @@ def test_schemathesis_finds_no_5xx_and_no_failed_check(built, svc_ckpt, artifact
         took = time.monotonic() - t0
         served = _served(base) - before
     (tmp / "schemathesis.out").write_text(run.stdout + run.stderr)
+    kept = ROOT / "artifacts" / "fuzz" / f"seed-{seed}"  # the whole output, for a failure's details (not in git)
+    kept.mkdir(parents=True, exist_ok=True)
+    for f in (tmp / "schemathesis.out", report, log):
+        if f.exists():
+            shutil.copy(f, kept / f.name)
     print(run.stdout[-6000:], run.stderr[-3000:], sep="\n")
-    assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    assert report.exists(), f"seed {seed}; replay: {replay}\n" + run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(report.read_text())
     statuses = Counter(e["response"]["status"] for e in json.loads(har.read_text())["log"]["entries"])
     server_log = log.read_text(errors="replace")
     result = {
+        "seed": seed,
+        "seed_source": seed_source,  # drawn for this run, or given by CROSSPROBE_FUZZ_SEED
+        "max_examples": examples,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": _machine(),
         "command": "make test-fuzz  (pytest -m fuzz tests/service/test_fuzz.py)",
+        "replay": replay,
+        "output": f"{kept.relative_to(ROOT)}/ (schemathesis.out, report.json, server.log; not in git)",
         # as run, less the temporary report paths; the server's port is a free one
         "schemathesis": "SCHEMATHESIS_HOOKS=tests.service.fuzz_hooks schemathesis " + " ".join(
             ["http://127.0.0.1:<port>/openapi.json" if a.endswith("/openapi.json") else
              "schemathesis.toml" if a == str(config) else a for a in args[:-6]]),
-        "config": "schemathesis.toml: the index's ids and name as dictionaries, probability 0.5 (_config)",
         "schemathesis_version": schemathesis.__version__,
-        "hooks": "tests/service/fuzz_hooks.py: a strategy for format visible-text; filter_failure drops an ST202 "
-                 "(valid data rejected) only when its 422 is for a blank query or shortlist < k",
-        "server": "crossprobe serve (uvicorn, h11 with the slow-client deadlines) over a 12-image index in a real "
-                  "Redis; default settings: no keys, no rate limit, admin off",
-        "machine": _machine(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "seconds": round(took, 1),
-        "max_examples": examples,
-        "seed": seed,
-        "operations": doc.get("operations"),
-        "phases": doc.get("phases"),
-        "test_cases": doc["test_cases"],
-        "requests_sent": sum(statuses.values()),
-        "responses_by_status": dict(sorted(statuses.items())),
+        "cases": doc["test_cases"]["generated"],
         "server_5xx": sum(n for s, n in served.items() if s >= 500),
         "responses_5xx": sum(n for s, n in statuses.items() if s >= 500),
-        "failed_checks": doc["failures"],
-        # failures fuzz_hooks.filter_failure dropped: ST202 for a blank query or shortlist < k, each a correct 422
-        "filtered_by_hooks": doc.get("filtered"),
-        "errors": doc["errors"],
-        "warnings": doc.get("warnings"),
-        "exit_code": run.returncode,
+        "failed_checks": len(doc["failures"]),
         "server_tracebacks": server_log.count("Traceback"),
+        "errors": len(doc["errors"]),
+        "exit_code": run.returncode,
+        "test_cases": doc["test_cases"],
+        "operations": doc.get("operations"),
+        "phases": {name: p.get("status") for name, p in (doc.get("phases") or {}).items()},
+        "requests_sent": sum(statuses.values()),
+        "responses_by_status": dict(sorted(statuses.items())),
+        # failures fuzz_hooks.filter_failure dropped: ST202 for a documented rule the request breaks (ABOUT)
+        "filtered_by_hooks": doc.get("filtered"),
+        "failures": doc["failures"],
+        "error_details": doc["errors"],
+        "warnings": {k: v for k, v in (doc.get("warnings") or {}).items() if v},
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nschemathesis {result['schemathesis_version']}: {doc['test_cases']['generated']} test cases generated, "
+    result["passed"] = (result["cases"] >= MIN_CASES and result["responses_5xx"] == result["server_5xx"] == 0
+                        and result["failed_checks"] == result["server_tracebacks"] == result["errors"] == 0
+                        and run.returncode == 0)
+    record_run(result)
+    print(f"\nschemathesis {result['schemathesis_version']}, seed {seed}: {result['cases']} test cases generated, "
           f"{result['requests_sent']} requests, {result['responses_5xx']} 5xx (server counted "
-          f"{result['server_5xx']}), {len(doc['failures'])} failed checks, {len(doc['errors'])} errors, "
-          f"{doc.get('filtered')} known-correct 422s filtered, in {took:.0f} s -> {RESULT.relative_to(ROOT)}")
+          f"{result['server_5xx']}), {result['failed_checks']} failed checks, {result['errors']} errors, "
+          f"{result['server_tracebacks']} server tracebacks, {doc.get('filtered')} known-correct 422s filtered, "
+          f"in {took:.0f} s -> {RESULT.relative_to(ROOT)}; replay: {replay}")
 
-    assert doc["test_cases"]["generated"] >= MIN_CASES, result["test_cases"]
-    assert result["responses_5xx"] == 0 and result["server_5xx"] == 0, result["responses_by_status"]
-    assert result["server_tracebacks"] == 0, server_log[-5000:]
-    assert doc["failures"] == [], json.dumps(doc["failures"], indent=1) + run.stdout[-20000:]
-    assert doc["errors"] == [], doc["errors"]
-    assert run.returncode == 0, run.stdout[-5000:]
+    where = f"seed {seed}; replay: {replay}\n"
+    assert result["cases"] >= MIN_CASES, where + json.dumps(result["test_cases"])
+    assert result["responses_5xx"] == 0 and result["server_5xx"] == 0, where + str(result["responses_by_status"])
+    assert result["server_tracebacks"] == 0, where + server_log[-5000:]
+    assert doc["failures"] == [], where + json.dumps(doc["failures"], indent=1) + run.stdout[-20000:]
+    assert doc["errors"] == [], where + json.dumps(doc["errors"])
+    assert run.returncode == 0, where + run.stdout[-5000:]

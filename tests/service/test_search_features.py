@@ -240,6 +240,38 @@ def test_knn_service_image_and_embedding_queries(client, built):
     assert r.status_code == 422, r.text
 
 
+def test_every_finite_nonzero_embedding_has_a_direction(client, built):
+    """Scaled far past float32's range, or far below it, a vector of the index's d is the same query (it was 422
+    "must be finite and not all zero" after a float32 cast, or, under norm 1e-6, searched unnormalised)."""
+    item_id = built.ids[0]
+    vec = _stored(built, [item_id])[0].astype(np.float64)
+    base = {"num_images": 3, "num_result_ids": 5, "deduplicate": False}
+    want = client.post("/knn-service", json={**base, "embedding_input": vec.tolist()}).json()
+    for scale in (1e300, 1e39, 1e-8, 1e-45, 1e-300):
+        r = client.post("/knn-service", json={**base, "embedding_input": (vec * scale).tolist()})
+        assert r.status_code == 200, (scale, r.text)
+        assert [x["id"] for x in r.json()] == [x["id"] for x in want], scale
+        assert [x["similarity"] for x in r.json()] == pytest.approx([x["similarity"] for x in want], abs=1e-5)
+    one = [0.0] * len(vec)
+    one[3] = 5e-324  # the smallest float: a direction too
+    assert client.post("/knn-service", json={**base, "embedding_input": one}).status_code == 200
+
+
+def test_an_embedding_of_another_length_is_the_documented_422(client, built):
+    """6 values for a 64-d index: fuzz_hooks compared "holds vectors of 6" as text, found it in "... of 64" and
+    called the server's correct 422 a failed check (4 seeds of 5 at 400 examples, issue 36)."""
+    d = len(_stored(built, built.ids[:1])[0])
+    for n in (1, 6, d - 1, d + 1, 10 * d):
+        body = {"embedding_input": [0.5] * n}
+        r = client.post("/knn-service", json=body)
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["message"] == f"invalid request: embedding_input has {n} values; index photos holds vectors of {d}"
+        hooks = pytest.importorskip("tests.service.fuzz_hooks")  # needs schemathesis (the fuzz extra)
+        assert hooks._explained_422("/knn-service", body, err), n
+        assert not hooks._explained_422("/knn-service", {"embedding_input": [0.5] * d}, err), n
+
+
 def test_knn_service_deduplicates_like_clip_back(client, built):
     """deduplicate (clip_back's default true) never returns two results with cosine >= 0.94; false returns all."""
     from crossprobe.service.routes.clip import DEDUP_COSINE
