@@ -13,6 +13,7 @@ POST /admin/reload, and the clip-retrieval compatible /knn-service, /indices-lis
 """
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -20,13 +21,15 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from crossprobe.service import errors, security
+from crossprobe.service import errors, security, urls
 from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.deps import DEGRADED_HEADER
 from crossprobe.service.metrics import MetricsMiddleware
 from crossprobe.service.routes import clip, explain, indexes, items, page, search
 from crossprobe.service.settings import Settings
 from crossprobe.service.state import ServiceState
+
+log = logging.getLogger("crossprobe.service")
 
 ROUTERS = (indexes.ops, page.router, search.router, explain.router, indexes.router, items.router, indexes.admin,
            clip.query_routes, clip.read_routes)
@@ -48,8 +51,10 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
         finally:
             await state.stop()
 
+    # redirect_slashes off: Starlette's redirect of /v1/search/ to /v1/search wrote the request's Host header into
+    # its Location (a Host-steered URL in an answer, which a shared cache keeps); such paths are 404 instead
     app = FastAPI(title="crossprobe", summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / "
-                  "T-EMDE reranking", version="0.1.0", lifespan=lifespan)
+                  "T-EMDE reranking", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
     app.state.svc = state
     app.state.access = access
     errors.install(app)
@@ -60,7 +65,10 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
         # (admin calls come from scripts, not from pages), X-API-Key is (a page elsewhere with a search key)
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", security.API_KEY_HEADER],
-                           expose_headers=["Server-Timing", DEGRADED_HEADER, "Retry-After"])
+                           expose_headers=["Server-Timing", DEGRADED_HEADER, clip.IGNORED_HEADER, "Retry-After"])
+    hint = urls.clip_front_hint(settings)  # what a page on another origin (clip-retrieval's front-end) needs
+    if hint:
+        log.log(hint[0], "%s", hint[1])
     app.add_middleware(MetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

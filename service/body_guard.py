@@ -15,9 +15,8 @@ The checked body is then replayed to the app unchanged.
 from __future__ import annotations
 
 import numpy as np
-from fastapi.responses import JSONResponse
 
-from crossprobe.service import errors, metrics
+from crossprobe.service import errors
 from crossprobe.service.settings import MAX_JSON_DEPTH
 
 BINARY_TYPES = (b"image/", b"application/octet-stream", b"multipart/form-data")
@@ -95,5 +94,4 @@ class BodyGuard:
 
     @staticmethod
     async def _refuse(scope, receive, send, status: int, code: str, message: str) -> None:
-        metrics.error(code)
-        await JSONResponse(errors.body(code, message), status)(scope, receive, send)
+        await errors.answer(code, message, status=status, scope=scope)(scope, receive, send)  # counted there

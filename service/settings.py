@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.indexer.storage.settings import StorageSettings
@@ -37,8 +37,8 @@ class Settings(StorageSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"  # uvicorn's and crossprobe's loggers
     access_log: bool = True  # uvicorn's per-request log line; /metrics has the same facts in aggregate
     # origins whose pages may call the API from a browser, comma separated (e.g. clip-retrieval's front-end on
-    # another host); "*" = any origin. "" (default): no CORS headers at all, so browsers let only pages served
-    # by this service read its answers
+    # another host, which also needs public_base_url); "*" = any origin. "" (default): no CORS headers at all,
+    # so browsers let only pages served by this service read its answers
     cors_origins: str = ""
 
     # -- access control (docs/security.md; service/security.py) -----------------------------------------------
@@ -115,11 +115,14 @@ class Settings(StorageSettings):
     image_quality: int = Field(85, ge=1, le=95)  # JPEG quality of the resized image
     image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
     expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
-    # /knn-service and /metadata image URLs: <public_base_url>/v1/items/<id>/image. Unset: root-relative
-    # (/v1/items/...), never the request's Host header, which any client chooses (a poisoned cache or an
-    # injected link otherwise); urls_from_host_header=true restores that behind a proxy that sets Host itself
-    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
-    urls_from_host_header: bool = False  # see public_base_url: only behind a proxy that sets Host itself
+    # the address browsers reach this service at (e.g. https://search.example.org, or with a path prefix): image
+    # URLs in answers (/knn-service, /metadata) are <public_base_url>/v1/items/<id>/image. clip-retrieval's
+    # front-end (a page on another origin) needs it, and CROSSPROBE_CORS_ORIGINS. Unset: root-relative
+    # (/v1/items/...). Never taken from the request (Host, X-Forwarded-Host: any client chooses those; a
+    # poisoned cache or an injected link otherwise). CROSSPROBE_PUBLIC_URL wins when both names are set
+    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+                                        validation_alias=AliasChoices("CROSSPROBE_PUBLIC_URL",
+                                                                      "CROSSPROBE_PUBLIC_BASE_URL"))
 
     # -- query by image (/v1/search "image", /knn-service "image") ----------------------------------------------
     # the decoded image's bytes at most (the base64 text is a third longer, and the whole body must also fit

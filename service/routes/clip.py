@@ -18,8 +18,16 @@ and embedding queries, which are not reranked); "image" (base64) and
 embedding_input first, then image, then text; image_url and a text index are
 refused with 422 "unsupported"; num_images is capped at 200 and num_result_ids
 at 1000; deduplicate (default true, as in clip_back) drops results whose stored
-vectors have a cosine >= 0.94 with a better one; safety, violence and aesthetic
-options are accepted and not applied.
+vectors have a cosine >= 0.94 with a better one. use_safety_model,
+use_violence_detector, aesthetic_score and use_mclip are accepted and not applied
+(there is no safety model, violence detector, aesthetic embedding or multilingual
+text tower here; clip_back skips each the same way on an index served without
+it): no result is ever dropped for them, and the answer names the ones asked for
+in `X-Crossprobe-Ignored`.
+
+Image URLs: service/urls.py (absolute under CROSSPROBE_PUBLIC_URL, else
+root-relative; never from request headers). Errors for clip-retrieval's
+front-end (text/plain posts) come as one notice result it can draw (errors.py).
 
 Redis down: /knn-service still answers clip_back's list, from the ANN
 stage: ANN order, "similarity" is then the two-tower cosine (not the reranker's
@@ -33,7 +41,6 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -48,11 +55,15 @@ from crossprobe.service.exceptions import InvalidRequest, Unsupported
 from crossprobe.service.pipeline import public_metadata
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
                                         error_responses, is_invisible)
-from crossprobe.service.settings import MAX_K, MAX_SHORTLIST
+from crossprobe.service.settings import MAX_K, MAX_SHORTLIST, Settings
+from crossprobe.service.urls import item_image_url
 
 # deduplicate (clip_back's default true): results whose stored vectors have at least this cosine with a better
 # result are dropped, clip_back's get_non_uniques threshold
 DEDUP_COSINE = 0.94
+# the options of a /knn-service request that were asked for and not applied (comma separated; exposed to the
+# origins CROSSPROBE_CORS_ORIGINS allows)
+IGNORED_HEADER = "X-Crossprobe-Ignored"
 
 # the route groups of deps.py: a search key when keys are set; /knn-service runs the query tower, so it also
 # takes a rate-limit token. (clip-retrieval's own front-end sends no key: with keys on, put a proxy that adds
@@ -71,24 +82,10 @@ async def _json(request: Request) -> Any:
         raise InvalidRequest(f"invalid request: body is not valid JSON ({e})") from None
 
 
-def _image_url(request: Request, index: str, item_id: str) -> str:
-    """<CROSSPROBE_PUBLIC_BASE_URL>/v1/items/<id>/image (absolute: clip-retrieval's front-end runs on another
-    origin and uses it as <img src>); unset: root-relative. The request's Host header only with
-    CROSSPROBE_URLS_FROM_HOST_HEADER: a client chooses it, and these URLs end up in pages and caches."""
-    settings = svc(request).settings
-    if settings.public_base_url:
-        base = settings.public_base_url.rstrip("/")
-    elif settings.urls_from_host_header:
-        base = str(request.base_url).rstrip("/")
-    else:
-        base = ""
-    return f"{base}/v1/items/{quote(item_id, safe='/')}/image?index={quote(index, safe='')}"
-
-
-def _flat(request: Request, index: str, item_id: str, meta: dict | None, expose_uri: bool) -> dict:
-    out = {k: v for k, v in (public_metadata(meta, expose_uri) or {}).items() if k != "id"}
+def _flat(settings: Settings, index: str, item_id: str, meta: dict | None) -> dict:
+    out = {k: v for k, v in (public_metadata(meta, settings.expose_uri) or {}).items() if k != "id"}
     out["caption"] = out.get("caption") or ""
-    out["url"] = _image_url(request, index, item_id)
+    out["url"] = item_image_url(settings, index, item_id)  # absolute with CROSSPROBE_PUBLIC_URL (urls.py)
     return out
 
 
@@ -122,15 +119,15 @@ async def knn_service(request: Request) -> JSONResponse:
     state = svc(request)
     req = await _parse(request, KnnRequest)
     if req.image_url:
-        raise Unsupported("image_url is not supported (this service fetches nothing); send the image "
-                          "itself, base64, as \"image\"")
+        raise Unsupported("search by an image URL is not supported (nothing is fetched): send the image, "
+                          "base64, as \"image\" (clip-retrieval's front-end: the camera button)")
     if req.modality != "image":
-        raise Unsupported("there is no text index here; use \"modality\": \"image\" "
-                          "(text-to-image search)")
+        raise Unsupported("no text index here, only images: use \"modality\": \"image\" (clip-retrieval's "
+                          "front-end: \"Search over\" image)")
     # clip_back's precedence: embedding_input, then image, then text
     text = image = embedding = None
     if req.embedding_input:
-        embedding = np.asarray(req.embedding_input, np.float32)
+        embedding = np.asarray(req.embedding_input, np.float64)  # float64: pipeline._query_vector scales it
     elif req.image:
         image = query_image.b64_bytes(req.image, state.settings.query_image_max_bytes)
     elif req.text and not is_invisible(req.text):
@@ -146,13 +143,20 @@ async def knn_service(request: Request) -> JSONResponse:
                                                       embedding=embedding,
                                                       dedup=DEDUP_COSINE if req.deduplicate else None))
     name = out.handle.name
-    expose = state.settings.expose_uri
-    results = [{**_flat(request, name, h.id, h.metadata, expose), "id": h.id, "similarity": h.score}
+    results = [{**_flat(state.settings, name, h.id, h.metadata), "id": h.id, "similarity": h.score}
                for h in out.hits]
     # degraded (Redis down): the same list, ANN order, similarity = the two-tower cosine, no metadata fields
     # beyond url / caption ""; said by a header only, since clip_back clients read a bare list
+    ignored = _ignored(req)
     return JSONResponse(results + [{"id": h.id, "similarity": h.score} for h in out.tail],
-                        headers=degraded_headers(out))
+                        headers={**degraded_headers(out), **({IGNORED_HEADER: ",".join(ignored)} if ignored else {})})
+
+
+def _ignored(req: KnnRequest) -> list[str]:
+    """The options this request asks for that are not applied here (the module's docstring says why)."""
+    asked = {"use_safety_model": req.use_safety_model, "use_violence_detector": req.use_violence_detector,
+             "aesthetic_score": req.aesthetic_score not in (None, ""), "use_mclip": req.use_mclip}
+    return [name for name, on in asked.items() if on]
 
 
 @read_routes.get("/indices-list", responses=error_responses(*ANY_ROUTE))
@@ -171,5 +175,5 @@ async def metadata(request: Request) -> list[dict]:
     ids = [str(i) for i in req.ids]
     known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
     metas = dict(zip(known, await read_metadata(state, handle, known, "metadata"))) if known else {}
-    return [{"id": i, "metadata": _flat(request, handle.name, i, metas[i], state.settings.expose_uri)
+    return [{"id": i, "metadata": _flat(state.settings, handle.name, i, metas[i])
              if metas.get(i) is not None else None} for i in ids]

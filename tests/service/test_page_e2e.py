@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -55,6 +56,16 @@ MANIFEST = {
 def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtures from tests/indexer)
     """(base URL, gallery folder) of a live service over an index of the sample photos, built with the
     committed checkpoint from a manifest (MANIFEST's tags, cameras and dates)."""
+    with sample_site(redis_server, redis_url, bert, tmp_path_factory.mktemp("page-e2e")) as (url, gallery):
+        yield url, gallery
+
+
+@contextmanager
+def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = None,
+                captions: dict[str, str] | None = None, **env: str):
+    """`crossprobe serve` (a subprocess, on `port` or a free one) over the sample photos indexed into a flushed
+    Redis -> (base URL, gallery folder), until the block ends. captions: photo name -> its manifest caption;
+    env: more CROSSPROBE_* settings. The server's log: <work>/server.log."""
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.service.demo import write_sample_gallery
@@ -62,12 +73,12 @@ def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtur
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no browser at {CHROMIUM}: run `make test-e2e` (it installs Debian's chromium)")
     redis_server.flushall()
-    work = tmp_path_factory.mktemp("page-e2e")
     gallery = write_sample_gallery(work / "gallery")
     lines = []
     for name, (tags, camera, taken) in MANIFEST.items():
         line = {"id": f"{name}.jpg", "uri": str(gallery / f"{name}.jpg"), "tags": tags}
-        line.update({k: v for k, v in (("camera", camera), ("taken", taken)) if v})
+        line.update({k: v for k, v in (("camera", camera), ("taken", taken), ("caption", (captions or {}).get(name)))
+                     if v})
         lines.append(json.dumps(line) + "\n")
     assert len(lines) == len(list(gallery.glob("*.jpg")))
     manifest = work / "samples.jsonl"
@@ -76,11 +87,11 @@ def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtur
                         threads=2, progress=False)
     build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
-    port = free_port()
+    port = port or free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
            "CROSSPROBE_ARTIFACTS_DIR": str(OUT / "onnx-service"), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
            "CROSSPROBE_THREADS": "2", "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
-           "HF_HUB_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1", **env}
     env.pop("CROSSPROBE_CKPT", None)
     log = work / "server.log"
     with open(log, "wb") as out:
