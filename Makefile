@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv system demo test test-e2e test-chaos test-fuzz train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test test-e2e test-chaos test-fuzz image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -32,7 +32,9 @@ test: $(STAMP) system
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 ## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
-## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/
+## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/.
+## Also clip-retrieval's own front-end (its static build from the clip-retrieval 2.45.0 wheel, which
+## `pip download` fetches from PyPI once into artifacts/clip_front/wheel/) on a second origin -> artifacts/clip_front/
 test-e2e: $(STAMP)
 	$(BIN)/pip install -q -e '.[e2e]'
 	WITH_BROWSER=1 scripts/system-deps.sh
@@ -45,11 +47,26 @@ test-chaos: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -m chaos -s tests/indexer/jobs/test_kill_runs.py
 
 ## make test-fuzz: schemathesis (the fuzz extra) against the service's own OpenAPI document on a live
-## `crossprobe serve` over a real tiny index, every check, >= 1,000 generated requests; no 5xx and no failed
-## check allowed (a few minutes) -> docs/research/results/fuzz.json
+## `crossprobe serve` over a real tiny index, every check, >= 1,000 generated requests; no 5xx, no failed check and
+## no server traceback allowed (a few minutes). A fresh seed each run, printed first with its replay command;
+## CROSSPROBE_FUZZ_SEED=n replays one, CROSSPROBE_FUZZ_EXAMPLES=n (default 150) sizes it. Each run is appended to
+## docs/research/results/fuzz.json (docs/research/reliability.md, "API fuzzing"). `make test` (and CI) runs none.
 test-fuzz: $(STAMP)
 	$(BIN)/pip install -q -e '.[fuzz]'
 	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
+
+## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
+## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,
+## scripts/build-image.sh; NO_CACHE=1 from scratch)
+image:
+	scripts/container-setup.sh
+	scripts/build-image.sh
+
+## make test-deploy: the committed docker-compose.yml run for real (podman-compose; Grafana left out: no package
+## here) and checked against its containers: health, indexing, search, page, Prometheus, reindex, restart,
+## SIGTERM, uid, Redis stopped and started; measured -> docs/research/results/deploy.json (~5 min after make image)
+test-deploy: $(STAMP) image
+	$(BIN)/python -m pytest -p no:cacheprovider -m deploy -s tests/deploy/test_stack.py
 
 ## make train: the default training run on ../shared/datasets/flickr8k (resumable)
 train: $(STAMP)

@@ -27,9 +27,15 @@ async def indexes(request: Request) -> dict:
             "default": default, "unavailable": dict(reg.problems), "limits": limits}
 
 
-@ops.get("/healthz", responses=error_responses(*ANY_ROUTE))
-async def healthz() -> dict:
-    """Liveness: the process serves HTTP (models may still be loading; see /readyz)."""
+@ops.get("/healthz", responses=error_responses(503, *ANY_ROUTE, s503="startup_failed: the models or the index "
+                                                                   "registry failed to load (the message says why)"))
+async def healthz(request: Request):
+    """Liveness: the process serves HTTP and its start-up has not failed (models may still be loading, and no
+    index may exist yet: see /readyz). The container image's HEALTHCHECK asks this: an api waiting for its first
+    index is healthy, one whose models failed to load is not."""
+    state = svc(request)
+    if state.failure:
+        return JSONResponse(errors.body("startup_failed", state.why_not_ready()), 503)
     return {"status": "ok"}
 
 

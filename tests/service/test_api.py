@@ -5,6 +5,7 @@ import io
 import json
 import re
 import threading
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
 
     from crossprobe.models.graphs import CPScorer, QueryGraph, TemdeScorer
     from crossprobe.indexer import open_index
-    from crossprobe.models import backbones as bb
+    from crossprobe.models import inputs
 
     q = "a small bright photo"
     res = _search(client_fp32, query=q, k=8, rerank=rerank, shortlist=12).json()["results"]
@@ -94,7 +95,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
     feats = rd.features(ids)
     vecs = rd.store.read_vectors("photos", rd.version)[[rd.ids.index(i) for i in ids]]
     model, _ = checkpoint.load(svc_ckpt, bert)
-    tid, mask = bb.tokenize(bb.load_tokenizer(), [q])
+    tid, mask = inputs.tokenize(inputs.load_tokenizer(), [q])
     with torch.inference_mode():
         g_q, p_t, w_bar, s_q, q_cls = QueryGraph(model)(torch.from_numpy(tid), torch.from_numpy(mask))
         s_tt = (g_q @ torch.from_numpy(vecs).T)[0]
@@ -227,7 +228,7 @@ def test_not_ready_without_an_index(built, svc_ckpt, artifacts, tmp_path):
 
     s = service_settings(built, svc_ckpt, artifacts, index_root=tmp_path / "empty")
     with TestClient(create_app(s)) as c:
-        assert c.get("/healthz").status_code == 200
+        assert c.get("/healthz").status_code == 200  # alive, waiting for an index: the HEALTHCHECK passes
         r = c.get("/readyz")
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
         r = _search(c, query="a dog")
@@ -287,12 +288,66 @@ def test_clip_lists_metadata_and_refusals(client, built):
                       ({**KNN, "image_url": "http://x/y.jpg"}, "unsupported"),
                       ({**KNN, "modality": "text"}, "unsupported"), ({**KNN, "text": None}, "invalid_request"),
                       ({**KNN, "num_images": 0}, "invalid_request")]:
+        for ctype in ("application/json", None):  # JSON clients, and ClipClient (no Content-Type)
+            r = client.post("/knn-service", content=json.dumps(bad), headers={"Content-Type": ctype} if ctype else {})
+            assert r.status_code == 422 and r.json()["error"]["code"] == code, (bad, r.text)
         r = client.post("/knn-service", content=json.dumps(bad), headers={"Content-Type": "text/plain"})
-        assert r.status_code == 422 and r.json()["error"]["code"] == code, (bad, r.text)
-    r = client.post("/knn-service", content=b"text=cat", headers={"Content-Type": "text/plain"})
+        assert r.status_code == 422 and _notice(r)["error"]["code"] == code, (bad, r.text)  # the front's form
+    r = client.post("/knn-service", content=b"text=cat", headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     r = client.post("/knn-service", content=json.dumps({**KNN, "indice_name": "nope"}))
     assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found"
+
+
+def _notice(r) -> dict:
+    """An error answer in clip-retrieval's front-end's form: clip_back's list, one result the front draws (a
+    caption and a picture of the message) -> that result."""
+    (notice,) = r.json()
+    err = notice["error"]
+    assert notice["id"] == f"crossprobe:{err['code']}" and notice["similarity"] == 0
+    assert notice["caption"] == f"crossprobe: {err['message']}"
+    assert notice["url"].startswith("data:image/svg+xml,")
+    svg = urllib.parse.unquote(notice["url"].split(",", 1)[1])
+    assert svg.startswith("<svg") and f"{err['code']} ({r.status_code})" in svg
+    return notice
+
+
+def test_errors_reach_clip_retrievals_front_end_as_a_notice(built, svc_ckpt, artifacts):
+    """clip-retrieval's front-end posts text/plain and reads any answer as a list of results (an error object
+    broke its drawing, silently): its errors come as one drawable result, with the status and headers kept,
+    whether a route, a dependency (rate limit) or the body guard (413) answers. Other routes keep the object."""
+    from fastapi.testclient import TestClient
+
+    from crossprobe.service.app import create_app
+    from crossprobe.service.server import wait_ready
+    from tests.service.conftest import service_settings
+
+    front = {"Content-Type": "text/plain;charset=UTF-8"}
+    s = service_settings(built, svc_ckpt, artifacts, max_body_bytes=4096, warmup=False, rate_limit_rps=0.001,
+                         rate_limit_burst=2)
+    with TestClient(create_app(s)) as c:
+        wait_ready(c)
+        r = c.post("/knn-service", content=json.dumps({**KNN, "modality": "text"}), headers=front)
+        assert r.status_code == 422 and "no text index" in _notice(r)["caption"]
+        r = c.post("/knn-service", content=json.dumps({**KNN, "image": "A" * 8000}), headers=front)
+        assert r.status_code == 413 and _notice(r)["error"]["code"] == "too_large"  # BodyGuard's answer
+        assert c.post("/knn-service", content=json.dumps(KNN), headers=front).status_code == 200  # the 2nd token
+        r = c.post("/knn-service", content=json.dumps(KNN), headers=front)
+        assert r.status_code == 429 and _notice(r)["error"]["code"] == "rate_limited" and r.headers["Retry-After"]
+        r = c.post("/metadata", content=json.dumps({"ids": "x"}), headers=front)  # not /knn-service: the object
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+
+
+def test_options_not_applied_are_named(client, built):
+    """safety, violence, aesthetic and mclip are accepted and not applied: nothing is dropped for them (the same
+    answer as without), and the X-Crossprobe-Ignored header names the ones asked for."""
+    plain = client.post("/knn-service", content=json.dumps(KNN))
+    assert plain.status_code == 200 and "x-crossprobe-ignored" not in plain.headers
+    asked = {**KNN, "use_safety_model": True, "use_violence_detector": True, "aesthetic_score": "9",
+             "aesthetic_weight": "0.5", "use_mclip": True}
+    r = client.post("/knn-service", content=json.dumps(asked), headers={"Content-Type": "text/plain"})
+    assert r.status_code == 200 and r.json() == plain.json()
+    assert r.headers["x-crossprobe-ignored"] == "use_safety_model,use_violence_detector,aesthetic_score,use_mclip"
 
 
 # ---- input limits (issue 16, item 3) ------------------------------------------------------
@@ -320,6 +375,78 @@ def test_invisible_queries_are_blank(client, text):
 
 def test_visible_text_with_invisible_characters_is_searched(client):
     assert _search(client, query="a\u200bdog\x00", k=2).status_code == 200
+
+
+# ---- what "visible" means, on every route that takes a query text (schemas.QueryText; issue 36) -------------
+# Invisible: categories Cc Cf Cn Co Cs Zs Zl Zp and the blank fillers; private use (Co) included, in the BMP and in
+# planes 15-16. Cs (a lone surrogate) cannot travel as UTF-8: tests/service/test_schemas.py checks it.
+INVISIBLE = {"Cc": "\x00\x1f\x7f", "Cf": "\u200b\u2060\U000e0041", "Cn": "\U000bb8ac\u0378",
+             "Co": "\ue000\uf8ff", "Co planes 15-16": "\U000fedee\U0010fffd", "Zs": " \u00a0\u3000",
+             "Zl": "\u2028", "Zp": "\u2029", "blank fillers": "\u115f\u1160\u3164\uffa0\u2800",
+             "issue 36": "\U000fedee\U000bb8ac", "mixed": "\ue000 \u200b\x00\u2029"}
+# Visible: letters, marks, numbers, punctuation, symbols (a private-use character beside one does no harm)
+VISIBLE = {"Lu": "A", "Ll": "a", "Lo": "\u72ac", "Mn": "\u0301", "Nd": "7", "Po": "?", "Sm": "+", "Sc": "$",
+           "So": "\U0001f415", "with private use": "\ue000dog\U000fedee"}
+
+
+def _tiny_webp() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(buf, "WEBP")
+    return buf.getvalue()
+
+
+def _blank(r, field: str) -> None:
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request" and "blank" in err["message"], err
+    assert [d["field"] for d in err["details"]] == [field] and err["details"][0]["type"] == "value_error", err
+
+
+@pytest.mark.parametrize("kind", list(INVISIBLE))
+def test_an_invisible_query_is_blank_on_every_route(client, built, kind):
+    text = INVISIBLE[kind]
+    _blank(_search(client, query=text), "query")
+    _blank(client.post("/v1/explain", json={"query": text, "ids": built.ids[:1]}), "query")
+    _blank(client.post("/v1/search/image", params={"query": text, "k": 2}, content=_tiny_webp(),
+                       headers={"Content-Type": "image/webp"}), "query.query")
+    r = client.post("/knn-service", content=json.dumps({**KNN, "text": text}))
+    assert r.status_code == 422 and "non-blank" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("kind", list(VISIBLE))
+def test_a_visible_query_is_searched_on_every_route(client, kind):
+    text = VISIBLE[kind]
+    assert _search(client, query=text, k=2).status_code == 200
+    r = client.post("/v1/search/image", params={"query": text, "k": 2}, content=_tiny_webp(),
+                    headers={"Content-Type": "image/webp"})
+    assert r.status_code == 200 and r.json()["query_kind"] == "text+image", r.text
+    assert client.post("/knn-service", content=json.dumps({**KNN, "text": text})).status_code == 200
+
+
+def test_the_issue_36_request_gets_the_documented_422(client):
+    """The request schemathesis called "schema-valid, rejected" (ST202): its query is a private-use and an
+    unassigned character. It is still 422 (private use is invisible), and the document now says so for the
+    parameter too (test_openapi.py::test_every_query_text_declares_the_same_rule); the fuzz hook recognises this
+    answer as the documented one."""
+    params = {"index": "photos", "query": "\U000fedee\U000bb8ac", "rerank": "temde", "k": 132,
+              "weight": 0.30322265625, "dedup": 0.9999999999999999}
+    r = client.post("/v1/search/image", params=params, content=_tiny_webp(), headers={"Content-Type": "image/webp"})
+    _blank(r, "query.query")
+    hooks = pytest.importorskip("tests.service.fuzz_hooks")  # needs schemathesis (the fuzz extra)
+    assert hooks._explained_422("/v1/search/image", _tiny_webp(), r.json()["error"], params)
+    assert not hooks._explained_422("/v1/search/image", _tiny_webp(), r.json()["error"], {**params, "query": "a"})
+
+
+def test_the_fuzz_hook_knows_the_body_limit_413(client):
+    """A generated body over CROSSPROBE_MAX_BODY_BYTES (a 3.6 MB filter, seed 2114795725) gets BodyGuard's 413
+    before any validation: the documented answer, which schemathesis's ST201 list lacks (fuzz_hooks)."""
+    big = json.dumps({"query": "a dog", "filter": {"field": "tags", "in": ["x" * 100] * 12_000}}).encode()
+    r = client.post("/v1/search", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+    hooks = pytest.importorskip("tests.service.fuzz_hooks")  # needs schemathesis (the fuzz extra)
+    assert hooks.over_body_limit(r.status_code, r.content, big)
+    assert not hooks.over_body_limit(r.status_code, r.content, big[:1000])  # a 413 a small body cannot have had
+    assert not hooks.over_body_limit(422, r.content, big)
 
 
 @pytest.mark.parametrize("path", ["/knn-service", "/metadata", "/v1/search"])
@@ -358,7 +485,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting(client):
 
 def test_body_limit_and_public_urls(built, svc_ckpt, artifacts):
     """CROSSPROBE_MAX_BODY_BYTES on every route (413 too_large); /knn-service and /metadata image URLs come
-    from CROSSPROBE_PUBLIC_BASE_URL, never from the request's Host header."""
+    from CROSSPROBE_PUBLIC_URL, never from the request's headers (FORGED: test_no_url_is_steered_by_a_header)."""
     from fastapi.testclient import TestClient
 
     from crossprobe.service.app import create_app
@@ -382,16 +509,48 @@ def test_body_limit_and_public_urls(built, svc_ckpt, artifacts):
         r = c.post("/knn-service", content=chunks(), headers={"Content-Type": "application/json"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
 
-        r = c.post("/knn-service", content=json.dumps(KNN), headers={"Host": "evil.example.net"})
+        r = c.post("/knn-service", content=json.dumps(KNN), headers=FORGED)
         assert r.status_code == 200, r.text
         urls = [x["url"] for x in r.json() if "url" in x]
         assert urls and all(u.startswith("https://search.example.com/cp/v1/items/") for u in urls), urls
-        r = c.post("/metadata", content=json.dumps({"ids": built.ids[:1], "indice_name": "photos"}),
-                   headers={"Host": "evil.example.net"})
+        r = c.post("/metadata", content=json.dumps({"ids": built.ids[:1], "indice_name": "photos"}), headers=FORGED)
         assert r.json()[0]["metadata"]["url"].startswith("https://search.example.com/cp/v1/items/")
+        assert_no_header_steers_a_url(c, built, "https://search.example.com/cp")
 
 
-def test_urls_never_come_from_the_host_header_by_default(client):
-    r = client.post("/knn-service", content=json.dumps(KNN), headers={"Host": "evil.example.net"})
+def test_urls_never_come_from_the_host_header_by_default(client, built):
+    r = client.post("/knn-service", content=json.dumps(KNN), headers=FORGED)
     urls = [x["url"] for x in r.json() if "url" in x]
     assert urls and all(u.startswith("/v1/items/") for u in urls), urls  # root-relative
+    assert_no_header_steers_a_url(client, built, "")
+
+
+# what a client (or a cache poisoner) may claim about the address it reached
+FORGED = {"Host": "evil.example.net", "X-Forwarded-Host": "evil2.example.net", "X-Forwarded-Proto": "gopher",
+          "X-Forwarded-Prefix": "/evil3", "Forwarded": "host=evil4.example.net;proto=gopher"}
+
+
+def assert_no_header_steers_a_url(c, built, base: str) -> None:
+    """Every answer, asked with FORGED headers and without them, is the same and names no forged host: the image
+    URLs of the clip-retrieval routes (under `base`), the /v1 answers (ids only; the page builds same-origin
+    URLs), the page and its script, the OpenAPI document, and what once was a redirect (/v1/indexes/ -> its
+    Location was http://<Host>/v1/indexes)."""
+    item = built.ids[0]
+    asks = [("POST", "/knn-service", json.dumps(KNN)), ("POST", "/metadata", json.dumps({"ids": built.ids[:3]})),
+            ("POST", "/v1/search", json.dumps({"query": "a red square", "k": 3, "rerank": "none"})),
+            ("GET", f"/v1/items/{item}", None), ("GET", "/v1/indexes", None), ("GET", "/", None),
+            ("GET", "/static/app.js", None), ("GET", "/openapi.json", None), ("GET", "/v1/indexes/", None),
+            ("POST", "/v1/search/", json.dumps({"query": "a"})), ("GET", "/static", None), ("GET", "/docs", None)]
+    ctype = {"Content-Type": "application/json"}
+    for method, path, body in asks:
+        honest = c.request(method, path, content=body, headers=ctype if body else {})
+        forged = c.request(method, path, content=body, headers={**FORGED, **(ctype if body else {})})
+        assert forged.status_code == honest.status_code, (path, forged.status_code, honest.status_code)
+        assert forged.status_code == (404 if path in ("/v1/indexes/", "/v1/search/", "/static") else 200), (path, forged.text)
+        assert "location" not in forged.headers, (path, forged.headers)
+        for text in (forged.text, json.dumps(dict(forged.headers))):
+            assert "evil" not in text and "gopher" not in text, (path, text[:300])
+        if path in ("/knn-service", "/metadata"):
+            assert forged.json() == honest.json()
+            found = re.findall(r'"url": "([^"]*)"', json.dumps(forged.json()))
+            assert found and all(u.startswith(f"{base}/v1/items/") for u in found), found

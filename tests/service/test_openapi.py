@@ -12,13 +12,16 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import pytest
 from PIL import Image
 from fastapi.testclient import TestClient
 
 from crossprobe.service.app import create_app
-from crossprobe.service.schemas import ErrorResponse
+from pydantic import TypeAdapter
+
+from crossprobe.service.schemas import VISIBLE_TEXT_HELP, ErrorResponse, QueryText
 from crossprobe.service.server import wait_ready
 from tests.service.conftest import service_settings
 
@@ -129,6 +132,17 @@ def observed(client, built, svc_ckpt, artifacts, tmp_path_factory) -> dict:
                      ("/knn-service", "POST", "/knn-service", _json({"text": "a dog"})),
                      ("/metadata", "POST", "/metadata", _json({"ids": [item]}))], seen)
 
+    # a failed start-up (no checkpoint where the settings point): /healthz, the image's health check, says 503
+    broken = service_settings(built, tmp_path_factory.mktemp("no-ckpt") / "missing", artifacts)
+    with TestClient(create_app(broken)) as c:
+        for _ in range(200):
+            if c.get("/healthz").status_code == 503:
+                break
+            time.sleep(0.05)
+        _observe(c, [("/healthz", "GET", "/healthz", {})], seen)
+        assert c.get("/healthz").json()["error"]["code"] == "startup_failed"
+        assert "no checkpoint" in c.get("/readyz").json()["error"]["message"]
+
     # keys and a rate limit (security.py): 401 without the header, 403 with a wrong key, 429 past the burst
     keyed = service_settings(built, svc_ckpt, artifacts, api_keys=SEARCH_KEY, admin_key=ADMIN_KEY,
                              metrics_key=METRICS_KEY, rate_limit_rps=0.001, rate_limit_burst=1, warmup=False)
@@ -191,7 +205,7 @@ def test_the_document_says_what_json_schema_cannot(client):
                                        "each filter condition: exactly one of eq, in or a range, with values of its "
                                        "field's type"]
     assert "shortlist >= k" in search["description"]
-    assert search["properties"]["query"]["format"] == "visible-text"
+    assert {"type": "string", "format": "visible-text"}.items() <= search["properties"]["query"]["anyOf"][0].items()
     for path in ("/knn-service", "/metadata"):  # they parse raw bytes; the body is declared by hand
         body = spec["paths"][path]["post"]["requestBody"]
         assert body["required"] and "schema" in body["content"]["application/json"]
@@ -211,6 +225,41 @@ def test_the_document_says_what_json_schema_cannot(client):
     # bounds are JSON Schema's words: a "ge" / "le" here would be invisible to every client and generator
     text = json.dumps(spec)
     assert '"ge":' not in text and '"le":' not in text
+
+
+def _query_texts(spec: dict) -> dict[tuple[str, str, str], dict]:
+    """Every query text the document declares, wherever it is: (path, "parameter" | "body", name) -> its schema
+    (a parameter's or body property's, anyOf with null included). A query text is a field or parameter named
+    query or text."""
+    def resolve(schema: dict) -> dict:
+        ref = schema.get("$ref", "")
+        return spec["components"]["schemas"][ref.rsplit("/", 1)[-1]] if ref else schema
+    found = {}
+    for path, item in spec["paths"].items():
+        for op in item.values():
+            for prm in op.get("parameters", []):
+                if prm["name"] in ("query", "text"):
+                    found[(path, "parameter", prm["name"])] = {**prm["schema"], "description": prm["description"]}
+            for media in (op.get("requestBody") or {}).get("content", {}).values():
+                for name, prop in resolve(media.get("schema", {})).get("properties", {}).items():
+                    if name in ("query", "text"):
+                        found[(path, "body", name)] = prop
+    return found
+
+
+def test_every_query_text_declares_the_same_rule(client):
+    """The parameter form (/v1/search/image?query=) declares what the JSON bodies do: QueryText's schema (1 to
+    512 characters, format visible-text) and what visible means, in its description (issue 36)."""
+    texts = _query_texts(client.get("/openapi.json").json())
+    assert set(texts) == {("/v1/search", "body", "query"), ("/v1/explain", "body", "query"),
+                          ("/knn-service", "body", "text"), ("/v1/search/image", "parameter", "query")}, set(texts)
+    rule = TypeAdapter(QueryText).json_schema()
+    assert rule == {"type": "string", "minLength": 1, "maxLength": 512, "format": "visible-text"}
+    for where, schema in texts.items():
+        strings = [s for s in schema.get("anyOf", [schema]) if s.get("type") != "null"]
+        assert len(strings) == 1 and {k: v for k, v in strings[0].items() if k in rule} == rule, (where, schema)
+        assert VISIBLE_TEXT_HELP in schema["description"], where
+    assert "Co" in VISIBLE_TEXT_HELP and "private use" in VISIBLE_TEXT_HELP  # the decision, in the document
 
 
 @pytest.mark.parametrize("path", ["/v1/search", "/v1/explain", "/knn-service", "/metadata"])
