@@ -6,7 +6,8 @@
 #                     the public one where a registry is reachable
 #   TORCH_FIND_LINKS  the folder PIP_FIND_LINKS names, when set: torch's CPU wheel is there, not on PyPI
 # and, outside the Dockerfile, the host's CA bundle is mounted into each RUN (PyPI is reached through it here).
-# NO_CACHE=1 builds from scratch. Each build's wall time is appended to artifacts/deploy/builds.jsonl.
+# NO_CACHE=1 builds from scratch. Each build's wall time, with how many of its steps came from the layer cache, is
+# appended to artifacts/deploy/builds.jsonl (tests/deploy/test_stack.py reports them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=${IMAGE:-crossprobe:cpu}
@@ -25,11 +26,15 @@ else
   fi
 fi
 echo "${engine[*]} ."
-start=$(date +%s%N)
-"${engine[@]}" .
-end=$(date +%s%N)
 mkdir -p artifacts/deploy
+log=artifacts/deploy/last-build.log
+start=$(date +%s%N)
+"${engine[@]}" . 2>&1 | tee "$log"
+end=$(date +%s%N)
 ms=$(( (end - start) / 1000000 ))
-printf '{"image": "%s", "build_s": %d.%03d, "no_cache": %s, "engine": "%s", "date": "%s", "host": "%s"}\n' \
-  "$IMAGE" $((ms / 1000)) $((ms % 1000)) "$([ "${NO_CACHE:-0}" = 1 ] && echo true || echo false)" "${engine[0]}" \
+# podman: "STEP i/n" per step and "--> Using cache" per cached one; BuildKit: "#n [stage i/n]" and "CACHED"
+steps=$(grep -cE '^\[[0-9]+/[0-9]+\] STEP|^#[0-9]+ \[' "$log" || true)
+cached=$(grep -cE '^--> Using cache|CACHED' "$log" || true)
+printf '{"image": "%s", "build_s": %d.%03d, "no_cache": %s, "steps": %d, "cached_steps": %d, "engine": "%s", "date": "%s", "host": "%s"}\n' \
+  "$IMAGE" $((ms / 1000)) $((ms % 1000)) "$([ "${NO_CACHE:-0}" = 1 ] && echo true || echo false)" "$steps" "$cached" "${engine[0]}" \
   "$(date -u +%FT%TZ)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> artifacts/deploy/builds.jsonl
