@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv system demo test test-e2e test-chaos test-fuzz image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test test-e2e test-chaos test-fuzz test-milvus milvus-server image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
@@ -54,6 +54,19 @@ test-chaos: $(STAMP)
 test-fuzz: $(STAMP)
 	$(BIN)/pip install -q -e '.[fuzz]'
 	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
+
+## make test-milvus: the Milvus backend against a real Milvus 2.3.5 standalone server (PyPI's `milvus` wheel, installed
+## on first use into artifacts/milvus-server/venv, its own virtualenv; started by the tests on a free port, stopped by
+## PID): versions as collections (build, add, delete, activate, reindex, gc), every filter form, /v1/search with the
+## server paused and killed mid-search (503 ann_unavailable, never a 500) and restarted (~3 min; `make test` runs the
+## same backend tests on milvus-lite only)
+test-milvus: $(STAMP) milvus-server
+	$(BIN)/python -m pytest -p no:cacheprovider -m milvus_server tests/indexer/storage/ann tests/service/test_milvus_search.py \
+		tests/service/test_milvus_server.py
+
+## make milvus-server: install that server's virtualenv (artifacts/milvus-server/venv; the tests do it too when missing)
+milvus-server: $(STAMP)
+	$(BIN)/python -c "from crossprobe.indexer.storage.local_milvus import ensure_server; print(ensure_server())"
 
 ## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
 ## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,

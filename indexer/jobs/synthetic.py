@@ -7,6 +7,11 @@ chosen by size as the indexer does, ids, vectors.npy, manifest last) and activat
 benchmarks/service_bench.py (the 100K-item latency index), benchmarks/search_features_bench.py and the
 filter tests (a 1%-selective filter over 100K items).
 
+ann_backend="milvus": the version's vectors go into a Milvus collection instead of index.faiss (the backend's own
+writer, indexer/storage/ann/milvus_backend.py, fed chunk by chunk with each item's metadata, selectivity tags
+included, so Milvus filters on them), as the indexer's jobs write a Milvus version (benchmarks/scale_bench.py
+--milvus-server).
+
 Selectivity tags: every item (real or generated) gets "sel-1.0"; a seeded random 10% also "sel-0.1"; a 1%
 subset of those also "sel-0.01": filters with known selectivity (1%, 10%, 100%) over the same index.
 """
@@ -36,9 +41,10 @@ def selectivity_tags(total: int, seed: int) -> list[list[str]]:
 
 
 def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, factory: str | None = None,
-         log=print) -> str:
+         log=print, ann_backend: str = "faiss") -> str:
     """Write and activate index `name`: `base`'s active version's items plus total - len(base) generated ones.
-    -> the new version. Redis values are copied with GET + SET (works on any Redis)."""
+    -> the new version. Redis values are copied with GET + SET (works on any Redis). ann_backend: "faiss"
+    (index.faiss, `factory`) or "milvus" (a collection in ixs' Milvus, ixs.milvus_index)."""
     src_ix = open_index(base, None, ixs)
     st = src_ix.store
     src = st.read_vectors(base, src_ix.version)
@@ -59,12 +65,18 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
     vdir.mkdir(parents=True, exist_ok=True)
     st.r.sadd(st.versions_key(name), version)
     keys, src_keys = st.layout(name, version, st.settings.key_buckets), src_ix.keys  # the new version: current layout
+    writer, insert_s = None, 0.0
+    if ann_backend == "milvus":
+        from crossprobe.indexer.storage import ann
+
+        writer = ann.backend(ixs.model_copy(update={"ann_backend": "milvus"})).writer(name, version, d, vdir)
     chunk = 2000
     for i in range(0, total, chunk):  # each item's values under its own id, the source's copied
         rows = ids[i:i + chunk]
         srcs = [r if k + i < n_real else base_ids[pick[k + i - n_real]] for k, r in enumerate(rows)]
         feats = st.mget([src_keys.feat(s) for s in srcs])
         metas = st.mget([src_keys.meta(s) for s in srcs])
+        chunk_metas = []
         with st.r.pipeline(transaction=False) as p:
             for k, (r, f, m) in enumerate(zip(rows, feats, metas)):
                 meta = json.loads(m)
@@ -72,18 +84,32 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
                 meta["tags"] = list(meta.get("tags") or []) + tags[i + k]
                 p.set(keys.feat(r), f)
                 p.set(keys.meta(r), json.dumps(meta))
+                chunk_metas.append(meta)
             p.execute()
-    factory = factory or faiss_io.choose_factory(total, d, ixs)
-    t = time.perf_counter()
-    faiss_io.write_index(faiss_io.build_faiss(vectors, factory), vdir / "index.faiss")
-    log(f"{name}: FAISS {factory} over {total} vectors in {time.perf_counter() - t:.1f}s")
+        if writer is not None:
+            t = time.perf_counter()
+            writer.add(vectors[i:i + chunk], rows, chunk_metas)
+            insert_s += time.perf_counter() - t
+    if writer is not None:
+        t = time.perf_counter()
+        factory = writer.commit()
+        index_s = time.perf_counter() - t
+        ann_entry = writer.manifest_entry()
+        log(f"{name}: Milvus {factory} over {total} vectors (insert {insert_s:.1f}s, flush + index + load "
+            f"{index_s:.1f}s) in {insert_s + index_s:.1f}s")
+    else:
+        factory = factory or faiss_io.choose_factory(total, d, ixs)
+        t = time.perf_counter()
+        faiss_io.write_index(faiss_io.build_faiss(vectors, factory), vdir / "index.faiss")
+        ann_entry = {"backend": "faiss"}
+        log(f"{name}: FAISS {factory} over {total} vectors in {time.perf_counter() - t:.1f}s")
     faiss_io.write_ids(ids, vdir / "ids")
     faiss_io.write_vectors(vectors, vdir / "vectors.npy")
     m = dict(src_ix.manifest)
     m.update(name=name, version=version, kind="synthetic", base=base, base_version=src_ix.version, count=total,
              factory=factory, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
              source={"synthetic": f"{base}/{src_ix.version} + {total - n_real} noisy copies, seed {seed}"},
-             selectivity_tags=[f"sel-{f}" for f in SELECTIVITY],
+             selectivity_tags=[f"sel-{f}" for f in SELECTIVITY], ann=ann_entry,
              keys=keys.manifest(st.active_key(name)))
     atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))  # last: a version without it is incomplete
     st.activate(name, version)

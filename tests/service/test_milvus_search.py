@@ -1,6 +1,7 @@
-"""/v1/search over an index version held by Milvus (milvus-lite) answers exactly what the same gallery's FAISS
-Flat version answers: the service finds the backend in the version's manifest, and filters go to Milvus as
-its own expressions (the FAISS path's metadata columns are never read)."""
+"""/v1/search over an index version held by Milvus answers exactly what the same gallery's FAISS Flat version
+answers: the service finds the backend in the version's manifest, and filters go to Milvus as its own
+expressions (the FAISS path's metadata columns are never read). On milvus-lite (`make test`) and on a Milvus
+2.3.5 server (marked milvus_server: `make test-milvus`; the server's faults: test_milvus_server.py)."""
 from __future__ import annotations
 
 import pytest
@@ -8,11 +9,14 @@ import pytest
 from tests.service.conftest import _client, build_index
 
 
-@pytest.fixture(scope="module")
-def milvus_uri(built, tmp_path_factory):
+@pytest.fixture(scope="module", params=["lite", pytest.param("server", marks=pytest.mark.milvus_server)])
+def milvus_uri(request, built, tmp_path_factory):
     from crossprobe.indexer.storage.ann import milvus_backend
 
-    uri = str(tmp_path_factory.mktemp("svc-milvus") / "milvus.db")
+    if request.param == "lite":
+        uri = str(tmp_path_factory.mktemp("svc-milvus") / "milvus.db")
+    else:
+        uri = request.getfixturevalue("milvus_server").uri
     yield uri
     milvus_backend.close_clients()
 

@@ -3,11 +3,12 @@
 Collection <prefix>_<name>_<version> (characters Milvus refuses become '_', plus a hash of the exact name
 when anything had to change, so "a-b" and "a_b" never share a collection). Fields:
   row      INT64 primary key: the row of the version (ids[row] in its directory)
-  item_id  VARCHAR                     the item id (deletes by id; readable in the engine's own tools)
+  item_id  VARCHAR                     the item id (readable in the engine's own tools; deletes go by row)
   vec      FLOAT_VECTOR(d)             g_I, unit norm; metric IP (= cosine)
-  tags, format, caption, width, height the filterable metadata (milvus_filter.py)
+  tags, format, caption, width, height the filterable metadata (milvus_filter.py), never null: each of the
+                                       last four has a BOOL has_<field> (False: the item has none) (SCHEMA 2)
 The version's directory still holds ids, vectors.npy and manifest.json (written last); the manifest's "ann"
-entry names the collection and its index. Redis' `active` key still decides which version serves: a
+entry names the collection, its index and its schema. Redis' `active` key still decides which version serves: a
 collection is only ever read through a version that `active` named, and dropping a version (gc) drops it.
 
 Index: CROSSPROBE_INDEX_MILVUS_INDEX = FLAT | HNSW | IVF_FLAT | AUTO (FLAT below flat_max vectors, HNSW above,
@@ -17,7 +18,12 @@ max(milvus_ef, k) (Milvus refuses ef < k), nprobe = milvus_nprobe.
 URI: CROSSPROBE_MILVUS_URI, http://host:19530 for a Milvus server, or a path ending in .db for milvus-lite
 (an engine inside this process; one process per file: fine for tests and one-box use, not for an indexer and
 a service at once). Unset: <index root>/milvus.db. Every call carries a timeout (milvus_timeout_s); an
-unreachable engine raises AnnUnavailable.
+unreachable engine, or a server still loading a collection after a restart, raises AnnUnavailable.
+
+Engines tested (tests/indexer/storage/ann, tests/service/test_milvus_server.py): milvus-lite 3.2 and a Milvus
+2.3.5 standalone server (local_milvus.py), both through pymilvus 3.0. Schema 2 (flags, no nullable fields) is what
+lets one collection layout serve both and every server from 2.3 (ARRAY fields) on; 0.1.0's schema 1 collections
+(nullable fields: Milvus 2.5+, milvus-lite) are still read, with null-based filters.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from crossprobe.indexer.storage.ann.base import AnnBackend, AnnIndex, AnnUnavail
 INSERT_BATCH = 4000  # rows per insert: ~4 MB of vectors at d=256, far below gRPC's 64 MB message limit
 MAX_TAGS, MAX_TAG_CHARS = 1024, 1024
 MAX_ID_CHARS, MAX_FORMAT_CHARS, MAX_CAPTION_CHARS = 4096, 64, 65_535
+SCHEMA = 2  # 1: nullable scalar fields (0.1.0); 2: plain fields + has_<field> flags (any server from 2.3)
 _VERSION_RE = re.compile(r"_(v\d{8}T\d{12})(?:_[0-9a-f]{8})?$")
 
 _clients: dict[tuple, Any] = {}
@@ -94,22 +101,33 @@ def collection_name(prefix: str, name: str, version: str) -> str:
     return safe
 
 
+# Server answers that mean "not now" rather than "never" (Milvus' merr codes): a server restarting or still
+# loading a collection after a restart (101 collection not loaded, 103 / 106 / 108 shard leaders and channels
+# not ready, 503 / 65535 with "not ready" / "not healthy" / "stopping" in the message: 2.3 still sends some
+# with the generic code), and a query node or proxy not yet registered (901 node not found, 902 / 904).
+_TRANSIENT_CODES = {1, 2, 4, 101, 103, 106, 108, 503, 901, 902, 904}
+_TRANSIENT_WORDS = ("timeout", "unavailable", "not ready", "not healthy", "not loaded", "stopping", "no available",
+                    "initializing", "abnormal", "connection", "deadline", "channel checker not ready")
+
+
 def _call(what: str, fn: Callable, *a, **kw):
-    """A pymilvus call; connection trouble -> AnnUnavailable (transient), anything else as it is."""
+    """A pymilvus call; connection trouble or a server not ready -> AnnUnavailable (transient), anything else
+    (a bad expression, a missing field) as it is."""
     try:
         return fn(*a, **kw)
     except Exception as e:  # noqa: BLE001
         from pymilvus.exceptions import MilvusException
 
         code = getattr(e, "code", None)
-        transient = not isinstance(e, MilvusException) or code in (1, 2, 4)  # unexpected/connect/timeout-ish
-        if transient or "timeout" in str(e).lower() or "unavailable" in str(e).lower():
+        transient = not isinstance(e, MilvusException) or code in _TRANSIENT_CODES  # grpc errors: connect / deadline
+        if transient or any(w in str(e).lower() for w in _TRANSIENT_WORDS):
             raise AnnUnavailable(f"Milvus {what}: {type(e).__name__}: {e}") from e
         raise
 
 
 def _scalars(meta: dict | None) -> dict:
-    """An item's metadata -> the collection's scalar fields (None: not recorded)."""
+    """An item's metadata -> the collection's scalar fields (SCHEMA 2: a value not recorded is "" / 0.0 with its
+    has_<field> False)."""
     m = meta if isinstance(meta, dict) else {}
     tags = [str(t) for t in (m.get("tags") or [])]
     if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG_CHARS for t in tags):
@@ -120,18 +138,19 @@ def _scalars(meta: dict | None) -> dict:
         v = (v.lower() if f == "format" else v) if isinstance(v, str) else None
         if v is not None and len(v) > cap:
             raise ValueError(f"item {m.get('id')!r}: {f} longer than {cap} characters")
-        out[f] = v
+        out[f], out[f"has_{f}"] = ("" if v is None else v), v is not None
     for f in milvus_filter.NUMERIC:
         v = m.get(f)
-        out[f] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        out[f], out[f"has_{f}"] = (float(v) if ok else 0.0), ok
     return out
 
 
 class MilvusIndex(AnnIndex):
     backend = "milvus"
 
-    def __init__(self, backend: "MilvusBackend", collection: str, d: int, index_type: str):
-        self.b, self.collection, self.d, self.index_type = backend, collection, d, index_type
+    def __init__(self, backend: "MilvusBackend", collection: str, d: int, index_type: str, schema: int = SCHEMA):
+        self.b, self.collection, self.d, self.index_type, self.schema = backend, collection, d, index_type, schema
         self.c = backend.client()
         s = backend.settings
         self._t = s.milvus_timeout_s
@@ -143,8 +162,10 @@ class MilvusIndex(AnnIndex):
         return {"metric_type": "IP", "params": p}
 
     def count(self, expr: str = "") -> int:
+        # a committed version never changes (flushed, indexed and loaded before its manifest exists), so the
+        # read path needs no "Strong" consistency: on a server that waits for the next time tick (up to ~200 ms)
         res = _call("count", self.c.query, self.collection, filter=expr, output_fields=["count(*)"],
-                    timeout=self._t, consistency_level="Strong")
+                    timeout=self._t, consistency_level="Eventually")
         return int(res[0]["count(*)"])
 
     def _search(self, q: np.ndarray, k: int, expr: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +183,8 @@ class MilvusIndex(AnnIndex):
         return self._search(q, k)
 
     def prepare_filter(self, node, exclude_rows: list[int], columns: Callable[[], Any]) -> str:
-        return milvus_filter.exclude(milvus_filter.expression(node), exclude_rows)  # columns: not needed
+        expr = milvus_filter.expression(node, flags=self.schema >= 2)  # columns: not needed
+        return milvus_filter.exclude(expr, exclude_rows)
 
     def search_filtered(self, q: np.ndarray, k: int, prepared: str,
                         vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
@@ -179,7 +201,7 @@ class MilvusIndex(AnnIndex):
         if matching > exact_max:
             return Filtered(rows, scores, matching, False, "milvus-expr")
         found = _call("query", self.c.query, self.collection, filter=prepared, output_fields=["row"],
-                      limit=matching, timeout=self._t)
+                      limit=matching, timeout=self._t, consistency_level="Eventually")
         return exact_scan(np.sort(np.asarray([r["row"] for r in found], np.int64)), vectors_at, q, want, matching)
 
     def describe(self) -> str:
@@ -187,7 +209,12 @@ class MilvusIndex(AnnIndex):
 
 
 class MilvusWriter(AnnWriter):
-    """Inserts as it goes (the engine holds the rows); commit flushes, builds the index and loads it."""
+    """Inserts as it goes (the engine holds the rows); commit flushes, builds the index and loads it.
+
+    The writer keeps its own account of the rows it wrote (ids and which are deleted): a Milvus server answers
+    no query on a collection that is not loaded, and a version's collection is loaded only once it is indexed
+    (commit). milvus-lite queries unloaded collections, which is how counting through the engine went unnoticed
+    until the backend met a server. commit checks the engine's count(*) against this account once loaded."""
 
     wants_metadata = True
 
@@ -196,6 +223,8 @@ class MilvusWriter(AnnWriter):
         self.c = backend.client()
         self._t = backend.settings.milvus_build_timeout_s
         self._next_row = 0
+        self._ids: list[str] = []  # row -> item id, for the rows this writer inserted
+        self._alive = np.zeros(0, bool)  # row -> not deleted
         self.index: dict | None = None
         self._create()
 
@@ -211,10 +240,12 @@ class MilvusWriter(AnnWriter):
         s.add_field("vec", DataType.FLOAT_VECTOR, dim=self.d)
         s.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS,
                     max_length=MAX_TAG_CHARS)
-        s.add_field("format", DataType.VARCHAR, max_length=MAX_FORMAT_CHARS, nullable=True)
-        s.add_field("caption", DataType.VARCHAR, max_length=MAX_CAPTION_CHARS, nullable=True)
+        s.add_field("format", DataType.VARCHAR, max_length=MAX_FORMAT_CHARS)
+        s.add_field("caption", DataType.VARCHAR, max_length=MAX_CAPTION_CHARS)
         for f in milvus_filter.NUMERIC:
-            s.add_field(f, DataType.DOUBLE, nullable=True)
+            s.add_field(f, DataType.DOUBLE)
+        for f in milvus_filter.OPTIONAL:  # no nullable fields: a Milvus server before 2.5 has none (SCHEMA)
+            s.add_field(f"has_{f}", DataType.BOOL)
         _call("create_collection", self.c.create_collection, self.collection, schema=s, timeout=self._t,
               consistency_level="Bounded")
 
@@ -231,23 +262,26 @@ class MilvusWriter(AnnWriter):
                              **_scalars(metas[j] if metas is not None else None)})
             _call("insert", self.c.insert, self.collection, rows, timeout=self._t)
         self._next_row += len(ids)
+        self._ids.extend(ids)
+        self._alive = np.concatenate([self._alive, np.ones(len(ids), bool)])
 
     def delete(self, ids: list[str]) -> int:
-        if not ids:
-            return 0
-        expr = f"item_id in [{', '.join(milvus_filter.literal(i) for i in ids)}]"
-        before = self.count()
-        _call("delete", self.c.delete, self.collection, filter=expr, timeout=self._t)
-        return before - self.count()
+        want = set(ids)
+        rows = [r for r, i in enumerate(self._ids) if i in want and self._alive[r]] if want else []
+        for i in range(0, len(rows), INSERT_BATCH):  # by primary key: what every Milvus deletes by
+            chunk = rows[i:i + INSERT_BATCH]
+            _call("delete", self.c.delete, self.collection, filter=f"row in [{', '.join(map(str, chunk))}]",
+                  timeout=self._t)
+            self._alive[chunk] = False
+        return len(rows)
 
     def count(self) -> int:
-        _call("flush", self.c.flush, self.collection, timeout=self._t)
-        return _count(self.c, self.collection, self._t)
+        return int(self._alive.sum())
 
     def commit(self) -> str:
         s = self.b.settings
         _call("flush", self.c.flush, self.collection, timeout=self._t)
-        n = _count(self.c, self.collection, self._t)
+        n = self.count()
         kind = s.milvus_index if s.milvus_index != "AUTO" else ("FLAT" if n < s.flat_max else "HNSW")
         params: dict = {}
         if kind == "HNSW":
@@ -260,13 +294,38 @@ class MilvusWriter(AnnWriter):
         # A Milvus server merges both forms (its proxy parses a "params" key too), so both are sent.
         ip.add_index("vec", index_type=kind, metric_type="IP", params={**params, "params": params} if params else {})
         _call("create_index", self.c.create_index, self.collection, ip, timeout=self._t)
-        # loading builds (lite) or waits for (a server) the index over every segment: searchable when this returns
+        # a server builds the index in the background (its index nodes); a segment loaded before its index is
+        # built would be searched brute force, so wait for every row to be indexed (milvus-lite builds on load)
+        _wait_indexed(self.c, self.collection, n, self._t)
+        # loading builds (lite) or loads (a server) the index of every segment: searchable when this returns
         _call("load", self.c.load_collection, self.collection, timeout=self._t)
+        held = _count(self.c, self.collection, self._t)
+        if held != n:
+            raise RuntimeError(f"Milvus collection {self.collection} holds {held} rows after the build, not the {n} "
+                               "this writer inserted and kept")
         self.index = {"type": kind, "params": params, "count": n}
         return f"milvus:{kind}" + (f"({','.join(f'{k}={v}' for k, v in params.items())})" if params else "")
 
     def manifest_entry(self) -> dict:
-        return {"backend": "milvus", "collection": self.collection, "index": self.index}
+        return {"backend": "milvus", "collection": self.collection, "index": self.index, "schema": SCHEMA}
+
+
+def _wait_indexed(c, collection: str, n: int, timeout: float) -> None:
+    """Until describe_index says every row is indexed (a server; milvus-lite reports no progress: returns)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        info = _call("describe_index", c.describe_index, collection, "vec", timeout=timeout) or {}
+        if "indexed_rows" not in info or str(info.get("state", "")).lower() == "finished" \
+                or int(info["indexed_rows"]) >= n:
+            return
+        if str(info.get("state", "")).lower() == "failed":
+            raise RuntimeError(f"Milvus index build of {collection} failed: {info.get('index_state_fail_reason', info)}")
+        if time.monotonic() > deadline:
+            raise AnnUnavailable(f"Milvus index build of {collection}: {info.get('indexed_rows')} of {n} rows "
+                                 f"indexed after {timeout:.0f} s")
+        time.sleep(0.5)
 
 
 def _count(c, collection: str, timeout: float) -> int:
@@ -295,7 +354,8 @@ class MilvusBackend(AnnBackend):
         coll = ann.get("collection") or self.location(name, version)
         if not _call("has_collection", self.client().has_collection, coll, timeout=self.settings.milvus_timeout_s):
             raise LookupError(f"{name}/{version}: Milvus collection {coll} is missing (dropped, or another Milvus?)")
-        return MilvusIndex(self, coll, manifest["dims"]["g"], (ann.get("index") or {}).get("type", "FLAT"))
+        return MilvusIndex(self, coll, manifest["dims"]["g"], (ann.get("index") or {}).get("type", "FLAT"),
+                           int(ann.get("schema", 1)))  # no "schema": a 0.1.0 collection (nullable fields)
 
     def drop(self, name: str, version: str) -> bool:
         c, coll, t = self.client(), self.location(name, version), self.settings.milvus_timeout_s

@@ -5,6 +5,12 @@ The same meaning as the FAISS path's columns (indexer/storage/filter_columns.py 
   format   VARCHAR, lower-cased, nullable eq / in, compared lower-cased (case-insensitive)
   caption  VARCHAR, nullable              eq / in, exact text
   width, height  DOUBLE, nullable         ==, in, >, >=, <, <= (null matches nothing, as NaN does there)
+"Nullable" is how the collection says "not recorded", in one of two ways (milvus_backend.py's SCHEMA):
+  flags (schema 2, every collection written since 0.1.0): each of format, caption, width, height is a plain field
+        with a BOOL has_<field> beside it, and a condition on it reads (has_<field> == true and ...). Milvus
+        servers before 2.5 have no nullable fields (a 2.3 server takes the schema and refuses the rows), and
+        2.3's parser takes a BOOL field only in a comparison (`has_width` alone: "not a boolean expression").
+  nulls (schema 1, collections of 0.1.0): nullable fields (Milvus 2.5+, milvus-lite); a null fails every test.
 Tags are compared as str(tag) on both sides, as Columns does. A value that cannot match anything stored
 (NaN or infinity for a number) becomes NOTHING, an expression no row passes.
 
@@ -19,6 +25,7 @@ from crossprobe.indexer.storage.ann.base import UnsupportedFilter
 
 NOTHING = "row < 0"  # rows are >= 0: no row passes (Milvus has no false literal in every version)
 NUMERIC = ("width", "height")
+OPTIONAL = ("format", "caption", *NUMERIC)  # fields an item may lack: a has_<field> flag each (schema 2)
 _ESC = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -36,13 +43,17 @@ def _list(items: list[str]) -> str:
     return "[" + ", ".join(items) + "]"
 
 
-def expression(node) -> str:
-    """A filter tree (filter_model.Condition / AllOf / AnyOf, or any object with the same attributes) -> expr."""
+def expression(node, flags: bool = True) -> str:
+    """A filter tree (filter_model.Condition / AllOf / AnyOf, or any object with the same attributes) -> expr.
+    flags: the collection marks missing values with has_<field> flags (schema 2), else with nulls (schema 1)."""
     if getattr(node, "and_", None) is not None:
-        return "(" + " and ".join(expression(c) for c in node.and_) + ")"
+        return "(" + " and ".join(expression(c, flags) for c in node.and_) + ")"
     if getattr(node, "or_", None) is not None:
-        return "(" + " or ".join(expression(c) for c in node.or_) + ")"
-    return _condition(node)
+        return "(" + " or ".join(expression(c, flags) for c in node.or_) + ")"
+    out = _condition(node)
+    if flags and node.field in OPTIONAL and out != NOTHING:
+        return f"(has_{node.field} == true and {out})"
+    return out
 
 
 def _condition(c) -> str:

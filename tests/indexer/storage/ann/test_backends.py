@@ -1,5 +1,6 @@
 """The two ANN backends on the same vectors, through the interface (indexer/storage/ann/), against the real engines:
-FAISS in process and Milvus (milvus-lite, the embedded engine pymilvus starts for a .db file).
+FAISS in process and Milvus, both milvus-lite (the embedded engine pymilvus starts for a .db file; `make test`) and
+a Milvus 2.3.5 standalone server (`make test-milvus`): conftest.py's milvus_settings runs this module once per engine.
 
 - Milvus FLAT (exact) returns the ids, order and scores of FAISS Flat.
 - HNSW on both: recall@10 against exact search (printed; both must be high).
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
-from crossprobe.indexer.storage.ann import milvus_filter
+from crossprobe.indexer.storage.ann import milvus_backend, milvus_filter
 from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex, FaissWriter
 from crossprobe.indexer.storage.ann.milvus_backend import MilvusBackend
 from crossprobe.indexer.storage.filter_columns import Columns
@@ -177,3 +178,33 @@ def test_literals_and_numbers_are_milvus_syntax():
     # and the expression builder still matches nothing for one, should a caller build a tree by hand
     node = Condition.model_construct(field="width", eq=None, in_=[float("nan")], gt=None, gte=None, lt=None, lte=None)
     assert milvus_filter.expression(node) == milvus_filter.NOTHING
+
+
+def test_missing_values_are_flags_and_0_1_0_collections_keep_their_null_filters():
+    """Schema 2 (every collection written now): a condition on a field an item may lack also asks its has_<field>
+    flag (Milvus 2.3 has no nullable fields); a 0.1.0 collection (its manifest names no schema) has nullable fields
+    and keeps the filters it was written for."""
+    node = TypeAdapter(FilterNode).validate_python(
+        {"and": [{"field": "width", "gte": 100}, {"field": "format", "in": ["JPEG"]}, {"field": "tags", "eq": "a"}]})
+    assert milvus_filter.expression(node) == ('((has_width == true and (width >= 100.0)) and '
+                                              '(has_format == true and format in ["jpeg"]) and ARRAY_CONTAINS(tags, "a"))')
+    assert milvus_filter.expression(node, flags=False) == '((width >= 100.0) and format in ["jpeg"] and ARRAY_CONTAINS(tags, "a"))'
+    nan = Condition.model_construct(field="width", eq=None, in_=[float("nan")], gt=None, gte=None, lt=None, lte=None)
+    assert milvus_filter.expression(nan) == milvus_filter.NOTHING
+    assert milvus_backend._scalars(None) == {"tags": [], "format": "", "has_format": False, "caption": "",
+                                             "has_caption": False, "width": 0.0, "has_width": False, "height": 0.0,
+                                             "has_height": False}
+    assert milvus_backend._scalars({"format": "PNG", "width": 3, "height": float("inf"), "caption": ""}) == {
+        "tags": [], "format": "png", "has_format": True, "caption": "", "has_caption": True, "width": 3.0,
+        "has_width": True, "height": 0.0, "has_height": False}
+
+
+def test_open_reads_the_schema_from_the_manifest(flat_pair, milvus_settings):
+    _, mv = flat_pair
+    b = MilvusBackend(milvus_settings)
+    old = b.open("t", "v20260101T000000000001", {"dims": {"g": D}, "ann": {"backend": "milvus", "collection": mv.collection,
+                                                                         "index": {"type": "FLAT"}}}, milvus_settings.index_root)
+    assert old.schema == 1 and mv.schema == milvus_backend.SCHEMA == 2
+    node = TypeAdapter(FilterNode).validate_python({"field": "height", "eq": 120})
+    assert old.prepare_filter(node, [], lambda: None) == "height == 120.0"
+    assert mv.prepare_filter(node, [], lambda: None) == "(has_height == true and height == 120.0)"

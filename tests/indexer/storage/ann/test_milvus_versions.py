@@ -1,13 +1,13 @@
-"""The indexer's jobs with CROSSPROBE_ANN_BACKEND=milvus (milvus-lite): a collection per version, the same
-versioned activation through Redis' `active` key, and gc dropping the collections of old versions (and of
-versions the store no longer knows)."""
+"""The indexer's jobs with CROSSPROBE_ANN_BACKEND=milvus (on milvus-lite and on a Milvus server: conftest.py): a
+collection per version, the same versioned activation through Redis' `active` key, reindex into a new collection,
+and gc dropping the collections of old versions (and of versions the store no longer knows)."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 
-from crossprobe.indexer import add, build, delete, open_index
+from crossprobe.indexer import add, build, delete, open_index, reindex
 from crossprobe.indexer.storage.ann import milvus_backend
 from crossprobe.indexer.storage.store import Store
 from tests.indexer.conftest import make_images
@@ -25,7 +25,8 @@ def test_build_add_delete_activate_gc_with_milvus(settings, milvus_settings, gal
     st = Store(s, open_index(name, None, s).store.r)
     m1 = st.read_manifest(name, v1.version)
     coll1 = milvus_backend.collection_name(s.index_key_prefix, name, v1.version)
-    assert m1["ann"] == {"backend": "milvus", "collection": coll1, "index": {"type": "FLAT", "params": {}, "count": 12}}
+    assert m1["ann"] == {"backend": "milvus", "collection": coll1, "index": {"type": "FLAT", "params": {}, "count": 12},
+                         "schema": milvus_backend.SCHEMA}
     assert v1.factory == m1["factory"] == "milvus:FLAT" and "write_milvus" in v1.stages_s
     assert not (st.version_dir(name, v1.version) / "index.faiss").exists() and coll1 in _collections(s)
 
@@ -57,19 +58,27 @@ def test_build_add_delete_activate_gc_with_milvus(settings, milvus_settings, gal
     v3 = delete(name, [r2.ids[0]], settings=s, **quiet)
     assert st.active(name) == v3.version and open_index(name, None, s).ann.count() == 14
 
+    # reindex: every item re-encoded from its recorded source into a new version, with a collection of its own
+    v4 = reindex(name, settings=s, ckpt=ckpt, bert=bert, **quiet)
+    r4 = open_index(name, None, s)
+    assert st.active(name) == v4.version == r4.version and r4.ann.count() == len(r4) == 14
+    assert sorted(r4.ids) == sorted(open_index(name, None, s, version=v3.version).ids)
+    f = r4.ann.search_filtered(vecs[0], 10, r4.ann.prepare_filter(node, [], lambda: None), r4.vectors_at, 100)
+    assert sorted(r4.ids[r] for r in f.rows) == sorted(f"n/{p.name}" for p in new)  # the tags came along
+
     # a collection of a version the store forgot (dropped from Redis and disk while Milvus was unreachable)
     orphan = "v20200101T000000000000"
     w = milvus_backend.MilvusBackend(s).writer(name, orphan, vecs.shape[1], tmp_path)
     w.add(vecs[:2], ["a", "b"])
     w.commit()
-    coll3 = open_index(name, None, s).manifest["ann"]["collection"]
+    coll4 = open_index(name, None, s).manifest["ann"]["collection"]
     assert milvus_backend.collection_name(s.index_key_prefix, name, orphan) in _collections(s)
 
     removed = st.gc(name)
-    assert sorted(v for v, _ in removed) == sorted([v1.version, v2.version])
+    assert sorted(v for v, _ in removed) == sorted([v1.version, v2.version, v3.version])
     left = {c for c in _collections(s) if c.startswith("crossprobe_mil_v_1_")}
-    assert left == {coll3}, left
-    assert milvus_backend.MilvusBackend(s).stored_versions(name) == [v3.version]
+    assert left == {coll4}, left
+    assert milvus_backend.MilvusBackend(s).stored_versions(name) == [v4.version]
     assert len(open_index(name, None, s)) == 14
 
 
