@@ -11,6 +11,7 @@ Graphs live in <model_dir>, written by models/export.py: image_backbone.onnx
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,14 @@ def identify(ckpt: Path | None = None, model=None, graphs: Path | None = None) -
 
 
 def graph_dims(head: Path) -> Dims:
-    """The dims of an exported head graph: one run on a zero grid (the graph's shapes are partly symbolic)."""
+    """The dims of an exported head graph: one run on a zero grid (the graph's shapes are partly symbolic), once
+    per file: a job asks for them when it plans the version and again when its Encoder starts."""
+    st = Path(head).stat()
+    return _graph_dims(str(head), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _graph_dims(head: str, _mtime_ns: int, _size: int) -> Dims:
     from crossprobe.models import inputs
     from crossprobe.models.runtime import session
 

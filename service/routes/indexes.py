@@ -35,7 +35,8 @@ async def healthz(request: Request):
     index is healthy, one whose models failed to load is not."""
     state = svc(request)
     if state.failure:
-        return JSONResponse(errors.body("startup_failed", state.why_not_ready()), 503)
+        # not errors.answer: a health probe every few seconds is not an error to count
+        return JSONResponse(errors.body("startup_failed", state.why_not_ready()), errors.STATUS["startup_failed"])
     return {"status": "ok"}
 
 

@@ -3,6 +3,8 @@ extra; promtool, prometheus, prometheus-pushgateway and docker-compose from Debi
 service fixtures (a real Redis, a small checkpoint, a real index) for the live Prometheus test."""
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -46,3 +48,68 @@ def compose_config(env: dict[str, str], *extra: str) -> tuple[subprocess.Complet
     p = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), *extra, "config"], cwd=REPO,
             env={**os.environ, **env})
     return p, (yaml.safe_load(p.stdout) if p.returncode == 0 and p.stdout.strip() else None)
+
+
+# ---- the PromQL of the dashboard and the alert rules, as test_prometheus_live.py and test_stack.py run it ------
+WINDOW = "5m"  # Grafana's $__rate_interval here: longer than a whole test, so every rate sees all of it
+
+
+def expressions() -> dict[str, str]:
+    """Every PromQL expression of the dashboard (Grafana's interval variables replaced) and of rules.yml
+    (alerts in their `bool` form: test_prometheus_live.py's docstring says why) -> where it comes from."""
+    out: dict[str, str] = {}
+
+    def walk(panels):
+        for p in panels:
+            walk(p.get("panels", []))
+            for t in p.get("targets", []):
+                expr = re.sub(r"\$__(rate_interval|interval|range)\b", WINDOW, t["expr"])
+                assert "$" not in expr, f"an unresolved Grafana variable in {t['expr']}"
+                out[expr] = f"dashboard panel {p['title']!r}"
+
+    dash = json.loads(DASHBOARD.read_text())
+    walk(dash["panels"])
+    for v in dash.get("templating", {}).get("list", []):
+        assert v.get("type") != "query", "template variables: add their queries here"
+    for g in load_yaml(RULES)["groups"]:
+        for rule in g["rules"]:
+            if "record" in rule:
+                out[rule["expr"].strip()] = f"recording rule {rule['record']}"
+            else:
+                expr, n = with_bool(rule["expr"].strip())
+                assert n >= 1, f"alert {rule['alert']} has no top-level comparison to test"
+                out[expr] = f"alert {rule['alert']}"
+    return out
+
+
+_CMP = re.compile(r"==|!=|>=|<=|>|<")
+
+
+def with_bool(expr: str) -> tuple[str, int]:
+    """Add PromQL's `bool` modifier to every comparison outside parentheses, brackets, braces and strings:
+    `x > 0.01` filters (nothing while healthy), `x > bool 0.01` answers 0 or 1 for every series of x."""
+    out, depth, quote, found, i = [], 0, None, 0, 0
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            out.append(expr[i:i + 2] if c == "\\" else c)
+            i += 2 if c == "\\" else 1
+            if c == quote:
+                quote = None
+            continue
+        if c in "\"'`":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and (m := _CMP.match(expr, i)):
+            out.append(m.group(0))
+            i += len(m.group(0))
+            if not re.match(r"\s*bool\b", expr[i:]):
+                out.append(" bool")
+            found += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out), found

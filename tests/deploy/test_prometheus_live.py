@@ -33,12 +33,11 @@ import pytest
 import yaml
 
 from crossprobe.service.server import free_port
-from tests.deploy.conftest import DASHBOARD, PROMETHEUS_YML, REPO, RULES, load_yaml, tool
+from tests.deploy.conftest import PROMETHEUS_YML, REPO, RULES, expressions, load_yaml, tool, with_bool
 from tests.indexer.conftest import make_images
 
 MODES = ("cp", "temde", "none")
 QUERIES = ("a red square", "a dog on the grass", "two people")
-WINDOW = "5m"  # Grafana's $__rate_interval here: longer than the whole test, so every rate sees all of it
 PUSHED = "pushed"  # the index the real build job makes (and pushes the progress of) during the test
 # alerts that must not fire over a healthy service; CrossprobeSearchP99OverBudget is left out on purpose:
 # latency on 2 cores shared with other jobs is not this test's to promise
@@ -226,67 +225,6 @@ def _one_round(s: Stack, built) -> None:
         r.set(key, value)
 
 
-def _expressions() -> dict[str, str]:
-    """Every PromQL expression of the dashboard (Grafana's interval variables replaced) and of rules.yml
-    (alerts in their `bool` form, see the module docstring) -> where it comes from."""
-    out: dict[str, str] = {}
-
-    def walk(panels):
-        for p in panels:
-            walk(p.get("panels", []))
-            for t in p.get("targets", []):
-                expr = re.sub(r"\$__(rate_interval|interval|range)\b", WINDOW, t["expr"])
-                assert "$" not in expr, f"an unresolved Grafana variable in {t['expr']}"
-                out[expr] = f"dashboard panel {p['title']!r}"
-
-    dash = json.loads(DASHBOARD.read_text())
-    walk(dash["panels"])
-    for v in dash.get("templating", {}).get("list", []):
-        assert v.get("type") != "query", "template variables: add their queries here"
-    for g in load_yaml(RULES)["groups"]:
-        for rule in g["rules"]:
-            if "record" in rule:
-                out[rule["expr"].strip()] = f"recording rule {rule['record']}"
-            else:
-                expr, n = with_bool(rule["expr"].strip())
-                assert n >= 1, f"alert {rule['alert']} has no top-level comparison to test"
-                out[expr] = f"alert {rule['alert']}"
-    return out
-
-
-_CMP = re.compile(r"==|!=|>=|<=|>|<")
-
-
-def with_bool(expr: str) -> tuple[str, int]:
-    """Add PromQL's `bool` modifier to every comparison outside parentheses, brackets, braces and strings:
-    `x > 0.01` filters (nothing while healthy), `x > bool 0.01` answers 0 or 1 for every series of x."""
-    out, depth, quote, found, i = [], 0, None, 0, 0
-    while i < len(expr):
-        c = expr[i]
-        if quote:
-            out.append(expr[i:i + 2] if c == "\\" else c)
-            i += 2 if c == "\\" else 1
-            if c == quote:
-                quote = None
-            continue
-        if c in "\"'`":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0 and (m := _CMP.match(expr, i)):
-            out.append(m.group(0))
-            i += len(m.group(0))
-            if not re.match(r"\s*bool\b", expr[i:]):
-                out.append(" bool")
-            found += 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out), found
-
-
 def test_with_bool_rewrites_only_top_level_comparisons():
     assert with_bool('up{job="a"} == 0') == ('up{job="a"} == bool 0', 1)
     assert with_bool('x{a=~"b|c", d!="e"} > on() group_left() y') == ('x{a=~"b|c", d!="e"} > bool on() group_left() y', 1)
@@ -313,7 +251,7 @@ def loaded(stack, built) -> Stack:
 
 def test_every_dashboard_and_rule_expression_returns_data(loaded):
     prom = loaded.prom
-    exprs = _expressions()
+    exprs = expressions()
     assert len(exprs) >= 45
     empty = {}
     for expr, where in exprs.items():

@@ -32,9 +32,8 @@ import httpx
 import pytest
 
 from crossprobe.models.demo import EXPECTED
-from tests.deploy.conftest import REPO
+from tests.deploy.conftest import REPO, expressions
 from tests.deploy.test_dockerfile import instructions
-from tests.deploy.test_prometheus_live import _expressions
 
 pytestmark = pytest.mark.deploy
 
@@ -240,7 +239,7 @@ def test_prometheus_scrapes_the_api_and_pushgateway_and_the_queries_return_data(
     time.sleep(16)  # one more scrape (15 s interval) after the traffic above
     search("a cat", k=4)
     time.sleep(16)
-    exprs = _expressions()
+    exprs = expressions()
     empty = []
     for expr, where in exprs.items():
         res = httpx.get(f"{PROM}/api/v1/query", params={"query": expr}, timeout=10).json()
