@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
+from crossprobe.models import image_formats
+
 IMAGE_SIZE = 224
 GRID = 7  # 224 / 32
 IMAGE_FEAT_DIM = 1280
@@ -49,13 +51,17 @@ def tokenize(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def load_image(path_or_img, size: int = IMAGE_SIZE) -> np.ndarray:
     """Open an image file (or PIL image) -> (3, size, size) float32 normalised for Lite.
 
-    JPEG draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale, so a 4000 px
-    photo is not decoded at full size only to be shrunk; EXIF orientation is honoured.
+    Every format of models/image_formats.py (HEIC, AVIF and camera RAW besides Pillow's own). draft() asks
+    for reduced decoding: libjpeg decodes a JPEG at 1/2, 1/4 or 1/8 scale, so a 4000 px photo is not decoded
+    at full size only to be shrunk, and a HEIC decodes its embedded thumbnail when one is at least size x size
+    (a no-op for other formats, and when the caller drafted already); EXIF orientation is honoured.
     Aspect ratio is squashed, as in the Flickr8k copy we train on.
     """
-    img = path_or_img if isinstance(path_or_img, Image.Image) else Image.open(path_or_img)
-    if img.format == "JPEG":
-        img.draft("RGB", (size, size))
+    if not isinstance(path_or_img, Image.Image):
+        with image_formats.open_path(path_or_img, size) as pic:
+            return load_image(pic.image, size)
+    img = path_or_img
+    img.draft("RGB", (size, size))
     img = ImageOps.exif_transpose(img).convert("RGB")
     if img.size != (size, size):
         img = img.resize((size, size), Image.BILINEAR)

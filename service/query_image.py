@@ -5,9 +5,10 @@ Every refusal is the client's: a 4xx with a stable code, never a 5xx, and bounde
                      length before decoding it), or more than query_image_max_pixels in the header
   invalid_image 422  not base64, or bytes Pillow cannot read as an image (unknown format, truncated, corrupt)
 
-Pixels are made exactly as the indexer makes them (crossprobe.models.backbones.load_image, which
-indexer/jobs/decode.py calls on the file it opened): JPEG draft mode, EXIF orientation, RGB, 224 x 224. So an
-indexed file sent as a query gives the very g_I the index stores for it.
+Pixels are made exactly as the indexer makes them (crossprobe.models.image_formats.open_picture, then
+crossprobe.models.inputs.load_image, which indexer/jobs/decode.py calls on the file it opened): the same formats
+(JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC / HEIF, AVIF, camera RAW by its embedded preview), JPEG draft mode,
+EXIF orientation, RGB, 224 x 224. So an indexed file sent as a query gives the very g_I the index stores for it.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from crossprobe.models import inputs
+from crossprobe.models import image_formats, inputs
 from crossprobe.service.exceptions import CrossprobeError, InvalidImage, InvalidRequest, TooLarge
 
 # a data URL's prefix ("data:image/jpeg;base64,"), which browsers' FileReader.readAsDataURL produces
@@ -78,18 +79,20 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
 
 
 def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
-    """Image file bytes -> (3, 224, 224) float32, as the indexer decodes its files."""
+    """Image file bytes -> (3, 224, 224) float32, as the indexer decodes its files (every format of
+    crossprobe.models.image_formats: HEIC, AVIF and camera RAW too)."""
     if not data:
         raise InvalidImage(f"{field}: empty")
     try:
-        # our pixel limit is checked on the header before any decode (no warnings filter: it is process-wide
-        # state, not thread-safe); Pillow's own DecompressionBombError stays as a second guard
-        with Image.open(io.BytesIO(data)) as img:  # lazy: only the header so far
-            w, h = img.size
-            if w * h > max_pixels:
-                raise TooLarge(f"{field}: {w}x{h} = {w * h} pixels, over {max_pixels} "
-                               f"(CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
-            return inputs.load_image(img)  # first frame of a GIF / page of a TIFF
+        # our pixel limit is checked on what will be decoded (after JPEG draft / a HEIC's thumbnail), before any
+        # decode (no warnings filter: it is process-wide state, not thread-safe); Pillow's own
+        # DecompressionBombError stays as a second guard for the formats image_formats opens through Image.open
+        with image_formats.open_picture(io.BytesIO(data), None, inputs.IMAGE_SIZE) as pic:  # lazy: header only
+            dw, dh = pic.image.size
+            if dw * dh > max_pixels:
+                raise TooLarge(f"{field}: {pic.width}x{pic.height} decodes at {dw}x{dh} = {dw * dh} pixels, over "
+                               f"{max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
+            return inputs.load_image(pic.image)  # first frame of a GIF / page of a TIFF
     except CrossprobeError:
         raise
     except Image.DecompressionBombError as e:

@@ -85,6 +85,17 @@ QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, json_
 # ---- metadata filters: the condition tree is the storage layer's (crossprobe.indexer.storage.filter_model) -----
 MAX_FACETS = 50  # tags in a facets answer
 
+# ---- pages and order ---------------------------------------------------------------------------------------------
+Sort = Literal["relevance", "date_taken", "-date_taken", "date_added", "-date_added"]
+SORT_HELP = ("the order of the ranked results (those above min_score, after filter and dedup): relevance (the "
+             "default); date_taken / date_added: oldest first, -date_taken / -date_added: newest first (date taken: "
+             "EXIF DateTimeOriginal or the manifest's \"taken\"; date added: when the item entered the index). "
+             "Items without that date come last, in relevance order")
+OFFSET_HELP = ("the page: ranked results to skip before the k returned (0: the first page). Every page of the same "
+               "request comes from the same ranking (the shortlist does not grow with the offset); an offset at or "
+               "past `total` gives an empty page (200, next_offset null). At most "
+               f"{MAX_SHORTLIST} (the largest shortlist: no search ranks more); more: 422")
+
 
 class SearchRequest(BaseModel):
     """A search: a text (`query`), an image (`image`), indexed items (`like`), or a text with one of the other two.
@@ -98,7 +109,8 @@ class SearchRequest(BaseModel):
 
     query: QueryText | None = Field(None, description=f"text to search images for: {VISIBLE_TEXT_HELP}")
     image: str | None = Field(None, min_length=1, description="an image to search with, base64 (standard or URL-safe "
-                              "alphabet; a data: URL prefix is allowed): JPEG, PNG, WebP, GIF, BMP or TIFF, at most "
+                              "alphabet; a data: URL prefix is allowed): JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC/HEIF, "
+                              "AVIF or camera RAW (DNG, CR2, NEF, ARW...: its embedded preview), at most "
                               "CROSSPROBE_QUERY_IMAGE_MAX_BYTES decoded bytes and CROSSPROBE_QUERY_IMAGE_MAX_PIXELS "
                               "pixels (else 413 too_large); not an image: 422 invalid_image. Ranked by the image "
                               "tower's vector (what the index stores); alone, no reranker runs (rerank \"none\")")
@@ -130,8 +142,10 @@ class SearchRequest(BaseModel):
     # strict: a JSON number only (an int is fine); true / false / "1e2" are refused, not coerced
     min_score: float | None = Field(None, strict=True, allow_inf_nan=False,
                                     description="drop results whose score is lower (a JSON number)")
+    offset: int = Field(0, ge=0, le=MAX_SHORTLIST, strict=True, description=OFFSET_HELP)
+    sort: Sort = Field("relevance", description=SORT_HELP)
 
-    @field_validator("k", "shortlist", mode="before")
+    @field_validator("k", "shortlist", "offset", mode="before")
     @classmethod
     def _integral(cls, v: Any) -> Any:
         return _integral(v)
@@ -192,7 +206,13 @@ class FilterInfo(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    results: list[Hit]
+    results: list[Hit] = Field(description="the page: at most k results from `offset` on")
+    total: int = Field(description="ranked results of the whole answer, every page together: the shortlist's "
+                       "candidates less those dropped by filter, like, min_score and dedup (at most the shortlist; "
+                       "with a filter, filtered.matching counts every item that passes it)")
+    offset: int = Field(description="the request's offset: results[0] is result offset + 1 of total")
+    next_offset: int | None = Field(description="the offset of the next page; null on the last page (or past it)")
+    sort: Sort = Field(description="the order of the results (the request's sort)")
     index: IndexRef
     model: ModelRef
     query_kind: str = Field(description="what was searched for: text, image, like, or text+image / text+like")

@@ -113,7 +113,8 @@ class Settings(StorageSettings):
     # -- items -------------------------------------------------------------------
     image_max_side: int = Field(512, ge=16, le=4096)  # GET /v1/items/{id}/image resizes to fit this
     image_quality: int = Field(85, ge=1, le=95)  # JPEG quality of the resized image
-    image_max_pixels: int = Field(40_000_000, ge=1)  # refuse to decode bigger files (the indexer's limit)
+    # refuse to decode files that decode bigger (after JPEG draft / a HEIC's thumbnail; the indexer's max_pixels)
+    image_max_pixels: int = Field(100_000_000, ge=1)
     expose_uri: bool = False  # include the indexed file's path in metadata (off: it tells clients our disk layout)
     # the address browsers reach this service at (e.g. https://search.example.org, or with a path prefix): image
     # URLs in answers (/knn-service, /metadata) are <public_base_url>/v1/items/<id>/image. clip-retrieval's
@@ -128,8 +129,9 @@ class Settings(StorageSettings):
     # the decoded image's bytes at most (the base64 text is a third longer, and the whole body must also fit
     # max_body_bytes); longer: 413 too_large
     query_image_max_bytes: int = Field(768 * 1024, ge=1024)
-    # width x height from the image's header, checked before any pixel is decoded (a decompression bomb is a few
-    # KB of PNG); more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
+    # the pixels the image decodes to (width x height from its header; a JPEG's at its draft scale, a HEIC's
+    # thumbnail when it has one), checked before any pixel is decoded (a decompression bomb is a few KB of PNG);
+    # more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
     # -- metadata filters (/v1/search "filter"; indexer/storage/filter_columns.py) ----------------------------------------------

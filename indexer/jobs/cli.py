@@ -59,7 +59,7 @@ def build_cmd(
     batch_size: int = typer.Option(None, help="images per batch (and per committed journal entry)"),
     quantization: str = typer.Option(None, help="float16 | int8 (Redis feature values)"),
     factory: str = typer.Option(None, help="force a faiss.index_factory string (default: by size)"),
-    max_pixels: int = typer.Option(None, help="skip images larger than this many pixels (default 40e6)"),
+    max_pixels: int = typer.Option(None, help="skip images that decode to more pixels (after JPEG draft scale; default 100e6)"),
     threads: int = typer.Option(None, help="ONNX Runtime threads"),
     head: str = typer.Option(None, help="onnx | torch runtime for the image-tower head"),
     throttle: float = typer.Option(None, help="seconds to sleep after each batch (share a busy machine)"),

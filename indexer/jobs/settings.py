@@ -23,7 +23,11 @@ class IndexerSettings(StorageSettings):
     # build instead of hanging it)
 
     model_dir: Path | None = None  # exported ONNX graphs; default <index_root>/_models
-    max_pixels: int = Field(40_000_000, ge=1)  # header check before any decode (decompression bombs, huge scans)
+    # pixels a file may decode to, checked on its header before any decode (decompression bombs, huge scans):
+    # after reduced decoding, so a JPEG of up to 64x this (draft at 1/8 scale: a 200 MP photo decodes as 3 MP) and
+    # a HEIC with a thumbnail pass; PNG, TIFF, WebP, AVIF and HEIC without thumbnail decode in full (a 48-50 MP
+    # phone HEIC: ~150 MB while it decodes). Over it: an "oversized" skip
+    max_pixels: int = Field(100_000_000, ge=1)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
     workers: int = Field(1, ge=1, le=8)  # decode threads overlapping the encoder

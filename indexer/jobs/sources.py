@@ -3,7 +3,7 @@
 Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str], <field>?: scalar, ...}.
 Any other key is a filterable field of the item (an album, a year, a rating: indexer/storage/filter_columns.py) when its
 value is a string, number or boolean and its name a plain identifier; "taken" (an ISO date) and "camera"
-override what the file's EXIF says. A nested value or an odd name makes the line a bad_manifest_line skip
+override what the file's EXIF says, "added" (an ISO date: another library's date added) the indexing time. A nested value or an odd name makes the line a bad_manifest_line skip
 (counted in the report), not a silently dropped field.
 Relative uris are resolved against the manifest's folder. A folder is walked
 recursively in sorted order; an item's id is its path relative to the folder,
@@ -14,14 +14,19 @@ metadata value (written when it was built or added) holds its id, uri, caption, 
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
-IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+from crossprobe.models import image_formats
+
+# what the folder walk indexes and what it counts as videos (crossprobe.models.image_formats: HEIC, AVIF, RAW...)
+IMAGE_EXTS, VIDEO_EXTS = image_formats.IMAGE_EXTS, image_formats.VIDEO_EXTS
 FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # keys the indexer writes itself: a manifest field of that name would shadow them (taken / camera may: a user's
 # own date or camera beats a missing or wrong EXIF tag)
@@ -57,6 +62,7 @@ class Item:
     caption: str | None = None
     tags: list[str] = field(default_factory=list)
     fields: dict = field(default_factory=dict)  # the manifest's other scalar keys (manifest_fields)
+    added: str | None = None  # when the item first entered the index (a reindex keeps it); None: now, when written
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -70,32 +76,89 @@ class Item:
 class Skip:
     id: str
     uri: str
-    reason: str  # missing | empty | not_image | oversized | truncated | corrupt | bad_manifest_line | duplicate_id
-    #              | no_source (reindex: the old version has no metadata value for the item)
+    reason: str  # missing | empty | not_image | video | unreadable | symlink_loop | oversized | truncated | corrupt
+    #              | bad_manifest_line | duplicate_id | no_source (reindex: the old version has no metadata value)
     error: str = ""
 
 
 def walk_folder(folder: Path) -> list[Item]:
+    return scan_folder(folder)[0]
+
+
+def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
+    """A folder, recursively, in sorted order -> (its image files as items, a Skip for each thing it holds that
+    is not indexed): nothing in it is dropped without a count. Skip reasons: video (a .mp4, .mov... file),
+    not_image (any other file that is not of an image format; hidden files, named ".*", are not counted),
+    unreadable (a folder that cannot be listed: permission denied), symlink_loop (a link to a folder already
+    on the walk's path, or one that leads back to itself). Symbolic links to folders are followed (an album
+    linked into the library is indexed), each real folder at most once per path."""
     folder = Path(folder).resolve()
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {folder} does not exist")
-    items = []
-    for dirpath, dirnames, filenames in os.walk(folder):
+    items: list[Item] = []
+    skips: list[Skip] = []
+
+    def rel(p: Path) -> str:
+        return p.relative_to(folder).as_posix()
+
+    def unlisted(e: OSError) -> None:  # os.walk's onerror: a folder it could not list
+        p = Path(e.filename or folder)
+        reason = "symlink_loop" if e.errno == errno.ELOOP else "unreadable"
+        skips.append(Skip(rel(p) + "/" if p != folder else "./", str(p), reason, f"{type(e).__name__}: {e}"[:200]))
+
+    seen_on_path: dict[str, set[tuple[int, int]]] = {}  # dirpath -> the (device, inode) of it and its parents
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unlisted, followlinks=True):
         dirnames.sort()  # deterministic walk: same order, same batches, on every run
+        try:
+            st = os.stat(dirpath)
+            ancestors = seen_on_path.get(os.path.dirname(dirpath), set()) | {(st.st_dev, st.st_ino)}
+        except OSError:
+            ancestors = set()
+        seen_on_path[dirpath] = ancestors
+        for d in list(dirnames):
+            p = Path(dirpath) / d
+            try:
+                dst = os.stat(p)
+            except OSError as e:  # a dangling link, or one that loops on itself
+                dirnames.remove(d)
+                if p.is_symlink():  # (a dangling link named like a folder is not one: os.walk lists it as a folder)
+                    why = "symlink_loop" if e.errno == errno.ELOOP else "missing"
+                    skips.append(Skip(rel(p) + "/", str(p), why, f"{type(e).__name__}: {e}"[:200]))
+                continue
+            if (dst.st_dev, dst.st_ino) in ancestors:  # a link back to a folder on this path: a loop
+                dirnames.remove(d)
+                skips.append(Skip(rel(p) + "/", str(p), "symlink_loop",
+                                  f"links to {os.path.realpath(p)}, a folder this walk is already inside"))
         for fn in sorted(filenames):
             p = Path(dirpath) / fn
-            if p.suffix.lower() in IMAGE_EXTS:
-                items.append(Item(id=p.relative_to(folder).as_posix(), uri=str(p)))
-    return items
+            ext = p.suffix.lower()
+            if ext in IMAGE_EXTS:
+                items.append(Item(id=rel(p), uri=str(p)))
+            elif ext in VIDEO_EXTS:
+                skips.append(Skip(rel(p), str(p), "video", f"a {ext} file is a video: only still images are indexed"))
+            elif p.is_symlink() and not p.exists():
+                try:
+                    os.stat(p)
+                    why, err = "missing", "a link to nothing"
+                except OSError as e:
+                    why, err = ("symlink_loop" if e.errno == errno.ELOOP else "missing"), f"{type(e).__name__}: {e}"
+                skips.append(Skip(rel(p), str(p), why, err[:200]))
+            elif not fn.startswith("."):
+                skips.append(Skip(rel(p), str(p), "not_image",
+                                  f"{ext or 'a file without extension'}: not an image format this indexer reads"))
+    return items, skips
 
 
 def item_metadata(item: Item, facts: dict) -> dict:
     """An item's metadata value in Redis: what the manifest said and what the decoder read off the file
-    (width, height, format, and EXIF taken / camera where present). A manifest's own "taken" / "camera" win
-    over EXIF's at the top level; every manifest field is also kept as given under "fields" (what a reindex
-    reads back, and never shadowing the indexer's own keys)."""
-    own = {k: item.fields[k] for k in ("taken", "camera") if k in item.fields}
-    m = {"id": item.id, "uri": item.uri, **facts, **own, "caption": item.caption, "tags": item.tags}
+    (width, height, format, and EXIF taken / camera where present), and "added": when the item entered the
+    index (UTC, ISO 8601 without a zone; build or add time, kept by a reindex; an add that replaces an id
+    gives it the new time). A manifest's own "taken" / "camera" / "added" win over the indexer's at the top
+    level; every manifest field is also kept as given under "fields" (what a reindex reads back, and never
+    shadowing the indexer's own keys)."""
+    own = {k: item.fields[k] for k in ("taken", "camera", "added") if k in item.fields}
+    added = item.added or datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+    m = {"id": item.id, "uri": item.uri, **facts, "added": added, **own, "caption": item.caption, "tags": item.tags}
     if item.fields:
         m["fields"] = dict(item.fields)
     return m
@@ -138,7 +201,7 @@ def read_source(images: Path | None, manifest: Path | None) -> tuple[list[Item],
     if (images is None) == (manifest is None):
         raise ValueError("give exactly one of --images DIR or --manifest FILE.jsonl")
     if images is not None:
-        items, bad = walk_folder(images), []
+        items, bad = scan_folder(images)
         desc = {"images": str(Path(images).resolve())}
     else:
         items, bad = read_manifest(manifest)
@@ -157,8 +220,10 @@ def recorded_items(ids: list[str], metadata: list[bytes | str | None]) -> tuple[
             m = json.loads(raw) if raw is not None else None
             if not isinstance(m, dict) or not m.get("uri"):
                 raise ValueError("no metadata value in Redis" if raw is None else "its metadata has no uri")
+            added = m.get("added")
             items.append(Item(id=item_id, uri=str(m["uri"]), caption=m.get("caption"),
-                              tags=[str(t) for t in m.get("tags") or []], fields=dict(m.get("fields") or {})))
+                              tags=[str(t) for t in m.get("tags") or []], fields=dict(m.get("fields") or {}),
+                              added=added if isinstance(added, str) else None))
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             skips.append(Skip(item_id, "", "no_source", str(e)[:200]))
     return items, skips

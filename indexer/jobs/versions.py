@@ -235,6 +235,7 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
                         items, reader_skips = recorded_items(base_ids, store.metadata(name, base, base_ids))
                     else:
                         items, reader_skips, _ = read_source(images, manifest)
+                        _keep_added(store, name, base if kind == "add" else store.active(name), items)
             journal.create(spec, items, reader_skips)
         reused = len(journal.committed())
         encoded = 0
@@ -319,6 +320,26 @@ def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: floa
             f"{max_lost:.1%}; reasons in {report}), so {version} was NOT activated and "
             f"{base} stays active. Restore the sources and run the reindex again, or accept the loss: "
             f"crossprobe index activate {name} {version} (or rerun with --max-lost {math.ceil(lost / old * 100) / 100}).")
+
+
+def _keep_added(store: Store, name: str, base: str | None, items: list[Item]) -> None:
+    """An id already in the index's active version keeps the date it was first added (its metadata's "added"),
+    through a rebuild of the index or an add that replaces its file; read before the job's journal freezes the
+    items, so a resumed job writes the same dates. An unreadable old value: the new item's own time."""
+    if base is None or not items:
+        return
+    try:
+        old = set(store.read_ids(name, base))
+    except (OSError, ValueError):
+        return
+    again = [it for it in items if it.id in old and it.added is None]
+    for it, raw in zip(again, store.metadata(name, base, [it.id for it in again]) if again else []):
+        try:
+            added = json.loads(raw).get("added") if raw is not None else None
+        except (ValueError, AttributeError):
+            added = None
+        if isinstance(added, str):
+            it.added = added
 
 
 def _encode(job: Job, items: list[Item], journal: Journal) -> int:

@@ -12,6 +12,7 @@ item_metadata):
   taken   date taken (EXIF DateTimeOriginal, or the manifest's "taken"), ISO 8601
                                                             gt / gte / lt / lte with ISO dates ("2019-05-01",
                                                             "2019-05-01T14:00:00"); wall-clock time, zones ignored
+  added   when the item entered the index (UTC), ISO 8601   as taken
   <name>  any other scalar key of the manifest line (an album, a year, a rating, a flag)
                                                             eq / in (strings exact, numbers, true / false);
                                                             ranges with numbers, or with ISO dates where the
@@ -46,7 +47,7 @@ from crossprobe.indexer.storage.filter_model import parse_date
 NUMERIC = ("width", "height")
 FOLDED = ("format", "camera")  # compared case-insensitively
 STRINGS = FOLDED + ("caption",)
-DATES = ("taken",)
+DATES = ("taken", "added")
 BUILTIN = ("tags",) + STRINGS + NUMERIC + DATES
 
 

@@ -37,8 +37,8 @@ FILTER_STRINGS = ("tags", "format", "camera", "caption")
 
 class Condition(BaseModel):
     """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable). Fields: tags (eq =
-    has the tag, in = has any), format and camera (case-insensitive), caption, width, height, taken (ranges of
-    ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of numbers or
+    has the tag, in = has any), format and camera (case-insensitive), caption, width, height, taken and added
+    (ranges of ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of numbers or
     of ISO dates). A field that no item of the index has: 422."""
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -65,8 +65,8 @@ class Condition(BaseModel):
             raise ValueError(f"{f}: compare with strings")
         if f in FILTER_NUMERIC and (dated or any(isinstance(v, (str, bool)) for v in values)):
             raise ValueError(f"{f}: compare with numbers")
-        if f == "taken" and (values or len(dated) != len(bounds)):
-            raise ValueError("taken: a range (gt / gte / lt / lte) of ISO dates, e.g. {\"gte\": \"2019-05-01\"}")
+        if f in ("taken", "added") and (values or len(dated) != len(bounds)):
+            raise ValueError(f"{f}: a range (gt / gte / lt / lte) of ISO dates, e.g. {{\"gte\": \"2019-05-01\"}}")
         if dated and len(dated) != len(bounds):
             raise ValueError(f"{f}: a range's bounds are all numbers or all ISO dates")
         if any(parse_date(b) is None for b in dated):

@@ -11,9 +11,9 @@ from crossprobe.service import query_image
 from crossprobe.service.deps import QUERY, degraded_headers, run_search, server_timing, svc
 from crossprobe.service.exceptions import InvalidRequest
 from crossprobe.indexer.storage.filter_model import filter_from_json
-from crossprobe.service.schemas import (POST_ROUTE, VISIBLE_TEXT_HELP, QueryText, SearchRequest, SearchResponse,
-                                        error_responses)
-from crossprobe.service.settings import MAX_K, Rerank
+from crossprobe.service.schemas import (OFFSET_HELP, POST_ROUTE, SORT_HELP, VISIBLE_TEXT_HELP, QueryText,
+                                        SearchRequest, SearchResponse, Sort, error_responses)
+from crossprobe.service.settings import MAX_K, MAX_SHORTLIST, Rerank
 from crossprobe.service.state import ServiceState
 
 router = APIRouter(**QUERY)
@@ -38,7 +38,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
         image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
     plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
                                image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
-                               filter=body.filter, facets=body.facets)
+                               filter=body.filter, facets=body.facets, offset=body.offset, sort=body.sort)
     return await _answer(state, plan)
 
 
@@ -49,6 +49,10 @@ async def _answer(state: ServiceState, plan) -> Response:
     payload = {
         "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
                      "metadata": h.metadata} for h in out.hits],
+        "total": out.total,
+        "offset": plan.offset,
+        "next_offset": plan.offset + plan.k if plan.offset + plan.k < out.total else None,
+        "sort": plan.sort,
         "index": {"name": out.handle.name, "version": out.handle.version},
         "model": {"fingerprint": state.models.fingerprint, "query_precision": state.models.query_precision},
         "query_kind": plan.kind,
@@ -68,7 +72,8 @@ async def _answer(state: ServiceState, plan) -> Response:
 # image=@photo.jpg, an HTML form), the options as query parameters
 _BINARY = {"type": "string", "format": "binary"}
 _UPLOAD_BODY = {"requestBody": {"required": True, "description": "the image file's bytes (JPEG, PNG, WebP, GIF, BMP, "
-                                "TIFF), at most CROSSPROBE_QUERY_IMAGE_MAX_BYTES; or a multipart form with the file "
+                                "TIFF, HEIC/HEIF, AVIF, camera RAW), at most CROSSPROBE_QUERY_IMAGE_MAX_BYTES; or a "
+                                "multipart form with the file "
                                 "in the field \"image\"",
                                 "content": {"application/octet-stream": {"schema": _BINARY},
                                             "image/*": {"schema": _BINARY},
@@ -112,6 +117,8 @@ async def search_image(request: Request,
                            "\"filter\" (not JSON, or not such a filter: 422)",
                            json_schema_extra={"contentMediaType": "application/json",
                                               "x-constraints": ["JSON text of /v1/search's filter"]})] = None,
+                       offset: Annotated[int, Query(ge=0, le=MAX_SHORTLIST, description=OFFSET_HELP)] = 0,
+                       sort: Annotated[Sort, Query(description=SORT_HELP)] = "relevance",
                        ) -> Response:
     """Query by image as an upload: the body is the image file, or a multipart form whose file field is "image";
     the same search as /v1/search's "image"."""
@@ -119,5 +126,6 @@ async def search_image(request: Request,
     state.require_ready()
     flt = parse_filter(filter)
     data = await query_image.upload_bytes(request, state.settings.query_image_max_bytes)
-    plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup, filter=flt)
+    plan = state.searcher.plan(query, k, rerank, None, index, image=data, weight=weight, dedup=dedup, filter=flt,
+                               offset=offset, sort=sort)
     return await _answer(state, plan)

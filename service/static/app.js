@@ -16,6 +16,8 @@ const form = $("search-form");
 const input = $("q");
 const indexSelect = $("index");
 const kSelect = $("k");
+const sortSelect = $("sort");
+const moreButton = $("more-results");
 const explainBox = $("explain");
 const statusEl = $("status");
 const results = $("results");
@@ -33,6 +35,8 @@ let indexesLoaded = false;
 let loadSeq = 0; // a newer loadIndexes() ends an older one's polling
 let imageLimit = 0; // the service's CROSSPROBE_QUERY_IMAGE_MAX_BYTES (v1/indexes "limits"); 0: not known
 let focusResults = false; // a "More like this" click: its button goes with the old results, focus the new ones
+let nextOffset = null; // the answer's next_offset: where "More results" goes on (null: the last page is shown)
+let shown = 0; // results on screen (pages appended by "More results")
 
 // ---- helpers ------------------------------------------------------------------------------------
 function rerankValue() {
@@ -92,12 +96,16 @@ function fillIndexes(body) {
 
 // ---- search -------------------------------------------------------------------------------------
 // -> [path, fetch options] of the search the form describes: an image goes as a multipart upload to
-// v1/search/image (no base64: the whole CROSSPROBE_QUERY_IMAGE_MAX_BYTES fits the body limit), the rest as JSON
-function request(text, image, like) {
+// v1/search/image (no base64: the whole CROSSPROBE_QUERY_IMAGE_MAX_BYTES fits the body limit), the rest as JSON.
+// offset: the page (0, or the previous answer's next_offset for "More results"); the order: the "Order" select
+function request(text, image, like, offset) {
   const k = Number(kSelect.value);
   const flt = filters.filter();
+  const sort = sortSelect.value;
   if (image) {
     const q = new URLSearchParams({ k: String(k) });
+    if (offset) q.set("offset", String(offset));
+    if (sort !== "relevance") q.set("sort", sort);
     if (text) {
       q.set("query", text);
       q.set("rerank", rerankValue());
@@ -110,6 +118,8 @@ function request(text, image, like) {
     return ["v1/search/image?" + q.toString(), { method: "POST", body: data }];
   }
   const req = { k: k };
+  if (offset) req.offset = offset;
+  if (sort !== "relevance") req.sort = sort;
   if (text) {
     req.query = text;
     req.rerank = rerankValue(); // without a text there is nothing to rerank with: the server's default says so
@@ -121,7 +131,8 @@ function request(text, image, like) {
   return ["v1/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(req) }];
 }
 
-async function search() {
+// more: the next page of the search on screen, appended below it ("More results")
+async function search(more) {
   const text = input.value.trim();
   const image = query.image();
   const like = query.like();
@@ -131,13 +142,15 @@ async function search() {
     input.focus();
     return;
   }
-  const [path, init] = request(text, image, like);
+  const append = more === true && nextOffset !== null && view.last !== null;
+  const [path, init] = request(text, image, like, append ? nextOffset : 0);
   const seq = ++searchSeq;
   if (searchAbort) searchAbort.abort();
   searchAbort = new AbortController();
   init.signal = searchAbort.signal;
   form.setAttribute("aria-busy", "true");
-  setStatus(image ? "Searching with the image…" : "Searching…", "busy");
+  moreButton.disabled = append;
+  setStatus(append ? "Loading more results…" : image ? "Searching with the image…" : "Searching…", "busy");
   remember(text, like);
   let body;
   try {
@@ -145,15 +158,18 @@ async function search() {
   } catch (e) {
     if (e.name === "AbortError" || seq !== searchSeq) return;
     form.removeAttribute("aria-busy");
+    moreButton.disabled = false;
     setStatus("Search failed: " + e.message, "error"); // the service's own words (413 / 422 / 404 ...)
     filters.keep();
     return;
   }
   if (seq !== searchSeq) return;
   form.removeAttribute("aria-busy");
+  moreButton.disabled = false;
+  const before = append ? view.last.hits : [];
   view.last = { query: text || null, what: describe(text, image, like), index: body.index.name, rerank: body.rerank,
-    hits: body.results };
-  render(body);
+    hits: before.concat(body.results) };
+  render(body, append);
   if (explainBox.checked) explain();
 }
 
@@ -164,6 +180,7 @@ function remember(text, like) {
   if (like) q.set("like", like);
   q.set("rerank", rerankValue());
   q.set("k", kSelect.value);
+  if (sortSelect.value !== "relevance") q.set("sort", sortSelect.value);
   if (indexSelect.value) q.set("index", indexSelect.value);
   const f = filters.state();
   if (f) q.set("filter", JSON.stringify(f));
@@ -177,26 +194,43 @@ function describe(text, image, like) {
   return other ? "“" + text + "” and " + other + " (weight " + query.weight().toFixed(1) + ")" : "“" + text + "”";
 }
 
-function render(body) {
-  results.textContent = "";
-  revokeImages();
-  const n = body.results.length;
+const ORDER = { "date_taken": "oldest taken first", "-date_taken": "newest taken first",
+  "date_added": "oldest added first", "-date_added": "newest added first" };
+
+// append: a further page ("More results"): its cards go below the ones on screen, numbered on
+function render(body, append) {
+  if (!append) {
+    results.textContent = "";
+    revokeImages();
+    shown = 0;
+  }
+  const first = shown;
+  shown += body.results.length;
+  nextOffset = body.next_offset;
+  moreButton.hidden = nextOffset === null;
   const last = view.last;
   const how = body.rerank !== "none" ? "reranked by " + body.rerank
     : last.query ? "ranked by the two-tower score" : "ranked by similarity (no text to rerank with)";
   const what = last.what.startsWith("more like") ? ", " + last.what : " for " + last.what;
-  let text = n + (n === 1 ? " result" : " results") + what + " in " + body.index.name + ", " + how + ", in " +
-    ms(body.timings_ms.total) + " ms.";
+  const count = shown < body.total ? shown + " of " + body.total + " results"
+    : body.total + (body.total === 1 ? " result" : " results");
+  let text = count + what + " in " + body.index.name + ", " + how + (ORDER[body.sort] ? ", " + ORDER[body.sort] : "") +
+    ", in " + ms(body.timings_ms.total) + " ms.";
   if (body.deduplicated) text += " " + body.deduplicated + " near duplicates left out.";
   if (body.degraded) text += " Degraded: " + body.degraded_reason;
   view.summary = text;
   view.summaryKind = body.degraded ? "warn" : "";
   setStatus(text, view.summaryKind);
-  body.results.forEach((hit, i) => results.appendChild(card(hit, i + 1, body.index.name, body.rerank)));
-  filters.update(body.results, body.filtered || null);
+  body.results.forEach((hit, i) => results.appendChild(card(hit, first + i + 1, body.index.name, body.rerank)));
+  filters.update(last.hits, body.filtered || null);
   $("timings-explain").hidden = true;
   $("explain-spread").hidden = true;
   showTimings($("timings-search"), "search", body.timings_ms);
+  if (append && body.results.length) {
+    const card1 = results.children[first];
+    const link = card1 && card1.querySelector("a.thumb");
+    if (link) link.focus(); // keyboard and screen reader users go on where the new page starts
+  }
   if (focusResults) results.focus();
   focusResults = false;
 }
@@ -353,6 +387,8 @@ for (const el of form.querySelectorAll('input[name="rerank"]')) {
 }
 indexSelect.addEventListener("change", () => view.last && search());
 kSelect.addEventListener("change", () => view.last && search());
+sortSelect.addEventListener("change", () => view.last && search());
+moreButton.addEventListener("click", () => search(true));
 explainBox.addEventListener("change", () => {
   if (view.last) remember(input.value.trim(), query.like());
   explain();
@@ -360,7 +396,7 @@ explainBox.addEventListener("change", () => {
 
 timingsBox.open = window.matchMedia("(min-width: 700px)").matches;
 
-// restore a search from the URL (?q=...&like=...&rerank=...&k=...&index=...&filter=...&explain=1)
+// restore a search from the URL (?q=...&like=...&rerank=...&k=...&sort=...&index=...&filter=...&explain=1)
 const params = new URLSearchParams(location.search);
 const r = params.get("rerank");
 if (r) {
@@ -369,6 +405,9 @@ if (r) {
 }
 if (params.get("k") && kSelect.querySelector('option[value="' + CSS.escape(params.get("k")) + '"]')) {
   kSelect.value = params.get("k");
+}
+if (params.get("sort") && sortSelect.querySelector('option[value="' + CSS.escape(params.get("sort")) + '"]')) {
+  sortSelect.value = params.get("sort");
 }
 explainBox.checked = params.get("explain") === "1";
 $("legend").hidden = !explainBox.checked;

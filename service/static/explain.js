@@ -11,6 +11,8 @@ const legend = () => $("legend");
 export const view = { last: null, summary: "", summaryKind: "" };
 let explainSeq = 0;
 
+const MAX_IDS = 32; // ids in one v1/explain request (service/schemas.py MAX_EXPLAIN_IDS)
+
 export async function explain() {
   const results = $("results");
   const explainBox = $("explain");
@@ -35,11 +37,22 @@ export async function explain() {
   view.setStatus(view.summary + " Explaining…", "busy");
   let body;
   try {
-    body = await api("v1/explain", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ query: shown.query, index: shown.index, ids: shown.hits.map((h) => h.id) }),
-    });
+    // at most MAX_IDS ids a request (the service's bound): pages added by "More results" go in further requests
+    const ids = shown.hits.map((h) => h.id);
+    const parts = [];
+    for (let i = 0; i < ids.length; i += MAX_IDS) {
+      parts.push(api("v1/explain", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ query: shown.query, index: shown.index, ids: ids.slice(i, i + MAX_IDS) }),
+      }));
+    }
+    const answers = await Promise.all(parts);
+    body = answers[0];
+    for (const more of answers.slice(1)) {
+      Object.assign(body.maps, more.maps);
+      Object.assign(body.unavailable, more.unavailable);
+    }
   } catch (e) {
     if (seq === explainSeq) view.setStatus(view.summary + " Explain failed: " + e.message, "error");
     return;

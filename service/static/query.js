@@ -7,8 +7,10 @@ import { imageUrl, removeButton, showImage, size } from "./api.js";
 const $ = (id) => document.getElementById(id);
 
 // what the service decodes (service/query_image.py); an SVG or a PDF is refused here, before any upload
-const TYPES = ["image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff"];
-const EXTENSIONS = /\.(jpe?g|png|webp|gif|bmp|tiff?)$/i;
+const TYPES = ["image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff", "image/heic",
+  "image/heif", "image/avif", "image/x-adobe-dng"];
+// by name too: browsers give HEIC and camera RAW files no type (or one of their own) on many systems
+const EXTENSIONS = /\.(jpe?g|png|webp|gif|bmp|tiff?|heic|heif|avif|dng|cr2|cr3|nef|arw|raf|orf|rw2)$/i;
 const SHRINK_SIDE = 1024; // px: an over-limit photo is re-encoded at this longest side (the model sees 224)
 
 // hooks: onChange() (something to search with was added or removed), message(text) (a problem, said in the
@@ -91,10 +93,10 @@ export function createQuery(hooks) {
   // a File (or a pasted Blob) -> the query image, or a message saying why not
   async function useFile(file) {
     const name = file.name || "pasted image";
-    const ok = TYPES.includes(file.type) || (!file.type && EXTENSIONS.test(name));
+    const ok = TYPES.includes(file.type) || EXTENSIONS.test(name);
     if (!ok) {
       hooks.message("“" + name + "” is not an image this service reads" + (file.type ? " (" + file.type + ")" : "") +
-        ": choose a JPEG, PNG, WebP, GIF, BMP or TIFF file.");
+        ": choose a JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC, AVIF or camera RAW file.");
       return;
     }
     let blob = file;

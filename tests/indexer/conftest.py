@@ -176,3 +176,18 @@ def cluster_settings(redis_cluster, models_dir, tmp_path) -> IndexerSettings:
     r.flushall()
     r.close()
     return s
+
+
+def without_added(value: bytes | str | None) -> bytes | str | None:
+    """An item's metadata value less its "added" time (when the run wrote it): the one part of a version's Redis
+    values that two runs over the same input may differ in. Anything that is not a metadata value: unchanged."""
+    import json
+
+    try:
+        m = json.loads(value) if value is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return value
+    if not isinstance(m, dict) or "added" not in m:
+        return value
+    m.pop("added")
+    return json.dumps(m, ensure_ascii=False).encode()

@@ -94,7 +94,14 @@ def test_page_has_the_image_like_and_filter_controls(client):
     # query by image: a button for the file picker, a picker limited to the formats the service decodes
     assert '<button id="image-button" class="secondary" type="button"' in html and ">Search by image</button>" in html
     m = re.search(r'<input id="image-file" type="file" hidden\s+accept="([^"]+)">', html)
-    assert m and set(m.group(1).split(",")) == {f"image/{t}" for t in ("jpeg", "png", "webp", "gif", "bmp", "tiff")}
+    assert m and {t for t in m.group(1).split(",") if t.startswith("image/")} == {
+        f"image/{t}" for t in ("jpeg", "png", "webp", "gif", "bmp", "tiff", "heic", "heif", "avif")}
+    assert {".heic", ".avif", ".dng", ".nef"} <= set(m.group(1).split(","))  # by name: no type on many systems
+    # pages and order: "More results" (hidden until an answer has a next page), a labelled "Order" select
+    assert '<button id="more-results" class="secondary" type="button" hidden>More results</button>' in html
+    assert '<label for="sort">Order</label>' in html
+    assert set(re.findall(r'<option value="([^"]+)"', html.split('id="sort"')[1].split("</select>")[0])) == {
+        "relevance", "date_taken", "-date_taken", "date_added", "-date_added"}
     assert 'id="query-chips"' in html and "Drop or paste an image" in html
     # the text / image weight: a labelled 0..1 slider with its value shown
     assert '<label id="weight-label" for="weight">' in html

@@ -498,6 +498,49 @@ def test_more_like_this_leaves_the_item_out(page):
     wait_js(page, "document.querySelector('#query-chips').hidden")
 
 
+def test_more_results_and_the_order_by_date(page):
+    """Issue 34: "More results" fetches the next page of the same ranking below the first; "Order" sorts the
+    ranked results by date taken (undated last) and pages on in that order."""
+    ready(page)
+    first = search(page)
+    assert first["total"] == 16 and first["next_offset"] == 12
+    more = page.get_by_role("button", name="More results")
+    assert more.is_visible()
+    assert page.locator("#status").inner_text().startswith("12 of 16 results")
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        more.click()
+    assert resp.value.request.post_data_json == {"k": 12, "offset": 12, "query": QUERY, "rerank": "cp",
+                                                 "index": INDEX}
+    second = resp.value.json()
+    assert len(second["results"]) == 4 and second["next_offset"] is None
+    want = [h["id"] for h in first["results"] + second["results"]]
+    wait_js(page, "n => document.querySelectorAll('#results li.card').length === n", arg=16)
+    assert card_ids(page) == want and len(set(want)) == 16  # one ranking: nothing twice
+    assert page.locator("#results li.card .name").nth(12).inner_text().startswith("13. ")
+    wait_js(page, "!document.querySelector('#more-results').offsetParent")  # the last page: no button
+    assert page.locator("#status").inner_text().startswith("16 results")
+    assert page.evaluate("document.activeElement.closest('li') && document.activeElement.closest('li').dataset.id") \
+        == want[12]  # focus goes on where the new page starts
+    thumbnails_loaded(page)
+    shot(page, "more-results.png", full_page=True)
+    # newest taken first: the dated photos by date, then the undated in relevance order; a new first page
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        page.get_by_label("Order").select_option("-date_taken")
+    assert resp.value.request.post_data_json["sort"] == "-date_taken" and "offset" not in resp.value.request.post_data_json
+    body = resp.value.json()
+    results_shown(page, body)
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        more.click()
+    ids = [h["id"] for h in body["results"] + resp.value.json()["results"]]
+    wait_js(page, "n => document.querySelectorAll('#results li.card').length === n", arg=16)
+    assert card_ids(page) == ids
+    dated = sorted(((t, f"{n}.jpg") for n, (_, _, t) in MANIFEST.items() if t), reverse=True)
+    assert ids[:len(dated)] == [i for _, i in dated]
+    assert ids[len(dated):] == [i for i in want if i not in set(ids[:len(dated)])]  # relevance order
+    assert "sort=-date_taken" in page.url and "newest taken first" in page.locator("#status").inner_text()
+    shot(page, "order-by-date.png", full_page=True)
+
+
 def test_filter_chips_narrow_the_results(page):
     ready(page)
     hits = search(page)["results"]

@@ -18,9 +18,10 @@ outlives the killed indexer). Every run:
    active version sees consistent counts (FAISS rows = ids = manifest count, every value present);
 4. runs the same command again (the resume) and compares with the reference, an uninterrupted run of the same
    command from the same starting state: the same ids in the same order, no duplicate, bit-identical vectors
-   (vectors.npy and the FAISS rows), byte-identical Redis values per item, the same manifest and report (but
-   for version names and times), the same versions and states (abandoned attempts aside), no Redis key
-   beyond the reference's; then gc leaves exactly the active version on disk and in Redis.
+   (vectors.npy and the FAISS rows), byte-identical Redis values per item (less each metadata value's "added"
+   time), the same manifest and report (but for version names and times), the same versions and states
+   (abandoned attempts aside), no Redis key beyond the reference's; then gc leaves exactly the active version
+   on disk and in Redis.
 
 Encoding is deterministic here: the journal freezes the item list, so a batch always holds the same files,
 and ONNX Runtime runs with the same thread count; vectors are therefore compared bit for bit.
@@ -53,7 +54,7 @@ import redis
 from crossprobe.indexer import add, build, delete, open_index, reindex
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.store import Store
-from tests.indexer.conftest import make_images
+from tests.indexer.conftest import make_images, without_added
 
 NAME = "k"
 BS = 4  # images per batch (and per journal commit)
@@ -219,7 +220,7 @@ def content(store: Store, version: str) -> Content:
     index = faiss.read_index(str(vdir / "index.faiss"))
     rows = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, vec.shape[1]), np.float32)
     feats = store.r.mget([store.feat_key(NAME, version, i) for i in ids]) if ids else []
-    metas = store.r.mget([store.meta_key(NAME, version, i) for i in ids]) if ids else []
+    metas = [without_added(m) for m in store.r.mget([store.meta_key(NAME, version, i) for i in ids])] if ids else []
     text = (vdir / "manifest.json").read_text().replace(version, "<v>")
     manifest = {k: v for k, v in json.loads(text).items() if k != "created"}
     rep = json.loads((vdir / "report.json").read_text())

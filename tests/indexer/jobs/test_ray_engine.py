@@ -23,7 +23,7 @@ from crossprobe.indexer.jobs import ray_engine
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import Store
-from tests.indexer.conftest import make_images
+from tests.indexer.conftest import make_images, without_added
 
 ray = pytest.importorskip("ray")
 
@@ -50,7 +50,7 @@ def local_ray(ray_tmp):
 def _values(rd) -> list[bytes]:
     st = rd.store
     keys = [k for i in rd.ids for k in (st.feat_key(rd.name, rd.version, i), st.meta_key(rd.name, rd.version, i))]
-    return st.r.mget(keys)
+    return [without_added(v) for v in st.r.mget(keys)]  # "added": each run's own time
 
 
 def _assert_same_version(settings: IndexerSettings, a_name: str, b_name: str) -> None:

@@ -11,13 +11,13 @@ import numpy as np
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import Store
-from tests.indexer.conftest import make_images
+from tests.indexer.conftest import make_images, without_added
 
 
 def _values(rd):
     st = rd.store
     keys = [k for i in rd.ids for k in (st.feat_key(rd.name, rd.version, i), st.meta_key(rd.name, rd.version, i))]
-    return dict(zip(keys, st.r.mget(keys)))
+    return dict(zip(keys, (without_added(v) for v in st.r.mget(keys))))  # "added": each run's own time
 
 
 def _version_keys(store: Store, name: str, version: str) -> list[bytes]:

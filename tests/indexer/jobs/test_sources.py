@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import datetime
 
 import pytest
 
@@ -33,5 +35,7 @@ def test_metadata_value_and_reindex_round_trip():
     m = item_metadata(it, {"width": 4, "height": 3, "format": "JPEG", "camera": "EXIF Cam", "taken": "2020-01-01T00:00:00"})
     assert m["camera"] == "My Camera" and m["taken"] == "2020-01-01T00:00:00"  # the manifest's own wins
     assert m["fields"] == {"album": "home", "camera": "My Camera"}
+    assert m["added"] and m["added"] == datetime.fromisoformat(m["added"]).isoformat()  # when it was indexed (UTC)
     items, skips = recorded_items(["a"], [json.dumps(m)])
-    assert not skips and items[0] == it  # a reindex reads back what the manifest said
+    assert not skips and items[0] == replace(it, added=m["added"])  # a reindex reads back what the manifest said
+    assert item_metadata(items[0], {})["added"] == m["added"]  # ... and keeps the date the item was added
