@@ -142,7 +142,9 @@ def main() -> None:
 
 def write(res: dict, docs: Path) -> None:
     (docs / "results").mkdir(parents=True, exist_ok=True)
-    (docs / "results" / "library_features.json").write_text(json.dumps(res, indent=2) + "\n")
+    out = docs / "results" / "library_features.json"
+    kept = {k: v for k, v in json.loads(out.read_text()).items() if k not in res} if out.exists() else {}
+    out.write_text(json.dumps({**res, **kept}, indent=2) + "\n")  # other benchmarks' keys (watch) stay
     lines = [
         "# What a photo library holds: formats and sizes (issue 34)", "",
         f"`{res['command']}`: {res['count']} files per format ({res['distinct']} distinct pictures, the rest hard "
@@ -178,8 +180,8 @@ EXPLAINED = """
 - RAW: LibRaw (rawpy) hands over the embedded JPEG preview, decoded at draft scale, so a 48 MB DNG indexes as
   fast as a small JPEG; only a file with no preview of at least 224 px is demosaiced (half size).
 - Files are hard links of two pictures: decode time does not depend on which picture, and the page cache holds
-  them all, so this measures decoding and encoding, not the disk. The run shared the machine's 2 cores with
-  other jobs (load average in the machine line): the numbers are lower bounds.
+  them all, so this measures decoding and encoding, not the disk. The machine line gives the load average at
+  the start; the note says whether other jobs shared the cores (then the numbers are lower bounds).
 """
 
 

@@ -1,4 +1,4 @@
-"""`crossprobe index ...`: build | add | delete | reindex | list | activate | gc.
+"""`crossprobe index ...`: build | add | delete | reindex | watch | list | activate | gc.
 
 Options left unset fall back to IndexerSettings (env REDIS_URL, CROSSPROBE_INDEX_*, CROSSPROBE_PUSHGATEWAY_*);
 --ckpt falls back to CROSSPROBE_CKPT, the variable the service reads, so an index and the service that
@@ -173,6 +173,47 @@ def reindex_cmd(
     if failed:
         typer.echo(f"reindex failed for {', '.join(failed)} ({len(names) - len(failed)} of {len(names)} done)", err=True)
         raise typer.Exit(1)
+
+
+@index_app.command("watch")
+def watch_cmd(
+    name: str = typer.Option(..., help="index name (built from --images first if it has no active version)"),
+    images: Path = typer.Option(..., help="the folder to follow, walked recursively"),
+    ckpt: Path = _CKPT,
+    root: Path = _ROOT,
+    settle: float = typer.Option(None, help="seconds a changed file must be left alone before it is read (default 1)"),
+    poll: float = typer.Option(None, help="seconds between scans without file events (default 2)"),
+    events: bool = typer.Option(None, "--events/--poll-only", help="wake on inotify events where they start "
+                                "(default), or only scan every --poll seconds"),
+    batch_max: int = typer.Option(None, help="changed files per version (default 500)"),
+    metrics_port: int = typer.Option(None, help="port of the watcher's Prometheus /metrics (default 9109; 0: none)"),
+    workers: int = typer.Option(None),
+    batch_size: int = typer.Option(None),
+    max_pixels: int = typer.Option(None),
+    threads: int = typer.Option(None),
+):
+    """Keep NAME in step with a folder: new, changed, moved and deleted files reach the served index within
+    seconds, each batch as one new version (readers see all of it or none). Runs until SIGTERM or Ctrl-C; a
+    killed watcher started again finds what it had not applied."""
+    import signal
+    import threading
+
+    from redis.exceptions import RedisError
+
+    from crossprobe.indexer.jobs.watch import Watcher
+
+    settings = _settings(index_root=root, watch_settle_s=settle, watch_poll_s=poll, watch_events=events,
+                         watch_batch_max=batch_max, watch_metrics_port=metrics_port, workers=workers,
+                         batch_size=batch_size, max_pixels=max_pixels, threads=threads, progress=False)
+    stop = threading.Event()
+    try:
+        w = Watcher(name, images, settings, ckpt=ckpt, say=typer.echo)
+        signal.signal(signal.SIGTERM, lambda *_: (stop.set(), w.wake.set()))  # finish the batch in hand, exit 0
+        w.run(stop)
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    except (ValueError, LookupError, FileNotFoundError, RedisError) as e:
+        _fail(e)
 
 
 @index_app.command("list")

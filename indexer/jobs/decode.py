@@ -10,7 +10,8 @@ symlink_loop, video (by extension or by its MP4 / QuickTime header), not_image, 
 Pillow releases the GIL while decoding and resizing, so a thread pool overlaps
 this stage with the encoder. The file facts recorded for filters (indexer/storage/filter_columns.py) come from the same
 open: width, height, format, and from EXIF where present the date taken (DateTimeOriginal, else DateTime;
-ISO 8601, the camera's local time as written, no zone) and the camera (Make + Model).
+ISO 8601, the camera's local time as written, no zone) and the camera (Make + Model). The file's size and
+mtime (bytes, mtime_ns) as opened are recorded too: `crossprobe index watch` (watch.py) finds changed files by them.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def decode_one(item: Item, max_pixels: int) -> tuple[np.ndarray, dict] | Skip:
         return Skip(item.id, item.uri, "video", f"a {ext} file is a video: only still images are indexed")
     try:
         with open(item.uri, "rb") as f:
+            st = os.fstat(f.fileno())  # the file as opened: `index watch` compares it with the folder's later stat
             head = f.read(16)
             if not head:
                 return Skip(item.id, item.uri, "empty", "zero-byte file")
@@ -97,7 +99,7 @@ def decode_one(item: Item, max_pixels: int) -> tuple[np.ndarray, dict] | Skip:
                                 f"{max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)")
                 facts = exif_facts(pic.exif())  # header data: read before load_image decodes the pixels
                 x = inputs.load_image(pic.image)  # first frame of a GIF / first page of a TIFF
-        return x, {"width": w, "height": h, "format": pic.format, **facts}
+        return x, {"width": w, "height": h, "format": pic.format, **facts, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
     except (FileNotFoundError, IsADirectoryError) as e:
         return Skip(item.id, item.uri, "missing", str(e)[:200])
     except PermissionError as e:

@@ -75,6 +75,23 @@ class IndexerSettings(StorageSettings):
     # progress pushes this often (Prometheus scrapes the gateway every 15-60 s: finer gains nothing)
     pushgateway_interval_s: float = Field(5.0, gt=0, le=3600, validation_alias="CROSSPROBE_PUSHGATEWAY_INTERVAL_S")
 
+    # -- watch (watch.py): `crossprobe index watch` keeps an index in step with a folder ----------------------
+    # a changed file is read once its mtime is this old: a copy in progress is not indexed half-written
+    watch_settle_s: float = Field(1.0, ge=0, le=3600)
+    watch_events: bool = True  # wake on inotify events (watchdog) where they start; False: polling scans only
+    watch_poll_s: float = Field(2.0, gt=0, le=3600)  # scan interval without events (inotify limits, network mounts)
+    # a full scan at least this often even with events: an overflowed inotify queue drops events silently
+    watch_rescan_s: float = Field(300.0, gt=0, le=86_400)
+    watch_batch_max: int = Field(500, ge=1)  # changed files per version: bounds a batch's time, so its lag
+    # a scan that would delete more than this fraction of the index holds its deletes (a disk not mounted, a
+    # folder emptied by mistake) and says so; adds and changes go on
+    watch_max_delete: float = Field(0.5, ge=0, le=1)
+    # a version the watcher replaced is removed this long afterwards: a service polling `active` (1 s) may still
+    # read it. Each version holds a copy of every item's Redis values, so a long grace multiplies Redis memory
+    watch_gc_grace_s: float = Field(15.0, ge=0)
+    watch_metrics_port: int = Field(9109, ge=0, le=65_535)  # the watcher's Prometheus /metrics; 0: none
+    watch_metrics_addr: str = "0.0.0.0"  # the address /metrics listens on (127.0.0.1: this machine only)
+
     @property
     def models(self) -> Path:
         return Path(self.model_dir or self.index_root / "_models")

@@ -1,10 +1,11 @@
-"""Build, add, delete and reindex: each produces a new version, then flips `active` once.
+"""Build, add, delete, reindex and sync: each produces a new version, then flips `active` once.
 
 build    encode every item of a folder/manifest.
 add      the active version's items (vectors from its vectors.npy, Redis values
          copied server-side with COPY) plus newly encoded items; an item whose id
          is already there is replaced when the new file decodes.
 delete   the active version minus some ids (no encoding at all).
+sync     add and delete in one version: a batch of `crossprobe index watch` (watch.py).
 reindex  re-encode every item of the active version from the source it recorded
          (its metadata value: uri, caption, tags) with the current checkpoint: how
          an index moves to a new model, since the service refuses an index of
@@ -94,6 +95,15 @@ def add(name: str, images: Path | None = None, manifest: Path | None = None, set
                 bert=bert, log=log)
 
 
+def sync(name: str, images: Path, items: list[Item], ids: list[str], settings: IndexerSettings | None = None,
+         ckpt: Path | None = None, model=None, bert=None, log: Callable[[str], None] = print) -> Result:
+    """One batch of `crossprobe index watch` (watch.py): a new version = the active one minus `ids` plus `items`
+    (files of the folder `images`, new or changed: each replaces its id when it decodes), then one switch, so
+    a reader sees the whole batch or none of it."""
+    return _run("sync", name, settings or IndexerSettings(), images=images, items=items, ids=ids, ckpt=ckpt,
+                model=model, bert=bert, log=log)
+
+
 def delete(name: str, ids: list[str], settings: IndexerSettings | None = None, log: Callable[[str], None] = print) -> Result:
     return _run("delete", name, settings or IndexerSettings(), ids=ids, log=log)
 
@@ -174,14 +184,14 @@ class Job:
 
 
 def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=None, ids=None, ckpt=None, model=None, bert=None,
-         quantization=None, log=print) -> Result:
+         quantization=None, items=None, log=print) -> Result:
     check_name(name)
     t0 = time.perf_counter()
     times = StageTimer()
     r = connect(settings)
     store = Store(settings, r)
     base = base_manifest = None
-    if kind in ("add", "delete", "reindex"):
+    if kind in ("add", "delete", "reindex", "sync"):
         base = store.active(name)
         if base is None or (base_manifest := store.read_manifest(name, base)) is None:
             raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
@@ -207,6 +217,9 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         spec = {"kind": kind, "name": name, "base": base, "source": _source_desc(images, manifest),
                 "fingerprint": fingerprint, "quantization": quant, "batch_size": settings.batch_size,
                 "max_pixels": settings.max_pixels, "factory": settings.factory}
+        if kind == "sync":  # the batch itself names the job: the same changes after a kill resume its journal
+            spec["changes_sha"] = hashlib.sha256(json.dumps([[it.id, it.uri] for it in items] + sorted(set(ids)))
+                                                 .encode()).hexdigest()[:16]
     spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, settings)
     if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, settings, log)) is not None:
         return done
@@ -233,6 +246,9 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
                     if kind == "reindex":
                         base_ids = store.read_ids(name, base)
                         items, reader_skips = recorded_items(base_ids, store.metadata(name, base, base_ids))
+                    elif kind == "sync":
+                        reader_skips = []
+                        _keep_added(store, name, base, items)
                     else:
                         items, reader_skips, _ = read_source(images, manifest)
                         _keep_added(store, name, base if kind == "add" else store.active(name), items)
@@ -432,16 +448,18 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
             raise RuntimeError(f"no image of {what} could be indexed; see {vdir / 'report.json'}")
     else:
         base_ids, base_vecs = store.read_ids(name, base), store.read_vectors(name, base)
-        drop = set(new_ids) if kind == "add" else set(del_ids)
+        drop = set(new_ids) | set(del_ids or ())  # add, sync: a decoded item replaces its id; delete, sync: ids go
         keep = [i for i, it in enumerate(base_ids) if it not in drop]
         with times.stage("copy_redis"):
             _copy_values(store, store.layout(name, base), store.layout(name, version, spec["key_buckets"]),
                          [base_ids[i] for i in keep], job.settings.redis_batch)
         ids = [base_ids[i] for i in keep] + new_ids
         vectors = np.concatenate([base_vecs[keep], g]) if len(g) else base_vecs[keep]
-        extra = ({"replaced": len(base_ids) - len(keep), "added": len(new_ids) - (len(base_ids) - len(keep))}
-                 if kind == "add" else {"deleted": len(base_ids) - len(keep),
-                                        "not_found": sorted(set(del_ids) - set(base_ids))[:1000]})
+        gone = set(del_ids or ()) & set(base_ids)
+        replaced = len(base_ids) - len(keep) - len(gone)
+        extra = ({"replaced": replaced, "added": len(new_ids) - replaced} if kind == "add" else
+                 {"deleted": len(gone), "not_found": sorted(set(del_ids) - set(base_ids))[:1000]} if kind == "delete" else
+                 {"replaced": replaced, "added": len(new_ids) - replaced, "deleted": len(gone)})
     vectors = np.ascontiguousarray(vectors, np.float32)  # (N, d)
     backend = ann.backend(job.settings)  # FAISS (index.faiss here) by default, or a Milvus collection (indexer/storage/ann/)
     with times.stage(f"write_{backend.name}"):

@@ -294,12 +294,25 @@ class Store:
             except redis.WatchError:
                 raise RuntimeError(f"{name}: active version changed during this job; run it again") from None
 
-    def drop(self, name: str, version: str) -> int:
+    def drop(self, name: str, version: str, by_ids: bool = False) -> int:
         """Delete one version's Redis keys (SCAN + UNLINK, pipelined) and its directory. On a cluster redis-py
-        SCANs every master and splits each UNLINK by slot."""
+        SCANs every master and splits each UNLINK by slot. by_ids: a complete version's keys are exactly its items'
+        two keys, so UNLINK those without a SCAN (`index watch` drops a version per batch: a SCAN walks every
+        version's keys, seconds once a few dozen versions share the Redis)."""
         n = 0
         batch: list[bytes] = []
-        for k in self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.settings.redis_batch):
+        if by_ids and self.read_manifest(name, version) is not None:
+            keys = self.layout(name, version)
+            ids = self.read_ids(name, version)
+            for i in range(0, len(ids), self.settings.redis_batch):
+                with self.r.pipeline(transaction=False) as p:
+                    for it in ids[i:i + self.settings.redis_batch]:
+                        p.unlink(keys.feat(it), keys.meta(it))  # one slot: an item's two keys share its tag
+                    n += sum(p.execute())
+            keys_left = ()
+        else:
+            keys_left = self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.settings.redis_batch)
+        for k in keys_left:
             batch.append(k)
             if len(batch) >= self.settings.redis_batch:
                 n += self.r.unlink(*batch)

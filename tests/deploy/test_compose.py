@@ -45,15 +45,16 @@ def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg)
     assert "WARNING" not in p.stderr, p.stderr
     profiles = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config", "--profiles"],
                    cwd=REPO)
-    assert profiles.returncode == 0 and sorted(profiles.stdout.split()) == ["batch", "milvus"], \
+    assert profiles.returncode == 0 and sorted(profiles.stdout.split()) == ["batch", "milvus", "watch"], \
         profiles.stdout + profiles.stderr
     batch = {n for n, s in cfg["services"].items() if "batch" in s.get("profiles", [])}
     assert batch == {"indexer", "reindex"}
+    assert {n for n, s in cfg["services"].items() if "watch" in s.get("profiles", [])} == {"watcher"}
     # docker-compose 1.29's `config` renders every service whatever --profile says: the profiles key decides
     assert {n for n, s in cfg["services"].items() if not s.get("profiles")} == \
         {"redis", "api", "prometheus", "pushgateway", "grafana"}
-    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "prometheus", "pushgateway", "grafana",
-                                    *MILVUS_SERVICES}
+    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "watcher", "prometheus", "pushgateway",
+                                    "grafana", *MILVUS_SERVICES}
 
 
 def _binds(service: dict) -> list[tuple[str, str]]:
@@ -87,6 +88,10 @@ def _listen_port(name: str, svc: dict) -> int:
         from crossprobe.service.settings import Settings
 
         return int(env.get("CROSSPROBE_PORT", Settings.model_fields["port"].default))
+    if name == "watcher":  # its /metrics
+        from crossprobe.indexer.jobs.settings import IndexerSettings
+
+        return int(env.get("CROSSPROBE_INDEX_WATCH_METRICS_PORT", IndexerSettings.model_fields["watch_metrics_port"].default))
     flag, default = UPSTREAM_PORTS[name]
     if flag in env:
         return int(env[flag])
@@ -128,7 +133,7 @@ def test_every_port_and_url_matches_what_listens_there(cfg):
         if "CROSSPROBE_PUSHGATEWAY_URL" in env:
             check_url(f"{name} CROSSPROBE_PUSHGATEWAY_URL", env["CROSSPROBE_PUSHGATEWAY_URL"], "pushgateway")
     jobs = {j["job_name"]: j for j in load_yaml(PROMETHEUS_YML)["scrape_configs"]}
-    for job, host in (("crossprobe-api", "api"), ("pushgateway", "pushgateway")):
+    for job, host in (("crossprobe-api", "api"), ("pushgateway", "pushgateway"), ("crossprobe-watch", "watcher")):
         (target,) = [t for sc in jobs[job]["static_configs"] for t in sc["targets"]]
         check_url(f"prometheus.yml job {job}", target, host)
     assert jobs["pushgateway"].get("honor_labels") is True  # keeps the pushed job / index labels

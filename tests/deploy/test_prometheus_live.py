@@ -39,6 +39,7 @@ from tests.indexer.conftest import make_images
 MODES = ("cp", "temde", "none")
 QUERIES = ("a red square", "a dog on the grass", "two people")
 PUSHED = "pushed"  # the index the real build job makes (and pushes the progress of) during the test
+WATCHED = "watched"  # the index `crossprobe index watch` makes and follows during the test
 # alerts that must not fire over a healthy service; CrossprobeSearchP99OverBudget is left out on purpose:
 # latency on 2 cores shared with other jobs is not this test's to promise
 QUIET = ("CrossprobeErrorRatioHigh", "CrossprobeApiDown", "CrossprobeNotReady", "CrossprobeFeatureStoreDown",
@@ -115,7 +116,7 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp))
         return procs[-1]
 
-    prom_port, pg_port, api_port = free_port(), free_port(), free_port()
+    prom_port, pg_port, api_port, watch_port = free_port(), free_port(), free_port(), free_port()
     try:
         # --persistence.file= (empty): in memory. Debian's build otherwise keeps every test's groups in the
         # system-wide /var/lib/prometheus/pushgateway.data, where the next run (and other tests) would see them
@@ -127,7 +128,7 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
         assert [(PROMETHEUS_YML.parent / f).resolve() for f in cfg["rule_files"]] == [RULES]
         cfg["global"] = {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"}
         cfg["rule_files"] = [str(RULES)]
-        loopback = {"crossprobe-api": api_port, "pushgateway": pg_port}
+        loopback = {"crossprobe-api": api_port, "pushgateway": pg_port, "crossprobe-watch": watch_port}
         assert {j["job_name"] for j in cfg["scrape_configs"]} == set(loopback)
         for job in cfg["scrape_configs"]:
             job["static_configs"] = [{"targets": [f"127.0.0.1:{loopback[job['job_name']]}"]}]
@@ -147,6 +148,15 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
                     {**base_env, "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir), "CROSSPROBE_INDEX_THREADS": "1",
                      "CROSSPROBE_INDEX_BATCH_SIZE": "2", "CROSSPROBE_INDEX_PROGRESS": "false",
                      "CROSSPROBE_PUSHGATEWAY_URL": f"http://127.0.0.1:{pg_port}"})
+        # `crossprobe index watch` over a folder of its own, in an index root the service does not read: the
+        # scrape target crossprobe-watch (its /metrics on CROSSPROBE_INDEX_WATCH_METRICS_PORT)
+        watched = tmp / "watched"
+        make_images(watched, 5, seed=8, prefix="watched")
+        start("watch", [sys.executable, "-m", "crossprobe.service.cli", "index", "watch", "--name", WATCHED,
+                        "--images", str(watched), "--ckpt", str(svc_ckpt)],
+              {**base_env, "CROSSPROBE_INDEX_ROOT": str(tmp / "watch-indexes"), "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir),
+               "CROSSPROBE_INDEX_THREADS": "1", "CROSSPROBE_INDEX_PROGRESS": "false",
+               "CROSSPROBE_INDEX_WATCH_METRICS_PORT": str(watch_port), "CROSSPROBE_INDEX_WATCH_METRICS_ADDR": "127.0.0.1"})
         # CROSSPROBE_QUEUE_SIZE=1: a burst of concurrent searches gets real 429s
         start("service", [sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1", "--port",
                           str(api_port)],
@@ -176,7 +186,7 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
 
 def _scraped_since(prom: httpx.Client, t: float) -> bool:
     targets = prom.get("/api/v1/targets").json()["data"]["activeTargets"]
-    return len(targets) == 2 and all(x["health"] == "up" and _prom_time(x["lastScrape"]) > t for x in targets)
+    return len(targets) == 3 and all(x["health"] == "up" and _prom_time(x["lastScrape"]) > t for x in targets)
 
 
 def _evaluated_since(prom: httpx.Client, t: float) -> bool:
@@ -307,6 +317,14 @@ def test_the_build_job_pushed_its_final_progress(loaded):
     (last,) = _query(prom, f"crossprobe_batch_last_success_timestamp_seconds{sel}")
     assert stack.started < last < time.time()
     assert _query(prom, f'crossprobe_index_items{{index="{PUSHED}"}}') == [6.0]  # and the service serves it
+
+
+def test_the_watcher_is_scraped_with_its_progress(loaded):
+    prom, sel = loaded.prom, f'{{job="crossprobe-watch", index="{WATCHED}"}}'
+    assert _query(prom, f"crossprobe_watch_indexed_items{sel}") == [5.0]  # its first build
+    assert _query(prom, f"crossprobe_watch_folder_missing{sel}") == [0.0]
+    assert _query(prom, f"crossprobe_watch_events_enabled{sel}") == [1.0]  # inotify here
+    assert _query(prom, f'crossprobe_watch_batches_total{{job="crossprobe-watch", outcome="ok"}}') == [1.0]
 
 
 def test_the_image_healthcheck_command(stack):
