@@ -290,3 +290,30 @@ def set_temde(
         raise typer.Exit(2)
     c = model.cfg.temde
     typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; T-EMDE N {c.N} x K {c.K}, inner {c.inner})")
+
+
+@checkpoint_app.command("set-calibration")
+def set_calibration(
+    curves: Path = typer.Option(..., help="research/calibration/fit.py's docs/research/results/calibration.json"),
+    ckpt: Path = CKPT,
+):
+    """Store relevance curves (one per rerank mode) in the checkpoint directory as calibration.json. The weights
+    and fingerprint do not change, so no index is rebuilt; the service reads them at start-up."""
+    import json
+
+    from crossprobe.models import DEFAULT_CHECKPOINT, calibration, read_config
+
+    path = Path(ckpt or DEFAULT_CHECKPOINT)
+    d = json.loads(curves.read_text())
+    fp, want = read_config(path)["fingerprint"], d.get("meta", {}).get("fingerprint")
+    if want != fp:
+        typer.echo(f"{curves} was fitted for checkpoint {want}; {path} is {fp}: fit it again with --ckpt {path}", err=True)
+        raise typer.Exit(2)
+    try:
+        cal = calibration.Calibration({m: calibration.Curve.from_json(c) for m, c in d["curves"].items()},
+                                      {k: d[k] for k in ("ece", "ece_top1", "sets") if k in d} | d["meta"])
+    except (KeyError, ValueError) as e:
+        typer.echo(f"{curves}: {e}", err=True)
+        raise typer.Exit(2)
+    cal.save(path)
+    typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from crossprobe.models import export, runtime
+from crossprobe.models import DEFAULT_CHECKPOINT, calibration, export, runtime
 from crossprobe.service.settings import Settings
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class Models:
         # scorers that add the region-label term take the query's class cosines and the candidates' cell labels
         self.region = {k: "labels" in {i.name for i in s.get_inputs()} for k, s in self.scorers.items()}
         self.providers = self.query.get_providers()
+        # relevance curves fitted for this checkpoint (models/calibration.py); None: results carry no relevance
+        self.calibration = calibration.Calibration.load(settings.ckpt or DEFAULT_CHECKPOINT)
 
     def encode(self, texts: list[str]) -> list[QueryVectors]:
         """A batch of queries -> query vectors. fp32: one run for the batch (padding is masked, so

@@ -15,8 +15,12 @@ ANN order is the answer (rerank "none", said in the response with the reason). I
 never among the results. dedup: results whose stored vectors have a cosine >= the threshold with a result
 ranked above them are dropped (clip-retrieval's deduplicate; stage dedup).
 
-Pages: everything above is the whole ranked answer (the shortlist, less the filter's, "like"'s, min_score's and
-dedup's drops); `sort` may reorder it by date taken or added (stage sort, from the version's metadata columns);
+Relevance: a text query's results carry a calibrated relevance, the probability that each matches
+(models/calibration.py, per rerank mode); min_relevance drops the results below it, so a query for something
+the index does not hold can return nothing.
+
+Pages: everything above is the whole ranked answer (the shortlist, less the filter's, "like"'s, min_score's,
+min_relevance's and dedup's drops); `sort` may reorder it by date taken or added (stage sort, from the version's metadata columns);
 its length is the answer's total, and the page is its [offset, offset + k) slice, so every page of the same
 request comes from the same ranking (the shortlist does not grow with the offset). Metadata is read for the
 page only.
@@ -77,6 +81,7 @@ class Plan:
     rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
     offset: int = 0  # the page: ranked results skipped before the k returned
     sort: str = "relevance"  # relevance | date_taken | -date_taken | date_added | -date_added (stage sort)
+    min_relevance: float | None = None  # drop results whose calibrated relevance is lower (text queries only)
 
     @property
     def kind(self) -> str:
@@ -92,6 +97,7 @@ class RankedItem:
     score: float
     ann: float
     rerank: float | None
+    relevance: float | None = None  # P(match) from the checkpoint's calibration (text queries; else None)
     metadata: dict | None = None
 
 
@@ -127,9 +133,16 @@ class Searcher:
              index: str | None = None, min_score: float | None = None, tail: int = 0, *, image: bytes | None = None,
              like: list[str] | None = None, embedding: np.ndarray | None = None, weight: float = 0.5,
              dedup: float | None = None, filter: object | None = None, facets: bool = False, offset: int = 0,
-             sort: str = "relevance") -> Plan:
+             sort: str = "relevance", min_relevance: float | None = None) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
         like = list(dict.fromkeys(like or []))
+        if min_relevance is not None:  # relevance is calibrated on captions: a text alone
+            if query is None or image is not None or like or embedding is not None:
+                raise InvalidRequest("invalid request: min_relevance needs a text query alone (relevance is "
+                                     "calibrated on text queries; an image or \"like\" query has none)")
+            if self.models.calibration is None:
+                raise InvalidRequest("invalid request: min_relevance: this server's checkpoint has no "
+                                     "calibration.json (research/calibration/fit.py makes one)")
         mode = rerank or self.settings.default_rerank
         skipped = None
         if query is None and mode != "none":  # nothing to rerank with: the rerankers score a text against images
@@ -140,7 +153,7 @@ class Searcher:
             shortlist = min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST)
         return Plan(query, k, mode, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
                     weight=weight, dedup=dedup, filter=filter, facets=facets, rerank_skipped=skipped, offset=offset,
-                    sort=sort)
+                    sort=sort, min_relevance=min_relevance)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
@@ -263,6 +276,9 @@ class Searcher:
         order = np.argsort(-final, kind="stable") if logits is not None else np.arange(len(ids))
         if plan.min_score is not None:
             order = order[final[order] >= plan.min_score]
+        relevance = self._relevance(plan, final, "none" if logits is None else plan.rerank)
+        if plan.min_relevance is not None and relevance is not None:
+            order = order[relevance[order] >= plan.min_relevance]
         dropped = 0
         if plan.dedup is not None and len(order) > 1:
             with clock.stage("dedup"):  # over the whole ranked answer: `total` counts what every page can show
@@ -272,8 +288,8 @@ class Searcher:
                 order = self._by_date(order, ids, handle, plan.sort, degraded)
         total = len(order)
         order = order[plan.offset: plan.offset + plan.k + plan.tail]
-        ranked = [RankedItem(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]))
-                  for i in order]
+        ranked = [RankedItem(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]),
+                             None if relevance is None else round(float(relevance[i]), 4)) for i in order]
         hits, tail = ranked[: plan.k], ranked[plan.k:]
 
         with clock.stage("metadata"):
@@ -300,6 +316,14 @@ class Searcher:
                        filtered=None if filtered is None else
                        {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how},
                        facets=facets)
+
+    def _relevance(self, plan: Plan, final: np.ndarray, mode: str) -> np.ndarray | None:
+        """Each candidate's calibrated relevance under the mode that ranked it (a degraded search that kept the
+        ANN order: "none"'s curve on the ANN cosine); None for queries that are not a text alone."""
+        cal = self.models.calibration
+        if cal is None or plan.kind != "text" or not len(final):
+            return None
+        return cal.relevance(mode, final)
 
     def _by_date(self, order: np.ndarray, ids: list[str], handle: IndexHandle, sort: str,
                  degraded: list[tuple[str, str]]) -> np.ndarray:

@@ -87,7 +87,7 @@ MAX_FACETS = 50  # tags in a facets answer
 
 # ---- pages and order ---------------------------------------------------------------------------------------------
 Sort = Literal["relevance", "date_taken", "-date_taken", "date_added", "-date_added"]
-SORT_HELP = ("the order of the ranked results (those above min_score, after filter and dedup): relevance (the "
+SORT_HELP = ("the order of the ranked results (those above min_relevance and min_score, after filter and dedup): relevance (the "
              "default); date_taken / date_added: oldest first, -date_taken / -date_added: newest first (date taken: "
              "EXIF DateTimeOriginal or the manifest's \"taken\"; date added: when the item entered the index). "
              "Items without that date come last, in relevance order")
@@ -142,6 +142,10 @@ class SearchRequest(BaseModel):
     # strict: a JSON number only (an int is fine); true / false / "1e2" are refused, not coerced
     min_score: float | None = Field(None, strict=True, allow_inf_nan=False,
                                     description="drop results whose score is lower (a JSON number)")
+    min_relevance: float | None = Field(None, ge=0, le=1, strict=True, allow_inf_nan=False,
+                                        description="drop results whose relevance (the calibrated probability that "
+                                        "they match) is lower, e.g. 0.1: a query for something the index does not "
+                                        "hold can return nothing. A text query alone (else 422)")
     offset: int = Field(0, ge=0, le=MAX_SHORTLIST, strict=True, description=OFFSET_HELP)
     sort: Sort = Field("relevance", description=SORT_HELP)
 
@@ -175,6 +179,9 @@ class Scores(BaseModel):
 class Hit(BaseModel):
     id: str
     score: float = Field(description="the ranking score: scores.rerank when reranked, else scores.ann")
+    relevance: float | None = Field(None, description="the probability that this result matches the query, "
+                                    "calibrated per rerank mode on dev captions (0..1, comparable across modes); "
+                                    "null for image and \"like\" queries, or a checkpoint without calibration")
     scores: Scores
     metadata: dict[str, Any] | None
 
@@ -208,7 +215,7 @@ class FilterInfo(BaseModel):
 class SearchResponse(BaseModel):
     results: list[Hit] = Field(description="the page: at most k results from `offset` on")
     total: int = Field(description="ranked results of the whole answer, every page together: the shortlist's "
-                       "candidates less those dropped by filter, like, min_score and dedup (at most the shortlist; "
+                       "candidates less those dropped by filter, like, min_score, min_relevance and dedup (at most the shortlist; "
                        "with a filter, filtered.matching counts every item that passes it)")
     offset: int = Field(description="the request's offset: results[0] is result offset + 1 of total")
     next_offset: int | None = Field(description="the offset of the next page; null on the last page (or past it)")

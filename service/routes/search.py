@@ -38,7 +38,8 @@ async def search(body: SearchRequest, request: Request) -> Response:
         image = query_image.b64_bytes(body.image, state.settings.query_image_max_bytes)
     plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
                                image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
-                               filter=body.filter, facets=body.facets, offset=body.offset, sort=body.sort)
+                               filter=body.filter, facets=body.facets, offset=body.offset, sort=body.sort,
+                               min_relevance=body.min_relevance)
     return await _answer(state, plan)
 
 
@@ -47,7 +48,7 @@ async def _answer(state: ServiceState, plan) -> Response:
     out = await run_search(state, plan)
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
-        "results": [{"id": h.id, "score": h.score, "scores": {"ann": h.ann, "rerank": h.rerank},
+        "results": [{"id": h.id, "score": h.score, "relevance": h.relevance, "scores": {"ann": h.ann, "rerank": h.rerank},
                      "metadata": h.metadata} for h in out.hits],
         "total": out.total,
         "offset": plan.offset,

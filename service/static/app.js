@@ -283,6 +283,13 @@ function card(hit, rank, index, rerank) {
 
   const scores = document.createElement("p");
   scores.className = "scores";
+  if (hit.relevance !== null && hit.relevance !== undefined) {
+    const rel = document.createElement("span");
+    rel.className = "relevance";
+    rel.textContent = Math.round(hit.relevance * 100) + "% match";
+    rel.title = "the calibrated probability that this photo matches the query";
+    scores.appendChild(rel);
+  }
   const score = document.createElement("span");
   score.className = "score";
   score.textContent = "score " + hit.score.toFixed(3);
