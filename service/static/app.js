@@ -283,13 +283,6 @@ function card(hit, rank, index, rerank) {
 
   const scores = document.createElement("p");
   scores.className = "scores";
-  if (hit.relevance !== null && hit.relevance !== undefined) {
-    const rel = document.createElement("span");
-    rel.className = "relevance";
-    rel.textContent = Math.round(hit.relevance * 100) + "% match";
-    rel.title = "the calibrated probability that this photo matches the query";
-    scores.appendChild(rel);
-  }
   const score = document.createElement("span");
   score.className = "score";
   score.textContent = "score " + hit.score.toFixed(3);
@@ -301,6 +294,16 @@ function card(hit, rank, index, rerank) {
     ann.textContent = "two-tower " + hit.scores.ann.toFixed(3);
     ann.title = "the first stage's cosine (before reranking)";
     scores.appendChild(ann);
+  }
+  if (hit.relevance !== null && hit.relevance !== undefined) {
+    // muted, beside the scores: it is the chance this is the one photo a caption describes among ~1,000
+    // (docs/research/calibration.md), which reads low on small or unfamiliar galleries even when the order is right
+    const rel = document.createElement("span");
+    rel.className = "relevance";
+    rel.textContent = "relevance " + hit.relevance.toFixed(2);
+    rel.title = "calibrated on the dev captions: how often a result with this relevance was the very photo a " +
+      "caption described, among about 1,000 photos (min_relevance in the API cuts the list there)";
+    scores.appendChild(rel);
   }
   meta.appendChild(scores);
 
