@@ -101,9 +101,10 @@ class SearchRequest(BaseModel):
     """A search: a text (`query`), an image (`image`), indexed items (`like`), or a text with one of the other two.
     Rules that span fields, which JSON Schema cannot express (so they are listed under x-constraints); broken:
     422 invalid_request. shortlist >= k when shortlist is given (k defaults to 10); at least one of query, image,
-    like; not both image and like."""
+    like; not both image and like; min_relevance only with a query alone."""
     model_config = ConfigDict(extra="forbid", json_schema_extra={"x-constraints": [
         "shortlist >= k", "at least one of query, image, like", "not both image and like",
+        "min_relevance only with a query alone (no image, no like)",
         "image is a base64-encoded image file",
         "each filter condition: exactly one of eq, in or a range, with values of its field's type"]})
 
@@ -162,6 +163,9 @@ class SearchRequest(BaseModel):
             raise ValueError("send a query, an image or like (at least one)")
         if self.image is not None and self.like is not None:
             raise ValueError("send image or like, not both")
+        if self.min_relevance is not None and (self.query is None or self.image is not None or self.like is not None):
+            raise ValueError("min_relevance needs a text query alone (relevance is calibrated on text queries; an "
+                             "image or \"like\" query has none)")
         if self.filter is not None and count_conditions(self.filter) > MAX_FILTER_CONDITIONS:
             raise ValueError(f"filter: more than {MAX_FILTER_CONDITIONS} conditions")
         return self

@@ -12,8 +12,8 @@ rejected") would call the service's correct 422s failures. The hooks below, and 
                          anything around it (NUL, zero-width, spaces, private use). The coverage phase builds
                          its strings without format strategies, so filter_failure below also drops an ST202
                          whose 422 says exactly "this query is blank" for a query that is.
-  x-constraints          the cross-field and index-dependent rules: /v1/search's "shortlist >= k" and "not both
-                         image and like", /knn-service's "embedding_input has the index's dimension and is not
+  x-constraints          the cross-field and index-dependent rules: /v1/search's "shortlist >= k", "not both
+                         image and like" and "min_relevance only with a query alone", /knn-service's "embedding_input has the index's dimension and is not
                          all zeros", /v1/search/image's "filter is JSON text of /v1/search's filter", and a
                          filter condition's own rules (one test; values of the field's type).
                          filter_failure drops an ST202 whose 422 names only such a rule for a request that
@@ -127,6 +127,9 @@ def _explained_422(path: str, body, error: dict, query: dict | None = None) -> b
             broken.append("send image or like, not both")
         if all(body.get(f) is None for f in ("query", "image", "like")):
             broken.append("send a query, an image or like (at least one)")
+        if body.get("min_relevance") is not None and (body.get("query") is None or body.get("image") is not None
+                                                      or body.get("like") is not None):
+            broken.append("min_relevance needs a text query alone")
         # a filter condition's own rules (Condition._one_test: one test, values of the field's type, ISO dates)
         # are model validators: a schema-valid condition can break only those, each a "value_error" under filter
         in_filter = [d for d in details if str(d.get("field", "")).startswith("filter")]

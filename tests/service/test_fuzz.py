@@ -139,7 +139,12 @@ def test_schemathesis_finds_no_5xx_and_no_failed_check(built, svc_ckpt, artifact
     report, har, config = tmp / "report.json", tmp / "requests.har", tmp / "schemathesis.toml"
     config.write_text(_config(built))
     log = tmp / "server.log"
-    with live.serve(built, svc_ckpt, artifacts, log) as base:
+    # the test checkpoint with relevance curves (same weights, same fingerprint): min_relevance is served, not 422
+    ckpt = tmp / "ck"
+    shutil.copytree(svc_ckpt, ckpt)
+    (ckpt / "calibration.json").write_text(json.dumps({"curves": {m: {"x": [-30.0, 30.0], "y": [0.0, 1.0], "shift": 1.0}
+                                                                  for m in ("none", "cp", "temde")}, "meta": {}}))
+    with live.serve(built, ckpt, artifacts, log) as base:
         before = _served(base)  # /readyz answered 503 while the server was loading: not the fuzzer's
         args = ["--config-file", str(config), "run", f"{base}/openapi.json", "--checks", "all",
                 "--max-examples", str(examples),

@@ -201,7 +201,9 @@ def test_the_document_says_what_json_schema_cannot(client):
     spec = client.get("/openapi.json").json()
     search = spec["components"]["schemas"]["SearchRequest"]
     assert search["x-constraints"] == ["shortlist >= k", "at least one of query, image, like",
-                                       "not both image and like", "image is a base64-encoded image file",
+                                       "not both image and like",
+                                       "min_relevance only with a query alone (no image, no like)",
+                                       "image is a base64-encoded image file",
                                        "each filter condition: exactly one of eq, in or a range, with values of its "
                                        "field's type"]
     assert "shortlist >= k" in search["description"]
