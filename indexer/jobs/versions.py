@@ -478,10 +478,17 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
-        "source": spec.get("source"), "skipped": report["counts"]["skipped"],
+        "source": spec.get("source") or _base_source(store, name, base), "skipped": report["counts"]["skipped"],
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
     return report
+
+
+def _base_source(store: Store, name: str, base: str | None) -> dict | None:
+    """delete and reindex name no source of their own: the items are the base version's, and so is where they came
+    from (`index watch` follows a folder only into versions that say it is theirs)."""
+    m = store.read_manifest(name, base) if base else None
+    return m.get("source") if m else None
 
 
 def _write_report(vdir: Path, kind: str, total: int, skips: list[Skip], times: StageTimer, t0: float, encoded: int,

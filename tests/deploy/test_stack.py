@@ -118,10 +118,11 @@ def stack(tmp_path_factory):
     compose("down", "-v", env=env, check=False, timeout=180)
     t0 = time.monotonic()
     compose("up", "-d", *SERVICES, env=env, timeout=300)
+    started = list(SERVICES)
     try:
-        yield {"env": env, "gallery": gallery, "root": root, "t0": t0}
+        yield {"env": env, "gallery": gallery, "root": root, "t0": t0, "started": started}
     finally:
-        for s in SERVICES:
+        for s in started:
             logs = sh(["podman", "logs", name(s)], check=False, timeout=30)
             (root / f"{s}.log").write_text(logs.stdout + logs.stderr)
         compose("down", "-v", env=env, check=False, timeout=300)
@@ -221,6 +222,35 @@ def test_page_and_thumbnail_load(stack):
                                     "thumbnail_type": img.headers["content-type"]}
 
 
+# ---- the watcher (profile watch) -------------------------------------------------------------------------
+def test_watcher_follows_the_mounted_folder(stack):
+    """`up -d watcher` (podman-compose 1.0 starts a profile's service by its name): a photo copied into $IMAGES on
+    the host is served by the api within seconds, with nothing restarted, and gone once deleted."""
+    before = started_at("api")
+    compose("up", "-d", "watcher", env=stack["env"], timeout=300)
+    stack["started"].append("watcher")
+
+    def item(i: str) -> int:
+        return httpx.get(f"{API}/v1/items/{i}", params={"index": "photos"}, timeout=5).status_code
+
+    wait("the watcher to start (its /metrics)", lambda: sh(["podman", "exec", name("watcher"), "python", "-c",
+         "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9109/metrics', timeout=2)"],
+         check=False, timeout=30).returncode == 0, 180, step=1)
+    new = stack["gallery"] / "coffee-again.jpg"
+    shutil.copyfile(stack["gallery"] / "coffee.jpg", new)
+    new.chmod(0o644)
+    t = time.monotonic()
+    wait("the copied photo served", lambda: item(new.name) == 200, 60)
+    added_s = time.monotonic() - t
+    new.unlink()
+    t = time.monotonic()
+    wait("the deleted photo gone", lambda: item(new.name) == 404, 60)
+    RESULT["watcher"] = {"added_served_after_s": round(added_s, 2), "deleted_gone_after_s": round(time.monotonic() - t, 2),
+                         "api_restarted": started_at("api") != before}
+    assert not RESULT["watcher"]["api_restarted"]
+    assert search("a cup of coffee", k=1).json()["results"][0]["id"] == "coffee.jpg"
+
+
 # ---- Prometheus in its container --------------------------------------------------------------------------
 def test_prometheus_scrapes_the_api_and_pushgateway_and_the_queries_return_data(stack):
     for q in ("a cat", "a dog", "a rocket"):
@@ -233,9 +263,9 @@ def test_prometheus_scrapes_the_api_and_pushgateway_and_the_queries_return_data(
         up = {t["labels"]["job"]: t["health"] for t in active}
         return up if up and all(v == "up" for v in up.values()) else None
 
-    up = wait("both targets up", targets, 90, step=1)
+    up = wait("every target up", targets, 90, step=1)
     RESULT["prometheus_targets_up"] = up
-    assert set(up) == {"crossprobe-api", "pushgateway"}
+    assert set(up) == {"crossprobe-api", "pushgateway", "crossprobe-watch"}
     time.sleep(16)  # one more scrape (15 s interval) after the traffic above
     search("a cat", k=4)
     time.sleep(16)

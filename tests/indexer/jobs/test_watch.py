@@ -122,6 +122,14 @@ def test_watcher_follows_a_folder_one_version_per_batch(settings, ckpt, bert, tm
     assert w.metrics.changes.labels("w", "modified")._value.get() == 1
     assert w.metrics.changes.labels("w", "deleted")._value.get() == 2
 
+    # a version made by another job goes live (a reindex to move models, a delete): the watcher carries on from it
+    from crossprobe.indexer import reindex
+
+    res = reindex("w", settings=s, ckpt=ckpt, bert=bert, log=lambda *_: None)
+    assert store.active("w") == res.version and w.step() is None and w.version == res.version
+    os.remove(folder / "moved.tiff")
+    assert w.step().delete == ["moved.tiff"] and "moved.tiff" not in _ids(s, "w")
+
     # the folder vanishes (an unmounted disk): nothing is deleted; back again: nothing changed
     before = _ids(s, "w")
     folder.rename(tmp_path / "away")
