@@ -208,3 +208,41 @@ def test_watch_cli_killed_mid_batch_resumes_with_nothing_lost_or_doubled(setting
             p.wait()
     rd = open_index("k", None, settings)
     assert len(rd.ids) == len(set(rd.ids)) == 12
+
+
+def test_the_loop_without_file_events_polls_and_stops_on_request(settings, ckpt, bert, tmp_path):
+    """watch_events off (as where inotify's limits are reached): scans every watch_poll_s find a new photo and a
+    deletion; setting `stop` ends run() between batches."""
+    import threading
+
+    folder = tmp_path / "photos"
+    make_images(folder, 3)
+    s = settings.model_copy(update={"watch_settle_s": 0.0, "watch_metrics_port": 0, "watch_events": False,
+                                    "watch_poll_s": 0.2})
+    w = Watcher("p", folder, s, ckpt=ckpt, bert=bert, say=lambda *_: None)
+    stop = threading.Event()
+    t = threading.Thread(target=w.run, args=(stop,), daemon=True)
+    t.start()
+
+    def until(cond, timeout=120):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert t.is_alive() and time.monotonic() < deadline
+            time.sleep(0.1)
+
+    def ids():
+        try:
+            return _ids(s, "p")
+        except (ValueError, LookupError, FileNotFoundError):
+            return set()
+
+    until(lambda: len(ids()) == 3)
+    assert not w.events and w.metrics.events.labels("p")._value.get() == 0
+    new = make_images(tmp_path / "more", 1, seed=4, prefix="late")[0]
+    os.replace(new, folder / new.name)
+    until(lambda: new.name in ids())
+    os.remove(folder / "img_000.jpg")
+    until(lambda: "img_000.jpg" not in ids())
+    stop.set()
+    t.join(timeout=30)
+    assert not t.is_alive()
