@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.loadgen import Generator, search_requests
+from benchmarks.service_bench import stop_server
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
 
@@ -76,8 +77,7 @@ def main() -> None:
                         print(f"round {rnd} {which} ({args.old if which == 'old' else 'checkout'}) {mode}: "
                               f"p50 {s['p50_ms']} p99 {s['p99_ms']} ms", flush=True)
                 finally:
-                    p.terminate()
-                    p.wait()
+                    stop_server(p)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=False)
 

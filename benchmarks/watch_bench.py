@@ -36,6 +36,7 @@ import numpy as np
 import redis
 
 from benchmarks.loadgen import Generator, search_requests
+from benchmarks.service_bench import stop_server
 from crossprobe.indexer import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage import local_cluster
@@ -85,13 +86,7 @@ class Stack:
 
     def stop(self) -> None:
         for p in (self.watcher, self.service, self.redis):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_server(p)
 
     def r(self) -> redis.Redis:
         return redis.Redis(port=self.rport, socket_timeout=10)

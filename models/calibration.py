@@ -84,17 +84,18 @@ class Calibration:
         tmp.replace(p)
 
 
-def fit(scores: np.ndarray, labels: np.ndarray, max_points: int = 200) -> Curve:
-    """Isotonic regression of labels (0/1) on scores -> a Curve of at most max_points points (fit time only:
-    scikit-learn is not in the runtime image)."""
+def fit(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None, max_points: int = 200,
+        shift: float = 0.0) -> Curve:
+    """Isotonic regression of labels (0/1) on scores (already less shift x their shortlist's mean), rows weighted
+    by `weights` -> a Curve of at most max_points points (fit time only: scikit-learn is not in the runtime image)."""
     from sklearn.isotonic import IsotonicRegression
 
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(scores, labels)
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(scores, labels, sample_weight=weights)
     x, y = np.asarray(iso.X_thresholds_, np.float64), np.asarray(iso.y_thresholds_, np.float64)
     if len(x) > max_points:  # keep the curve small: points at even quantiles of the thresholds, ends kept
         keep = np.unique(np.linspace(0, len(x) - 1, max_points).round().astype(int))
         x, y = x[keep], y[keep]
-    return Curve(x, np.maximum.accumulate(y))
+    return Curve(x, np.maximum.accumulate(y), shift)
 
 
 def reliability(p: np.ndarray, y: np.ndarray, bins: int = 10) -> list[dict]:

@@ -136,13 +136,10 @@ class Searcher:
              sort: str = "relevance", min_relevance: float | None = None) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
         like = list(dict.fromkeys(like or []))
-        if min_relevance is not None:  # relevance is calibrated on captions: a text alone
-            if query is None or image is not None or like or embedding is not None:
-                raise InvalidRequest("invalid request: min_relevance needs a text query alone (relevance is "
-                                     "calibrated on text queries; an image or \"like\" query has none)")
-            if self.models.calibration is None:
-                raise InvalidRequest("invalid request: min_relevance: this server's checkpoint has no "
-                                     "calibration.json (research/calibration/fit.py makes one)")
+        # (a text alone is SearchRequest's rule; what the schema cannot know is whether this checkpoint has curves)
+        if min_relevance is not None and self.models.calibration is None:
+            raise InvalidRequest("invalid request: min_relevance: this server's checkpoint has no "
+                                 "calibration.json (research/calibration/fit.py makes one)")
         mode = rerank or self.settings.default_rerank
         skipped = None
         if query is None and mode != "none":  # nothing to rerank with: the rerankers score a text against images

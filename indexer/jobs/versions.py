@@ -177,6 +177,9 @@ class Job:
     bert: object = None
     metrics: JobMetrics | None = None
     log: Callable[[str], None] = print
+    # where the items came from, for the manifest: the spec's source, else (delete, reindex: the items are the base
+    # version's) the base version's, so that `index watch` follows a folder into the versions other jobs make
+    source: dict | None = None
 
     @property
     def vdir(self) -> Path:
@@ -262,7 +265,8 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
                     done, skipped = journal.progress(items, settings.batch_size)
                     metrics.start(len(items), done, skipped + len(reader_skips))
                 job = Job(kind, name, version, base, settings, store, spec, layout, dims, fingerprint, times, t0,
-                          ckpt, model, bert, metrics, log)
+                          ckpt, model, bert, metrics, log,
+                          spec.get("source") or (base_manifest or {}).get("source"))
                 encoded = _encode(job, items, journal)
                 finished = _finalize(job, items, reader_skips, ids, journal, encoded, reused)
             else:
@@ -478,17 +482,10 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
-        "source": spec.get("source") or _base_source(store, name, base), "skipped": report["counts"]["skipped"],
+        "source": job.source, "skipped": report["counts"]["skipped"],
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
     return report
-
-
-def _base_source(store: Store, name: str, base: str | None) -> dict | None:
-    """delete and reindex name no source of their own: the items are the base version's, and so is where they came
-    from (`index watch` follows a folder only into versions that say it is theirs)."""
-    m = store.read_manifest(name, base) if base else None
-    return m.get("source") if m else None
 
 
 def _write_report(vdir: Path, kind: str, total: int, skips: list[Skip], times: StageTimer, t0: float, encoded: int,

@@ -60,6 +60,7 @@ class Changes:
     waiting: int = 0  # changed files not settled yet
     held: int = 0  # deletions held back by watch_max_delete
     settle_in: float = 0.0  # seconds until the soonest waiting file settles (0: none waits)
+    pending: dict[str, Sig | None] = field(default_factory=dict)  # every change not yet served: id -> Sig (None: gone)
 
 
 def changed(sig: Sig, known: Known | None) -> bool:
@@ -81,6 +82,7 @@ def plan(files: dict[str, tuple[str, Sig]], indexed: dict[str, Known], failed: d
     for fid, (path, sig) in files.items():
         if not changed(sig, indexed.get(fid)) or failed.get(fid) == sig:
             continue
+        out.pending[fid] = sig
         age = now_ns - sig[1]
         if age < settle_ns:
             out.waiting += 1
@@ -93,6 +95,7 @@ def plan(files: dict[str, tuple[str, Sig]], indexed: dict[str, Known], failed: d
         else:
             out.waiting += 1
     gone = [i for i in indexed if i not in files and not any(i.startswith(p) for p in protected)]
+    out.pending.update(dict.fromkeys(gone))
     room = settings.watch_batch_max - len(out.add)
     if len(gone) >= MASS_DELETE_MIN and len(gone) > settings.watch_max_delete * len(indexed):
         out.held = len(gone)
@@ -158,6 +161,7 @@ class Watcher:
         self.skips_seen: set[tuple[str, str]] = set()  # (id, reason) of scan skips already counted
         self.wake = threading.Event()
         self.events = False
+        self.settle_in = 0.0  # the last plan's: seconds until a file seen changing may be read
         self._missing_said = self._held_said = False
 
     # ---- state -----------------------------------------------------------------------------------------
@@ -217,7 +221,8 @@ class Watcher:
         files, protected = scanned
         now = time.time()
         ch = plan(files, self.indexed, self.failed, protected, time.time_ns(), self.settings)
-        self._note_pending(files, ch, now)
+        self.settle_in = ch.settle_in
+        self._note_pending(ch.pending, now)
         if ch.held and not self._held_said:
             self.say(f"watch {self.name}: {ch.held} of {len(self.indexed)} items' files are gone, more than "
                      f"watch_max_delete {self.settings.watch_max_delete:.0%}; their deletions are held (is the folder "
@@ -241,9 +246,8 @@ class Watcher:
         self.metrics.batches.labels(self.name, "ok").inc()
         return Changes()
 
-    def _note_pending(self, files: dict[str, tuple[str, Sig]], ch: Changes, now: float) -> None:
-        pending = {i: s for i, (_, s) in files.items() if changed(s, self.indexed.get(i)) and self.failed.get(i) != s}
-        pending.update({i: None for i in self.indexed if i not in files})
+    def _note_pending(self, pending: dict[str, Sig | None], now: float) -> None:
+        """When each change not yet served was first seen (kept across scans while its Sig stays): the lag metric."""
         self.first_seen = {i: (s, self.first_seen[i][1] if i in self.first_seen and self.first_seen[i][0] == s else now)
                            for i, s in pending.items()}
         self.metrics.pending.labels(self.name).set(len(pending))
@@ -357,23 +361,13 @@ class Watcher:
                     self.events = obs is not None
                     self.metrics.events.labels(self.name).set(int(self.events))
                 idle = self.settings.watch_rescan_s if self.events else self.settings.watch_poll_s
-                waiting = self._settle_wait()
-                timeout = min(idle, waiting) if waiting else idle
+                timeout = min(idle, max(0.05, self.settle_in)) if self.settle_in else idle
                 if self.wake.wait(max(0.0, timeout - (time.monotonic() - last_scan))):
                     stop.wait(0.2)  # let a burst of events (a copy of many files) arrive: one scan for all
         finally:
             if obs is not None:
                 obs.stop()
                 obs.join(timeout=5)
-
-    def _settle_wait(self) -> float:
-        """Seconds until a file seen changing but not yet settled may be read (0: none waits)."""
-        if not self.first_seen:
-            return 0.0
-        now_ns = time.time_ns()
-        ages = [(now_ns - s[1]) / 1e9 for s, _ in self.first_seen.values() if s is not None]
-        waits = [self.settings.watch_settle_s - a for a in ages if a < self.settings.watch_settle_s]
-        return max(0.05, min(waits)) if waits else 0.0
 
 
 def _known(raw: bytes | str | None) -> Known | None:

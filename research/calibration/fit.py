@@ -120,17 +120,6 @@ def weights(data: dict, sets: list[str], mask: dict) -> tuple[np.ndarray, np.nda
     return np.concatenate(s), np.concatenate(y), np.concatenate(w)
 
 
-def fit_weighted(scores, labels, w) -> calibration.Curve:
-    from sklearn.isotonic import IsotonicRegression
-
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(scores, labels, sample_weight=w)
-    x, y = np.asarray(iso.X_thresholds_), np.asarray(iso.y_thresholds_)
-    if len(x) > 200:
-        keep = np.unique(np.linspace(0, len(x) - 1, 200).round().astype(int))
-        x, y = x[keep], y[keep]
-    return calibration.Curve(x, np.maximum.accumulate(y))
-
-
 def svg(reliab: dict, path: Path) -> None:
     """Reliability diagrams: one panel per mode, a line per dev set (predicted vs observed per bin)."""
     W, H, P = 220, 220, 36
@@ -242,7 +231,7 @@ def crossfit(d: dict, sets: dict, folds: dict, shift: float) -> dict:
     pred = {n: np.zeros(len(z[n])) for n in sets}
     for held in (0, 1):
         zz = {n: {"score": z[n], "label": d[n]["label"]} for n in sets}
-        curve = fit_weighted(*weights(zz, list(sets), {n: row_fold[n] != held for n in sets}))
+        curve = calibration.fit(*weights(zz, list(sets), {n: row_fold[n] != held for n in sets}))
         for n in sets:
             m = row_fold[n] == held
             pred[n][m] = curve(z[n][m])
@@ -272,8 +261,9 @@ def analyse(data: dict, absent: dict, sets: dict) -> dict:
                                     for n in sets}
         out["positives_top10"][mode] = {n: round(float(d[n]["label"][top10[n]].mean()), 4) for n in sets}
         zz = {n: {"score": centred(d[n], shift), "label": d[n]["label"]} for n in sets}
-        curve = fit_weighted(*weights(zz, list(sets), {n: np.ones(len(d[n]["score"]), bool) for n in sets}))
-        cal = calibration.Calibration({mode: calibration.Curve(curve.x, curve.y, shift)}, {})
+        curve = calibration.fit(*weights(zz, list(sets), {n: np.ones(len(d[n]["score"]), bool) for n in sets}),
+                                shift=shift)
+        cal = calibration.Calibration({mode: curve}, {})
         out["curves"][mode] = cal.curves[mode].to_json()
         top_abs = np.asarray([cal.relevance(mode, np.asarray(a)).max() for a in absent[mode]])
         gold = {}  # per caption: its own photo's relevance (0 when not in its top 10)

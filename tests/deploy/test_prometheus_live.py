@@ -324,7 +324,7 @@ def test_the_watcher_is_scraped_with_its_progress(loaded):
     assert _query(prom, f"crossprobe_watch_indexed_items{sel}") == [5.0]  # its first build
     assert _query(prom, f"crossprobe_watch_folder_missing{sel}") == [0.0]
     assert _query(prom, f"crossprobe_watch_events_enabled{sel}") == [1.0]  # inotify here
-    assert _query(prom, f'crossprobe_watch_batches_total{{job="crossprobe-watch", outcome="ok"}}') == [1.0]
+    assert _query(prom, 'crossprobe_watch_batches_total{job="crossprobe-watch", outcome="ok"}') == [1.0]
 
 
 def test_the_image_healthcheck_command(stack):

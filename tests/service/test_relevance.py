@@ -11,7 +11,6 @@ import base64
 import io
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -68,6 +67,22 @@ def test_changed_against_items_indexed_before_sizes_were_recorded():
 def _ids(settings, name) -> set[str]:
     rd = open_index(name, None, settings)
     return _consistent(rd)
+
+
+def _served(settings, name) -> set[str]:
+    """The active version's ids (checked consistent), or none before the watcher's first build."""
+    try:
+        return _ids(settings, name)
+    except (ValueError, LookupError, FileNotFoundError):
+        return set()
+
+
+def _until(cond, alive, why=lambda: "", timeout: float = 120.0) -> None:
+    """Wait for cond() while alive() holds; fail with why() when it stops holding or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert alive() and time.monotonic() < deadline, why()
+        time.sleep(0.1)
 
 
 def test_watcher_follows_a_folder_one_version_per_batch(settings, ckpt, bert, tmp_path):
@@ -171,17 +186,10 @@ def test_watch_cli_killed_mid_batch_resumes_with_nothing_lost_or_doubled(setting
         return subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_for(cond, proc, timeout=120):
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert proc.poll() is None, (tmp_path / "watch.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (tmp_path / "watch.log").read_text()[-3000:]
-            time.sleep(0.1)
+        _until(cond, lambda: proc.poll() is None, lambda: (tmp_path / "watch.log").read_text()[-3000:], timeout)
 
     def ids():
-        try:
-            return _ids(settings, "k")
-        except (ValueError, LookupError, FileNotFoundError):
-            return set()
+        return _served(settings, "k")
 
     p = start()
     try:
@@ -224,17 +232,11 @@ def test_the_loop_without_file_events_polls_and_stops_on_request(settings, ckpt,
     t = threading.Thread(target=w.run, args=(stop,), daemon=True)
     t.start()
 
-    def until(cond, timeout=120):
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert t.is_alive() and time.monotonic() < deadline
-            time.sleep(0.1)
+    def until(cond):
+        _until(cond, t.is_alive)
 
     def ids():
-        try:
-            return _ids(s, "p")
-        except (ValueError, LookupError, FileNotFoundError):
-            return set()
+        return _served(s, "p")
 
     until(lambda: len(ids()) == 3)
     assert not w.events and w.metrics.events.labels("p")._value.get() == 0
