@@ -41,6 +41,8 @@ def train(
     reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
     reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
     refit_fusion: str = typer.Option("", help="reused rerankers whose fusion weight is fit again on this run's dev banks"),
+    region: str = typer.Option("", help="region-label weights inside the rerankers' training logit, e.g. cp=0.5,temde=0.5 "
+                                        "(models/region_labels.py); empty: none"),
     seed: int = 0,
     threads: int = 2,
 ):
@@ -57,8 +59,18 @@ def train(
         seed_from_checkpoint(reuse_from, run_dir, tuple(s for s in stages if not (run_dir / f"{s}.done.pt").exists()))
     from crossprobe.models.training.towers import TowerTrainConfig
 
+    from crossprobe.models.model import ModelConfig
+    from crossprobe.models.region_labels import RegionConfig
+
+    try:
+        weights = {m: float(w) for m, w in (kv.split("=", 1) for kv in region.split(",") if kv)}
+        region_cfg = RegionConfig(weights=weights)
+    except ValueError as e:
+        typer.echo(f"--region {region!r}: expected METHOD=W,... with W >= 0 ({e})", err=True)
+        raise typer.Exit(2) from e
     cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
                       out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs),
+                      model=ModelConfig(region=region_cfg),
                       methods=tuple(m for m in methods.split(",") if m), refit_fusion=tuple(m for m in refit_fusion.split(",") if m))
     run_train(cfg, log=typer.echo)
 

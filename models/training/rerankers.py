@@ -117,7 +117,9 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         start, best, history = st["epoch"], st["best"], st["history"]
         set_rng_state(st["rng"])
         log(f"{method}: resuming after epoch {start}")
-    scorer = PairScorer(model, method, text, images, precompute=False, region=False)
+    # the region term (region_labels.py) sits inside the training logit when the model has a weight for this
+    # reranker: it learns what the cells' labels do not already say, instead of being summed with them afterwards
+    scorer = PairScorer(model, method, text, images, precompute=False)
     teacher = _teacher(model, method, cfg, text, images)
     anchor_w = getattr(module.cfg, "anchor_loss", 0.0) if getattr(module, "ace", None) is not None else 0.0
     for epoch in range(start, cfg.epochs):
@@ -288,9 +290,15 @@ def fit_fusion(model, method: str, dev, cfg: RerankTrainConfig, queries: int | N
     cand = M.topk(S, cfg.dev_k)
     stt = np.take_along_axis(S, cand, 1)
     f = getattr(model, method).fusion
-    fused = PairScorer(model, method, text, images, region=False).fused(torch.from_numpy(rows), torch.from_numpy(cand)).numpy()
+    qt, ct = torch.from_numpy(rows), torch.from_numpy(cand)
+    fused = PairScorer(model, method, text, images, region=False).fused(qt, ct).numpy()
     s = (fused - float(f.alpha) * stt) / float(f.beta)  # the reranker's own score
-    r1 = {w: M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, s if math.isinf(w) else stt + w * s), gold[rows]))["R@1"]
+    region = 0.0  # the region term at its weight, in units of s_tt (it was in the training logit: it stays in)
+    if model.cfg.region.weight(method) > 0:
+        region = (PairScorer(model, method, text, images).fused(qt, ct).numpy() - fused) / 20.0
+    alone = s * float(f.beta) / 20.0  # w = inf keeps the trained beta (set_fusion): its logit over 20, as region's
+    r1 = {w: M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, (alone if math.isinf(w) else stt + w * s) + region),
+                                     gold[rows]))["R@1"]
           for w in FUSION_GRID}
     w = max(FUSION_GRID, key=lambda x: (r1[x], -x))
     return w, r1[w]
@@ -322,5 +330,5 @@ def dev_score(model, method: str, dev, cfg: RerankTrainConfig) -> float:
     text, images, gold = dev
     scores = (text.g @ images.g.T).numpy()
     first = _selection_rows(gold, cfg)
-    scorer = PairScorer(model, method, text, images, region=False)
+    scorer = PairScorer(model, method, text, images)
     return reranked(scorer, scores, gold, cfg.dev_k, [cfg.dev_k], query_rows=first)[cfg.dev_k]["t2i"]["R@1"]

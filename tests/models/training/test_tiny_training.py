@@ -180,3 +180,32 @@ def test_distillation_from_cp_into_temde(tiny_data, small_cfg, bert, tmp_path):
     with pytest.raises(ValueError, match="itself"):
         train_reranker(model, "cp", train, dev, RerankTrainConfig(epochs=1, distill_from="cp", distill_weight=1.0, **base),
                        tmp_path / "cp2.pt", seed=0, log=lambda *_: None)
+
+
+def test_region_term_inside_the_training_logit_and_the_fusion_fit(tiny_data, small_cfg, bert, tmp_path):
+    """With a region weight, the fusion weight is fit with the region term in the logit, as the model serves it:
+    the dev R@1 the fit reports is the one the left model scores (and the term does move the ranking here)."""
+    import dataclasses
+
+    from crossprobe.models.evaluation.encode import PairScorer
+    from crossprobe.models.evaluation.retrieval import reranked
+    from crossprobe.models.region_labels import RegionConfig
+
+    torch.manual_seed(0)
+    cfg_m = copy.deepcopy(small_cfg)
+    cfg_m.cp = dataclasses.replace(cfg_m.cp, inputs="backbone")
+    cfg_m.region = RegionConfig(weights={"cp": 2.0}, pool=3)
+    model = SearchModel(cfg_m, bert).eval()
+    model.bridge.set_class_embeddings(model.text)
+    train = split_banks(model, tiny_data, "train")
+    dev = split_banks(model, tiny_data, "dev")
+    assert train[1].labels is not None and dev[1].labels is not None  # the banks carry each cell's class
+    cfg = RerankTrainConfig(epochs=2, queries=8, negatives=5, mine_k=10, lr=3e-3, dev_k=5, captions_per_image=2,
+                            pretrain_epochs=1, pretrain_batch=8, standalone=True)
+    rep = train_reranker(model, "cp", train, dev, cfg, tmp_path / "cp.pt", seed=0, log=lambda *_: None)
+    text, images, gold = dev
+    S = (text.g @ images.g.T).numpy()
+    on = reranked(PairScorer(model, "cp", text, images), S, gold, 5, [5])[5]["t2i"]["R@1"]
+    off = reranked(PairScorer(model, "cp", text, images, region=False), S, gold, 5, [5])[5]["t2i"]["R@1"]
+    assert on == rep["fusion_dev_t2i_R@1@5"]
+    assert on != off
