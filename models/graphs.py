@@ -8,6 +8,7 @@
   temde_scorer  s_q (1, NK), s_i (K, NK), s_tt (K,) -> logits (K,)
                 (both scorers + q_cls (1, 1000), labels (K, 49) when the method has a region weight)
   explain       grid (K, 49, 1280), p_t (1, m, dc) -> regions (K, 49), probe_regions (K, 49)
+                (+ q_cls (1, 1000) -> label_regions (K, 49) with region labels: each cell's label against the query)
   sm_scorer / tv_scorer  the references, for timing against CP.
 
 models/export.py writes them to files; this module only says what they are.
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from crossprobe.models import inputs
 from crossprobe.models.model import SearchModel
-from crossprobe.models.region_labels import add_region
+from crossprobe.models.region_labels import SCALE, add_region
 
 
 class QueryGraph(nn.Module):
@@ -128,7 +129,13 @@ class ExplainGraph(nn.Module):
         super().__init__()
         self.m = model
 
-    def forward(self, grid, p_t):
+    def forward(self, grid, p_t, q_cls=None):
+        maps = self._attention(grid, p_t)
+        if q_cls is None:
+            return maps
+        return maps + (label_regions(self.m, grid, q_cls),)
+
+    def _attention(self, grid, p_t):
         cp = self.m.cp
         K = grid.shape[0]
         tokens = self.m.vision(grid).tokens if cp.cfg.uses_tower else None
@@ -154,6 +161,15 @@ class ExplainGraph(nn.Module):
         t = roll[:, :m, m:].sum(1)  # (K, n)
         t = t / t.sum(-1, keepdim=True).clamp_min(1e-12)
         return (t.unsqueeze(1) @ r).squeeze(1), probe_regions
+
+
+def label_regions(model: SearchModel, grid: torch.Tensor, q_cls: torch.Tensor) -> torch.Tensor:
+    """(K, 49, 1280) grid, (1, 1000) the query's class cosines -> (K, 49) a weight per cell, summing to 1: how well
+    each cell's ImageNet label matches the query, the region term's own per-cell scores (region_labels.py), as a
+    softmax at the logit scale the term is added at (SCALE), so a cell's share is its part of exp(SCALE * score)."""
+    labels = model.bridge.cell_labels(grid)  # (K, 49)
+    cells = q_cls[0][labels]  # (K, 49)
+    return (SCALE * cells).softmax(-1)
 
 
 class JointScorer(nn.Module):
@@ -185,7 +201,8 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
         "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
         "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
         # a real grid is ReLU6 output: non-negative
-        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc)),
+        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc))
+        + ((F.normalize(torch.randn(1, 1000), dim=-1),) if model.cfg.region.enabled else ()),
     }
 
 
@@ -225,6 +242,10 @@ def io_names(model: SearchModel, name: str) -> tuple[list[str], list[str], dict]
         outputs.append("q_cls")
     elif name == "image_tower" and region.enabled:
         outputs.append("labels")
+    elif name == "explain" and region.enabled:
+        inputs.append("q_cls")
+        outputs.append("label_regions")
+        dynamic["label_regions"] = {0: "K"}
     elif name in ("cp_scorer", "temde_scorer") and region.weight(name.split("_")[0]) > 0:
         inputs += ["q_cls", "labels"]
         dynamic["labels"] = {0: "K"}

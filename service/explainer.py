@@ -20,12 +20,14 @@ EXPLAIN_MODES = {
              "attend to the 7x7 regions (the two attention steps composed; Cross-probe reranker)",
     "probes": "regions the image's probes attend to (averaged over probes and heads; the checkpoint's "
               "Cross-probe has no cross layers, so the query cannot change them)",
+    "labels": "how well what the ImageNet head sees in each 7x7 region matches the query (the region-label term's "
+              "per-region scores, each region's share of their softmax)",
 }
 
 
 @dataclass
 class ExplainMaps:
-    maps: dict[str, np.ndarray]  # id -> (7, 7) query-dependent weights, sum 1
+    maps: dict[str, np.ndarray]  # id -> (7, 7) query-dependent weights, sum 1 (what `mode` says)
     probe_maps: dict[str, np.ndarray]  # id -> (7, 7) the same image's probes averaged (query-independent), sum 1
     unavailable: dict[str, str]  # id -> why no map (its file is gone or cannot be decoded any more)
     timings_ms: dict[str, float]
@@ -54,8 +56,11 @@ class Explainer:
         explain = export.ensure_graphs(graphs.parent, ["explain"], settings.ckpt, bert=bert,
                                        fingerprint=graphs.name) / "explain.onnx"
         self.session = runtime.session(explain, settings.threads, settings.ort_spinning)
-        # the exported graph returns the probe map for both outputs when CP has no cross layers
-        self.mode = "query" if self._has_cross_layers() else "probes"
+        # with region labels the map is each cell's label against the query (it points at the object the query
+        # names: docs/research/explain_maps.md); else Cross-probe's attention. The exported graph returns the probe
+        # map for both attention outputs when CP has no cross layers
+        self.labels = "q_cls" in {i.name for i in self.session.get_inputs()}
+        self.mode = "labels" if self.labels else "query" if self._has_cross_layers() else "probes"
         self._grids: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -66,7 +71,9 @@ class Explainer:
         except (OSError, KeyError, ValueError):
             return True
 
-    def explain(self, handle: IndexHandle, ids: list[str], metas: list[dict | None], p_t: np.ndarray) -> ExplainMaps:
+    def explain(self, handle: IndexHandle, ids: list[str], metas: list[dict | None], p_t: np.ndarray,
+                q_cls: np.ndarray | None = None) -> ExplainMaps:
+        """q_cls: the query's (1000,) class cosines, which the label map needs (QueryVectors.q_cls)."""
         from crossprobe.indexer.jobs.decode import decode_one
         from crossprobe.indexer.jobs.sources import Item, Skip
 
@@ -102,11 +109,17 @@ class Explainer:
         done = [i for i in ids if i in grids]
         if done:
             t = time.perf_counter()
-            regions, probes = self.session.run(None, {"grid": np.stack([grids[i] for i in done]).astype(np.float32),
-                                                      "p_t": np.ascontiguousarray(p_t[None], np.float32)})
+            feed = {"grid": np.stack([grids[i] for i in done]).astype(np.float32),
+                    "p_t": np.ascontiguousarray(p_t[None], np.float32)}
+            if self.labels:
+                if q_cls is None:
+                    raise ValueError("the label map needs the query's class cosines (q_cls)")
+                feed["q_cls"] = np.ascontiguousarray(q_cls[None], np.float32)
+            regions, probes, *label_maps = self.session.run(None, feed)
             timings["attention"] = (time.perf_counter() - t) * 1000
             side = self.grid_side
-            for i, r, p in zip(done, regions, probes):
+            shown = label_maps[0] if self.labels else regions
+            for i, r, p in zip(done, shown, probes):
                 maps[i] = _renormalised(r).reshape(side, side)
                 probe_maps[i] = _renormalised(p).reshape(side, side)
         return ExplainMaps(maps, probe_maps, unavailable, timings)

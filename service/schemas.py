@@ -260,8 +260,10 @@ class ExplainRequest(BaseModel):
 
 class ExplainResponse(BaseModel):
     index: IndexRef
-    mode: Literal["query", "probes"] = Field(description="query: query-dependent maps (text probes -> vision "
-                                             "probes -> regions); probes: the image's probes averaged")
+    mode: Literal["labels", "query", "probes"] = Field(
+        description="labels: how well each region's ImageNet label matches the query (checkpoints with region "
+                    "labels); query: query-dependent attention (text probes -> vision probes -> regions); probes: the "
+                    "image's probes averaged")
     description: str = Field(description="what the maps show, in words")
     grid: int = Field(description="maps are grid x grid, row-major from the image's top-left")
     maps: dict[str, list[list[float]]] = Field(description="id -> grid x grid weights, >= 0, summing to 1")

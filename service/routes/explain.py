@@ -44,7 +44,7 @@ async def explain(body: ExplainRequest, request: Request) -> Response:
         t = time.perf_counter()
         explainer = await loop.run_in_executor(state.pool, state.models.explainer)
         load_ms = (time.perf_counter() - t) * 1000
-        res = await loop.run_in_executor(state.pool, explainer.explain, handle, ids, metas, q.p_t)
+        res = await loop.run_in_executor(state.pool, explainer.explain, handle, ids, metas, q.p_t, q.q_cls)
     timings = {"queue": info.queue_ms, "encode": info.encode_ms, "metadata": metadata_ms,
                # the first explain of a process loads (or exports) the graphs: said, so the total adds up
                **({"load": load_ms} if loading else {}), **res.timings_ms}

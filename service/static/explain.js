@@ -59,7 +59,10 @@ export async function explain() {
   }
   if (seq !== explainSeq || shown !== view.last || !explainBox.checked) return;
   view.setStatus(view.summary, view.summaryKind);
-  $("explain-help").textContent = body.mode === "query"
+  $("explain-help").textContent = body.mode === "labels"
+    ? "How well what the ImageNet head sees in each region of a 7×7 grid matches the query (the region " +
+      "labels the rerankers add to their score)."
+    : body.mode === "query"
     ? "Where this query looked: its text probes attend to the image's vision probes, which attend to a 7×7 " +
       "grid of regions (Cross-probe's attention, whichever reranker ordered the results)."
     : "Regions the image's probes attend to, averaged over probes and heads (this checkpoint's Cross-probe " +

@@ -182,7 +182,8 @@ def test_explain_returns_a_7x7_distribution_per_image(client, built):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["index"] == {"name": "photos", "version": built.version}
-    assert body["grid"] == 7 and body["mode"] == "query" and "text probes" in body["description"]
+    # the test checkpoint has region labels: the map is each region's label against the query
+    assert body["grid"] == 7 and body["mode"] == "labels" and "ImageNet head" in body["description"]
     assert set(body["maps"]) == set(ids) == set(body["probe_maps"]) and body["unavailable"] == {}
     for i in ids:
         _check_map(body["maps"][i])
@@ -227,6 +228,27 @@ def test_explain_matches_pytorch(client, built, svc_ckpt, bert):
         p_t = torch.zeros(1, model.cp.cfg.m, model.cp.cfg.d)
         _, want = ExplainGraph(model.eval())(grid, p_t)
     assert np.abs(np.asarray(got).reshape(-1) - want[0].numpy()).max() < 1e-4
+
+
+def test_explain_label_map_scores_each_region_by_its_label(client, built, svc_ckpt, bert):
+    """The label map is the region term's per-cell score (the query against the cell's ImageNet label) as a softmax:
+    cells that share a label share a weight, and cells with different labels differ."""
+    import torch
+
+    from crossprobe.models import backbones as bb
+    from crossprobe.models import checkpoint, inputs
+
+    item = built.ids[5]
+    got = np.asarray(client.post("/v1/explain", json={"query": "a red square", "ids": [item]}).json()["maps"][item]).reshape(-1)
+    model, _ = checkpoint.load(svc_ckpt, bert)
+    with torch.inference_mode():
+        grid = bb.ImageBackbone()(torch.from_numpy(inputs.load_image(built.gallery / item)[None]))
+        labels = model.bridge.cell_labels(grid)[0].numpy()
+    assert len(set(labels)) > 1
+    for c in set(labels):
+        assert np.ptp(got[labels == c]) < 1e-6, c
+    by_label = {c: got[labels == c][0] for c in set(labels)}
+    assert len({round(v, 7) for v in by_label.values()}) > 1
 
 
 def test_explain_repeated_ids_count_once(client, built):
