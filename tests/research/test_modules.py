@@ -14,7 +14,8 @@ MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for t in TO
 
 
 def test_the_topics_are_there():
-    assert {t.name for t in TOPICS} == {"bridge", "region_labels", "temde", "rerank", "calibration", "text_search", "explain"}
+    assert {t.name for t in TOPICS} == {"bridge", "region_labels", "temde", "rerank", "calibration", "text_search",
+                                        "explain", "misses"}
     assert all((t / "README.md").exists() for t in TOPICS)
 
 
