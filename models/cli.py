@@ -107,12 +107,19 @@ def evaluate(
         res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
         j = report.write(res, docs, _command(), meta["fingerprint"])
         typer.echo(report.markdown(j))
-    demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None)
+    demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None, rerank=_served())
     o = _eval_ood(model, meta, data, baseline, demo, docs, cache_dir.parent / "coco-mini-dev") if ood else None
     if ckpt is None and card and j is not None:  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.models.model_card import write_card
 
-        write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o)
+        write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o, rerank=_served())
+
+
+def _served() -> str:
+    """The service's reranker for requests that name none: what the demo and the out-of-domain rows report."""
+    from crossprobe.service.settings import Settings
+
+    return Settings.model_fields["default_rerank"].default
 
 
 def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, cache: Path) -> dict | None:
@@ -121,7 +128,6 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, c
     from crossprobe.models.demo import EXPECTED, run_demo
     from crossprobe.models.evaluation import ood
     from crossprobe.models.evaluation.report import machine
-    from crossprobe.service.settings import Settings
 
     if not CaptionedFolder.available(coco_root()):
         typer.echo(f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True)
@@ -129,8 +135,8 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, c
     base_model, base_meta = checkpoint.load(baseline)
     feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), cache, model.cfg.text.frozen_layers,
                             data.grids[data.split_images("dev")])
-    base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None)
-    served = Settings.model_fields["default_rerank"].default
+    served = _served()
+    base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None, rerank=served)
     j = ood.to_json(
         ood.evaluate(base_model, feats), ood.evaluate(model, feats),
         "TT" if served == "none" else f"{served.upper()}@100",
@@ -244,11 +250,12 @@ def demo(
     query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
     top: int = 3,
     ckpt: Path = CKPT,
+    rerank: str = typer.Option(None, help="cp | temde | none (default: the service's default reranker)"),
 ):
     """Encode a small gallery and print the top images for a few queries."""
     from crossprobe.models.demo import run_demo
 
-    run_demo(images, query or None, top, ckpt, echo=typer.echo)
+    run_demo(images, query or None, top, ckpt, echo=typer.echo, rerank=rerank or _served())
 
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,

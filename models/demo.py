@@ -1,8 +1,8 @@
 """`make demo` / `crossprobe demo`: real models, real ranking, no network.
 
 Encodes a small gallery (scikit-image's bundled photos, or IMAGES=dir), then for
-each query ranks the gallery with the two towers, reranks the shortlist with
-Cross-probe, and prints the top images with both scores.
+each query ranks the gallery with the two towers, reranks it with the chosen
+reranker (the service's default unless told), and prints the top images with both scores.
 """
 from __future__ import annotations
 
@@ -63,7 +63,12 @@ def folder_gallery(folder: Path) -> dict[str, Image.Image]:
 
 
 @torch.inference_mode()
-def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Path | None, echo=print) -> dict:
+def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Path | None, echo=print,
+             rerank: str = "cp") -> dict:
+    """rerank: cp | temde | none, over the whole gallery, with the region term where the checkpoint has one (as the
+    service's scorer graphs add it)."""
+    if rerank not in ("cp", "temde", "none"):
+        raise ValueError(f"rerank {rerank!r}: cp | temde | none")
     torch.set_num_threads(2)
     model, meta = checkpoint.load(ckpt)
     gallery = folder_gallery(images) if images else sample_gallery()
@@ -80,17 +85,23 @@ def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Pat
     t = model.text(torch.from_numpy(ids), torch.from_numpy(mask))
     p_t, w_bar = model.cp.encode_text(t.tokens, t.mask, t.states)
     s_tt = t.g @ v.g.T  # (Q, G)
-    G = len(names)
-    fused = model.cp.rerank(p_t, w_bar, p_v.expand(len(queries), -1, -1, -1), b_bar.expand(len(queries), -1, -1), s_tt)
-    if model.cfg.region.weight("cp") > 0:  # region labels (region_labels.py), as the service's cp scorer adds them
-        labels = model.bridge.cell_labels(grids).expand(len(queries), -1, -1)  # (Q, G, 49)
-        fused = add_region(fused, model.cfg.region, "cp", model.bridge.class_sims(t.g), labels)
-    echo(f"checkpoint {meta['fingerprint']}, gallery of {G} images ({images or 'scikit-image samples'})")
+    G, Q = len(names), len(queries)
+    if rerank == "cp":
+        fused = model.cp.rerank(p_t, w_bar, p_v.expand(Q, -1, -1, -1), b_bar.expand(Q, -1, -1), s_tt)
+    elif rerank == "temde":
+        s_i = model.temde.sketch_image(v.tokens, grids)  # (G, NK)
+        fused = model.temde.rerank(model.temde.sketch_text(t.tokens, t.mask, t.states), s_i.expand(Q, -1, -1), s_tt)
+    else:
+        fused = 20.0 * s_tt  # the two-tower order at its logit scale
+    if rerank != "none" and model.cfg.region.weight(rerank) > 0:  # region labels (region_labels.py)
+        labels = model.bridge.cell_labels(grids).expand(Q, -1, -1)  # (Q, G, 49)
+        fused = add_region(fused, model.cfg.region, rerank, model.bridge.class_sims(t.g), labels)
+    echo(f"checkpoint {meta['fingerprint']}, gallery of {G} images ({images or 'scikit-image samples'}), rerank {rerank}")
     results = {}
     for qi, q in enumerate(queries):
         order = fused[qi].argsort(descending=True)[:top].tolist()
         results[q] = [names[i] for i in order]
         echo(f'\n"{q}"')
         for rank, i in enumerate(order, 1):
-            echo(f"  {rank}. {names[i]:<40} cp+tt logit {fused[qi, i]:7.3f}   two-tower cos {s_tt[qi, i]:.3f}")
+            echo(f"  {rank}. {names[i]:<40} {rerank} logit {fused[qi, i]:7.3f}   two-tower cos {s_tt[qi, i]:.3f}")
     return results

@@ -68,8 +68,10 @@ def _prod(shape) -> int:
 
 
 def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | None = None,
-               title: str = "crossprobe default checkpoint", how: str | None = None, ood: dict | None = None) -> Path:
-    """how: the "How it was made" paragraph (default: the default run's `crossprobe train`)."""
+               title: str = "crossprobe default checkpoint", how: str | None = None, ood: dict | None = None,
+               rerank: str = "cp") -> Path:
+    """how: the "How it was made" paragraph (default: the default run's `crossprobe train`). rerank: the reranker the
+    demo's answers were ranked with (the service's default)."""
     meta = json.loads((ckpt / "config.json").read_text())
     tr = meta.get("training", {})
     m = meta["model"]
@@ -130,8 +132,9 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
                   f"table, taken at those labels, give s_region = the mean of the {rg['pool']} best cells, added to the "
                   "rerankers' logits as 20 w s_region with w = "
                   + ", ".join(f"{k} {v}" for k, v in rg["weights"].items())
-                  + ". The index stores the 49 class ids per image. Chosen on the two dev sets "
-                  "(research/region_labels/sweep.py, docs/research/bridge.md); the rerankers' weights are unchanged by it.", ""]
+                  + ". The index stores the 49 class ids per image. Weights chosen on the two dev sets "
+                  "(research/region_labels/vocabulary.py, docs/research/region_labels.md); the rerankers' weights are "
+                  "unchanged by it, and the explain maps show each cell's share of the term.", ""]
     lines += reranker_lines(ckpt, meta)
     if results:
         lines += ["## Metrics (Flickr8k test: 1,000 images, 5,000 captions)", "",
@@ -156,7 +159,8 @@ def write_card(ckpt: Path, results: dict | None, demo: dict[str, list[str]] | No
         lines.append("")
     if demo:
         lines += ["## The demo gallery (scikit-image photos, `make demo`)", "",
-                  "Top 3 per query as `crossprobe demo` prints them (PyTorch, float32 query tower, CP-reranked). `make demo` "
+                  f"Top 3 per query as `crossprobe demo` prints them (PyTorch, float32 query tower, reranked by {rerank}, the "
+                  "service's default). `make demo` "
                   "serves the same gallery through the search service, with the same float32 query tower by default "
                   "(the opt-in int8 one can swap near-tied images: docs/research/query_tower_quant.md). A query whose subject is not in the gallery, "
                   "or one far from Flickr8k's people-and-dogs captions, shows where the model is weak.", "",

@@ -36,7 +36,7 @@ def demo_service(
     images: Path = typer.Option(None, envvar="IMAGES", help="folder of images (default: scikit-image's sample photos)"),
     query: list[str] = typer.Option(None, "--query", "-q", help="queries (default: a few built-in ones)"),
     top: int = 3,
-    rerank: str = typer.Option("cp", help="cp | temde | none"),
+    rerank: str = typer.Option(None, help="cp | temde | none (default: the service's default reranker)"),
     ckpt: Path = CKPT,
     workdir: Path = typer.Option(Path("artifacts/demo-service"), help="gallery, index and embedded Redis go here"),
 ):

@@ -30,8 +30,9 @@ def write_sample_gallery(folder: Path) -> Path:
 
 
 def run_service_demo(images: Path | None = None, queries: list[str] | None = None, top: int = 3,
-                     ckpt: Path | None = None, rerank: str = "cp", workdir: Path = DEFAULT_WORKDIR,
+                     ckpt: Path | None = None, rerank: str | None = None, workdir: Path = DEFAULT_WORKDIR,
                      echo: Callable[[str], None] = print) -> dict[str, list[str]]:
+    """rerank: cp | temde | none; None: the service's default reranker."""
     import httpx
 
     from crossprobe.models.demo import QUERIES
@@ -52,6 +53,7 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
     for version, n in Store(ixs, connect(ixs)).gc(INDEX):
         echo(f"removed the previous demo version {version} ({n} Redis keys)")
 
+    rerank = rerank or Settings.model_fields["default_rerank"].default
     settings = Settings(redis_url=None, index_root=root, ckpt=ckpt, indexes=INDEX, port=0, reload_interval_s=0,
                         log_level="warning", access_log=False, default_rerank=rerank)
     results: dict[str, list[str]] = {}

@@ -87,7 +87,7 @@ def markdown(j: dict) -> str:
     lines = [
         "# Out-of-domain text->image retrieval (coco-mini-dev)", "",
         f"Command: `{j['command']}`  ", f"Machine: {j['machine']}  ",
-        f"Baseline checkpoint `{fp['baseline']}` (before the label bridge), default `{fp['default']}`. Both measured in this run.", "",
+        f"Baseline checkpoint `{fp['baseline']}` (`--baseline`), default `{fp['default']}`. Both measured in this run.", "",
         "- coco-mini-dev: 80 COCO photos with their 400 captions (../shared/datasets/coco-mini-dev), development only, never "
         "training. `+f8k-dev`: the same 400 captions rank the 80 photos among the 1,000 Flickr8k dev images as distractors "
         "(1,080 candidates); alone: among the 80 only (R@1 there moves about +-2 points by chance).",
@@ -103,7 +103,8 @@ def markdown(j: dict) -> str:
                          f"{d['R@5']:.2f} | {d['R@10']:.2f} | {d['MRR']:.4f} | {d['R@1'] - b['R@1']:+.2f} |")
         lines.append("")
     g = j["gallery"]
-    lines += ["## The demo gallery (scikit-image's 16 photos, `crossprobe demo`: CP over the whole gallery, fp32)", "",
+    lines += [f"## The demo gallery (scikit-image's 16 photos, `crossprobe demo`: the served reranker over the whole gallery, "
+              "fp32)", "",
               f"Expected photo first: baseline {g['baseline_top1']} / {g['queries']}, default {g['top1']} / {g['queries']} queries.", ""]
     return "\n".join(lines)
 
