@@ -97,7 +97,9 @@ class Settings(StorageSettings):
     readyz_requires_redis: bool = False
 
     # -- request defaults --------------------------------------------------------
-    default_rerank: Rerank = "cp"  # for requests without "rerank": cp | temde | none (cp: chosen out of domain, docs/research/ood.md)
+    # for requests without "rerank": cp | temde | none. T-EMDE with region labels: the best out of domain on the dev
+    # sets, and faster than CP (docs/research/region_labels.md)
+    default_rerank: Rerank = "temde"
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
 
     # -- batching and overload ---------------------------------------------------

@@ -133,7 +133,7 @@ def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ck
 
 def test_defaults_and_min_score(client):
     body = _search(client, query="a photo").json()
-    assert len(body["results"]) == 10 and body["rerank"] == "cp"  # k=10, the server's default reranker
+    assert len(body["results"]) == 10 and body["rerank"] == "temde"  # k=10, the server's default reranker
     top = body["results"][0]["score"]
     kept = _search(client, query="a photo", min_score=top).json()["results"]
     assert [h["id"] for h in kept] == [body["results"][0]["id"]]

@@ -230,15 +230,15 @@ def test_search_shows_scored_thumbnails_and_timings(page):
     assert re.fullmatch(r": search [0-9.]+\s+ms", page.locator("#timings-summary").inner_text())
     for stage in ("encode", "ann", "fetch", "rerank", "metadata"):
         assert timings.get_by_text(stage, exact=True).is_visible(), stage
-    assert "reranked by cp" in page.locator("#status").inner_text()
+    assert "reranked by temde" in page.locator("#status").inner_text()  # the page's default, as the server's
     shot(page, "results.png", full_page=True)
 
 
 def test_reranker_switch_is_used_by_the_request(page):
     page.goto("/")
     search(page)
-    for mode, said in (("temde", "reranked by temde"), ("none", "ranked by the two-tower score"),
-                       ("cp", "reranked by cp")):
+    for mode, said in (("cp", "reranked by cp"), ("none", "ranked by the two-tower score"),
+                       ("temde", "reranked by temde")):
         with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
             page.locator(f'input[name="rerank"][value="{mode}"]').check()
         assert req.value.post_data_json["rerank"] == mode
@@ -272,7 +272,7 @@ def test_explain_overlays_heat_maps(page):
     assert all(d["w"] == 7 and d["alpha"] > 150 and d["inside"] and d["label"].startswith("Heat map for ")
                for d in drawn), drawn
     assert page.locator("#legend").is_visible()
-    assert "text probes" in page.locator("#explain-help").inner_text()
+    assert "ImageNet head" in page.locator("#explain-help").inner_text()  # the committed checkpoint: label maps
     assert "an even share" in page.locator("#explain-spread").inner_text()
     assert page.locator("#timings-explain").get_by_text("backbone", exact=True).is_visible()
     assert page.locator(".explain-note").first.inner_text().startswith("peak ")
@@ -303,9 +303,9 @@ def test_keyboard_only(page):
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
     tab_to('input[name="rerank"]')
     with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
-        page.keyboard.press("ArrowRight")  # the radio group: arrows choose
-    assert req.value.post_data_json["rerank"] == "temde"
-    wait_js(page, "document.querySelector('#status').textContent.includes('reranked by temde')")
+        page.keyboard.press("ArrowRight")  # the radio group: arrows choose (temde, the default, then cp)
+    assert req.value.post_data_json["rerank"] == "cp"
+    wait_js(page, "document.querySelector('#status').textContent.includes('reranked by cp')")
     tab_to("#explain")
     with page.expect_response(lambda r: r.url.endswith("/v1/explain")):
         page.keyboard.press("Space")
@@ -509,7 +509,7 @@ def test_more_results_and_the_order_by_date(page):
     assert page.locator("#status").inner_text().startswith("12 of 16 results")
     with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
         more.click()
-    assert resp.value.request.post_data_json == {"k": 12, "offset": 12, "query": QUERY, "rerank": "cp",
+    assert resp.value.request.post_data_json == {"k": 12, "offset": 12, "query": QUERY, "rerank": "temde",
                                                  "index": INDEX}
     second = resp.value.json()
     assert len(second["results"]) == 4 and second["next_offset"] is None
