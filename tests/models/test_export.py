@@ -95,16 +95,17 @@ def test_explain_maps_are_distributions_that_follow_the_query(small_model):
     `probe_regions` (the image's probes averaged) does not."""
     import torch
 
-    grid, p_t = graphs.example_inputs(small_model, K=5)["explain"]
+    grid, p_t, q_cls = graphs.example_inputs(small_model, K=5)["explain"]  # the test model has region labels
     graph = graphs.ExplainGraph(small_model).eval()
     with torch.inference_mode():
-        regions, probes = graph(grid, p_t)
-        regions2, probes2 = graph(grid, torch.randn_like(p_t) * 3)
-    assert regions.shape == probes.shape == (5, 49)
-    for w in (regions, probes):
+        regions, probes, labels = graph(grid, p_t, q_cls)
+        regions2, probes2, labels2 = graph(grid, torch.randn_like(p_t) * 3, q_cls.roll(1, -1))
+    assert regions.shape == probes.shape == labels.shape == (5, 49)
+    for w in (regions, probes, labels):
         assert (w >= 0).all() and torch.allclose(w.sum(-1), torch.ones(5), atol=1e-5)
     assert torch.equal(probes, probes2)
     assert (regions - regions2).abs().max() > 1e-6  # small for a random model, whose probes are near-identical
+    assert (labels - labels2).abs().max() > 1e-6  # the label map follows the query's class cosines
 
 
 def test_explain_without_cross_layers_is_the_probe_map(small_cfg, bert):
@@ -120,7 +121,7 @@ def test_explain_without_cross_layers_is_the_probe_map(small_cfg, bert):
     cfg.cp = dataclasses.replace(cfg.cp, layers=0)
     torch.manual_seed(0)
     model = SearchModel(cfg, bert).eval()
-    grid, p_t = graphs.example_inputs(model, K=3)["explain"]
+    grid, p_t, *_ = graphs.example_inputs(model, K=3)["explain"]
     with torch.inference_mode():
         regions, probes = graphs.ExplainGraph(model)(grid, p_t)
     assert torch.equal(regions, probes)
