@@ -369,7 +369,7 @@ def test_measure_memory_and_latency_against_the_host(stack, host_service):
             time.sleep(1)
         sent = sum(f.result() for f in futs)
     RESULT["api_rss_bytes"] = {"idle": int(idle), "load_peak": int(peak),
-                               "load": f"{LOAD_S} s, 4 concurrent clients, {sent} searches (k 10, rerank cp)"}
+                               "load": f"{LOAD_S} s, 4 concurrent clients, {sent} searches (k 10, the server's default reranker)"}
 
     lat = {"container": [], "host": []}
     with httpx.Client(timeout=10) as c:
