@@ -1,10 +1,11 @@
-"""Write models/data/imagenet_hypernyms.tsv once, from the WordNet 3.0 database Debian ships.
+"""Write research/region_labels/imagenet_hypernyms.tsv once, from the WordNet 3.0 database Debian ships.
 
     apt-get install wordnet-base && python scripts/write_imagenet_hypernyms.py [/usr/share/wordnet]
 
 For each of the 1,000 ImageNet classes (models/data/imagenet_classes.tsv, whose synset ids are WordNet 3.0 noun
 offsets), every ancestor through hypernym and instance-hypernym links, with the number of ImageNet classes below
-it. The bridge's hypernym matching (models/hypernyms.py) keeps the ancestors that group a few classes ("dog" over
+it. The region labels' hypernym matching (research/region_labels/vocabulary.py; measured, not served, so the table
+lives beside that script and not in the installed package) keeps the ancestors that group a few classes ("dog" over
 118 breeds, "car" over a dozen) and drops the abstract ones ("artifact" over half of ImageNet).
 """
 from __future__ import annotations
@@ -13,9 +14,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "models" / "data"
-CLASSES = DATA / "imagenet_classes.tsv"
-OUT = DATA / "imagenet_hypernyms.tsv"
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = ROOT / "models" / "data" / "imagenet_classes.tsv"
+OUT = ROOT / "research" / "region_labels" / "imagenet_hypernyms.tsv"
 HEADER = """# The WordNet 3.0 ancestors of each ImageNet-1k class: synset id, first lemma, and how many of the 1,000 classes
 # lie below it. Written by scripts/write_imagenet_hypernyms.py from Debian's wordnet-base (WordNet 3.0, Princeton
 # University, WordNet 3.0 licence: free use, copy and distribution with this notice;

@@ -28,7 +28,7 @@ from crossprobe.models import checkpoint
 from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.flickr8k import available
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.evaluation.encode import encode_images, encode_texts
+from crossprobe.models.evaluation.encode import ImageBank, TextBank, encode_images, encode_texts
 from crossprobe.models.evaluation.ood import OodFeatures
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.bridge import BridgeConfig, LabelBridge
@@ -57,13 +57,28 @@ class DevViews:
     data: CachedData
     dev: list  # Flickr8k dev image rows
     ood: OodFeatures
-    q_dev: torch.Tensor  # (5000, d) g_q of the dev captions
-    q_ood: torch.Tensor  # (400, d) g_q of the COCO captions
+    t_dev: TextBank  # the 5,000 dev captions through the text tower
+    t_ood: TextBank  # the 400 COCO captions
     dev_gold: np.ndarray  # dev caption -> column among the dev images
 
     @property
     def n_coco(self) -> int:
         return len(self.ood.grids)
+
+    @property
+    def q_dev(self) -> torch.Tensor:
+        return self.t_dev.g  # (5000, d)
+
+    @property
+    def q_ood(self) -> torch.Tensor:
+        return self.t_ood.g  # (400, d)
+
+    def sets(self, images: ImageBank) -> dict:
+        """The 1,080 photos' bank in the order above -> {dev set: (text bank, image bank, gold columns, the set's
+        first column among the 1,080)}: f8k-dev ranks the 1,000 Flickr8k dev photos, coco-mini-dev+f8k-dev all."""
+        n = self.n_coco
+        f8k = ImageBank(images.tokens[n:], images.g[n:], images.grids[n:], None if images.labels is None else images.labels[n:])
+        return {"f8k-dev": (self.t_dev, f8k, self.dev_gold, n), "coco-mini-dev+f8k-dev": (self.t_ood, images, self.ood.gold, 0)}
 
     def grids(self) -> torch.Tensor:
         return torch.cat([torch.from_numpy(self.ood.grids), torch.from_numpy(self.ood.distractors)]).float()  # (1080, 49, 1280)
@@ -82,8 +97,8 @@ def dev_views(model) -> DevViews:
     col = {r: i for i, r in enumerate(dev)}
     dev_caps = data.split_captions("dev")
     ood = OodFeatures(CaptionedFolder.load(coco_root()), Path("cache/coco-mini-dev"), L, data.grids[dev])
-    return DevViews(data, dev, ood, encode_texts(model, data.states, data.masks, dev_caps).g,
-                    encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))).g,
+    return DevViews(data, dev, ood, encode_texts(model, data.states, data.masks, dev_caps),
+                    encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))),
                     np.array([col[data.ds.caption_image[j]] for j in dev_caps]))
 
 

@@ -28,7 +28,7 @@ from crossprobe.models import backbones as bb
 from crossprobe.models import checkpoint, inputs
 from crossprobe.models.demo import EXPECTED, sample_gallery
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.evaluation.encode import PairScorer, encode_images, encode_texts
+from crossprobe.models.evaluation.encode import PairScorer, TextBank, encode_images
 from crossprobe.models.evaluation.report import machine
 
 from research.bridge.sweep import dev_views, require_dev_sets
@@ -82,10 +82,7 @@ def main() -> None:
     print("grayscale grids of the 1,080 dev photos ...", flush=True)
     grey = grids_of([gray(Image.open(p).convert("RGB")) for p in coco_paths + dev_paths])
     n = views.n_coco
-    sets = {
-        "f8k-dev": (encode_texts(model, data.states, data.masks, data.split_captions("dev")), slice(n, None), views.dev_gold),
-        "coco-mini-dev+f8k-dev": (encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))), slice(None), ood.gold),
-    }
+    sets = {"f8k-dev": (views.t_dev, slice(n, None), views.dev_gold), "coco-mini-dev+f8k-dev": (views.t_ood, slice(None), ood.gold)}
     result = {}
     for name, (text, cols, gold) in sets.items():
         c = ranks_by_method(model, text, colour[cols], gold)
@@ -100,8 +97,6 @@ def main() -> None:
     tok = inputs.load_tokenizer()
     ids, mask = inputs.tokenize(tok, queries)
     t = model.text(torch.from_numpy(ids), torch.from_numpy(mask))
-    from crossprobe.models.evaluation.encode import TextBank
-
     text = TextBank(t.tokens.half(), t.mask, t.g, t.states.half() if t.states is not None else None)
     gold = np.array([names.index(EXPECTED[q]) for q in queries])
     demo = {}

@@ -23,7 +23,7 @@ import torch
 
 from crossprobe.models import checkpoint
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts
+from crossprobe.models.evaluation.encode import PairScorer, encode_images
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.region_labels import region_score
 
@@ -48,16 +48,8 @@ def hits(ckpt: Path, method: str, w: float) -> dict[str, np.ndarray]:
     grids = views.grids()
     images = encode_images(model, grids.half().numpy(), np.arange(len(grids)))
     labels = model.bridge.cell_labels(grids)
-    n = views.n_coco
-    data, ood = views.data, views.ood
-    sets = {
-        "f8k-dev": (encode_texts(model, data.states, data.masks, data.split_captions("dev")),
-                    ImageBank(images.tokens[n:], images.g[n:], images.grids[n:]), views.dev_gold, n),
-        "coco-mini-dev+f8k-dev": (encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))), images,
-                                  ood.gold, 0),
-    }
-    out = {}
-    for name, (text, imgs, gold, off) in sets.items():
+    out = {"gold": {}}
+    for name, (text, imgs, gold, off) in views.sets(images).items():
         S = (text.g @ imgs.g.T).numpy()
         cand = M.topk(S, K)
         logits = 20.0 * np.take_along_axis(S, cand, 1) if method == "TT" else PairScorer(
@@ -66,7 +58,7 @@ def hits(ckpt: Path, method: str, w: float) -> dict[str, np.ndarray]:
             sim = model.bridge.class_sims(text.g)
             logits = logits + 20.0 * w * region_score(sim, labels[torch.from_numpy(cand + off)], 3).numpy()
         out[name] = M.t2i_ranks(M.apply_rerank(S, cand, logits), gold) == 0
-    out["gold"] = {"f8k-dev": views.dev_gold, "coco-mini-dev+f8k-dev": ood.gold}
+        out["gold"][name] = gold
     return out
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from crossprobe.models import checkpoint
 from crossprobe.models.bridge import _lite0_head
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts
+from crossprobe.models.evaluation.encode import PairScorer, encode_images
 from crossprobe.models.evaluation.report import machine
 
 from research.bridge.sweep import dev_views, require_dev_sets
@@ -108,13 +108,7 @@ def main() -> None:
     views = dev_views(model)
     grids = views.grids()  # (1080, 49, 1280): 80 COCO, then the 1,000 f8k dev images
     images = encode_images(model, grids.half().numpy(), np.arange(len(grids)))
-    n = views.n_coco
-    f8k = ImageBank(images.tokens[n:], images.g[n:], images.grids[n:])
-    data, ood = views.data, views.ood
-    sets = {  # name -> (text bank, image bank, gold, column offset into the 1,080 images)
-        "f8k-dev": (encode_texts(model, data.states, data.masks, data.split_captions("dev")), f8k, views.dev_gold, n),
-        "coco-mini-dev+f8k-dev": (encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))), images, ood.gold, 0),
-    }
+    sets = views.sets(images)  # name -> (text bank, image bank, gold, column offset into the 1,080 images)
     base = {}  # (set, method) -> (S, cand, logits (Q, K))
     for name, (text, imgs, gold, _) in sets.items():
         S = (text.g @ imgs.g.T).numpy()

@@ -9,7 +9,7 @@ tower puts the two near each other. Three ways to widen what a cell's label can 
   names      E_c from more of the class's WordNet lemmas, or in a template ("a photo of a {}."): the bridge's own
              options (docs/research/bridge.md), whose single-cell use is less certain than the grid mean's
   hypernyms  sim'_c = max(sim_c, max over the class's kept WordNet ancestors a of cos(g_q, E_a)), E_a the text tower
-             over the ancestor's first lemma (models/data/imagenet_hypernyms.tsv). An ancestor is kept when it groups
+             over the ancestor's first lemma (imagenet_hypernyms.tsv beside this script). An ancestor is kept when it groups
              at least 2 and at most `max_below` of the 1,000 classes: "dog" (118 breeds) at 130, not "artifact" (522)
   both       the best names with hypernyms
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from crossprobe.models import checkpoint, inputs
 from crossprobe.models.bridge import class_lemmas
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.evaluation.encode import ImageBank, PairScorer, encode_images, encode_texts
+from crossprobe.models.evaluation.encode import PairScorer, encode_images
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.region_labels import region_score
 
@@ -45,7 +45,7 @@ MAX_BELOW = (10, 30, 130, 400)
 NAMES = {"plain": (["{}"], 1), "3 lemmas": (["{}"], 3), "photo template": (["a photo of a {}."], 1)}
 METHODS = ("TT", "CP@100", "TEMDE@100")
 IN_DOMAIN_SLACK = 0.3
-HYPERNYMS_FILE = Path(__file__).resolve().parents[2] / "models" / "data" / "imagenet_hypernyms.tsv"
+HYPERNYMS_FILE = Path(__file__).resolve().parent / "imagenet_hypernyms.tsv"
 
 
 @torch.no_grad()
@@ -107,13 +107,7 @@ def main() -> None:
     grids = views.grids()  # (1080, 49, 1280): 80 COCO, then the 1,000 f8k dev images
     images = encode_images(model, grids.half().numpy(), np.arange(len(grids)))
     labels = model.bridge.cell_labels(grids)  # (1080, 49)
-    n = views.n_coco
-    f8k = ImageBank(images.tokens[n:], images.g[n:], images.grids[n:])
-    data, ood = views.data, views.ood
-    sets = {  # name -> (text bank, image bank, gold, column offset into the 1,080 images)
-        "f8k-dev": (encode_texts(model, data.states, data.masks, data.split_captions("dev")), f8k, views.dev_gold, n),
-        "coco-mini-dev+f8k-dev": (encode_texts(model, ood.states, ood.masks, np.arange(len(ood.states))), images, ood.gold, 0),
-    }
+    sets = views.sets(images)  # name -> (text bank, image bank, gold, column offset into the 1,080 images)
     base = {}
     for name, (text, imgs, gold, off) in sets.items():
         S = (text.g @ imgs.g.T).numpy()
