@@ -51,7 +51,7 @@ from redis.exceptions import RedisError
 from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.indexer.storage.ann.base import UnsupportedFilter
 from crossprobe.indexer.storage import filter_columns
-from crossprobe.service import metrics, query_image
+from crossprobe.service import hybrid, metrics, query_image
 from crossprobe.service.inference import Models, QueryVectors
 from crossprobe.service.registry import IndexHandle, Registry
 from crossprobe.models.runtime import StageTimer
@@ -82,6 +82,8 @@ class Plan:
     offset: int = 0  # the page: ranked results skipped before the k returned
     sort: str = "relevance"  # relevance | date_taken | -date_taken | date_added | -date_added (stage sort)
     min_relevance: float | None = None  # drop results whose calibrated relevance is lower (text queries only)
+    mode: str | None = None  # hybrid | vector | keyword: as requested (None: the default), then as run (hybrid.py)
+    mode_note: str | None = None  # why the mode that ran differs from the one asked for
 
     @property
     def kind(self) -> str:
@@ -99,6 +101,8 @@ class RankedItem:
     rerank: float | None
     relevance: float | None = None  # P(match) from the checkpoint's calibration (text queries; else None)
     metadata: dict | None = None
+    keyword: float | None = None  # BM25 score of a keyword hit (modes hybrid and keyword)
+    highlights: list[dict] | None = None  # the matched words of a keyword hit (hybrid.highlights)
 
 
 @dataclass
@@ -113,6 +117,7 @@ class Outcome:
     facets: dict | None = None  # with plan.facets: {"tags": {tag: items}}
     degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
     total: int = 0  # ranked results of the whole answer (every page): the shortlist after filter, dedup, min_score
+    keyword: hybrid.KeywordOutcome | None = None  # modes hybrid and keyword: the parsed query and its hits
 
     @property
     def degraded_codes(self) -> list[str]:
@@ -133,28 +138,31 @@ class Searcher:
              index: str | None = None, min_score: float | None = None, tail: int = 0, *, image: bytes | None = None,
              like: list[str] | None = None, embedding: np.ndarray | None = None, weight: float = 0.5,
              dedup: float | None = None, filter: object | None = None, facets: bool = False, offset: int = 0,
-             sort: str = "relevance", min_relevance: float | None = None) -> Plan:
+             sort: str = "relevance", min_relevance: float | None = None, mode: str | None = None) -> Plan:
         """Fill in the server's defaults (validation already happened in the schema)."""
         like = list(dict.fromkeys(like or []))
         # (a text alone is SearchRequest's rule; what the schema cannot know is whether this checkpoint has curves)
         if min_relevance is not None and self.models.calibration is None:
             raise InvalidRequest("invalid request: min_relevance: this server's checkpoint has no "
                                  "calibration.json (research/calibration/fit.py makes one)")
-        mode = rerank or self.settings.default_rerank
+        rr = rerank or self.settings.default_rerank
         skipped = None
-        if query is None and mode != "none":  # nothing to rerank with: the rerankers score a text against images
-            skipped = (f"rerank {mode} needs a text query; a query without one ranks by the ANN cosine of its "
+        if query is None and rr != "none":  # nothing to rerank with: the rerankers score a text against images
+            skipped = (f"rerank {rr} needs a text query; a query without one ranks by the ANN cosine of its "
                        f"vector (send \"query\" too to rerank)")
-            mode = "none"
+            rr = "none"
         if shortlist is None:
             shortlist = min(max(self.settings.default_shortlist, k + tail), MAX_SHORTLIST)
-        return Plan(query, k, mode, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
+        return Plan(query, k, rr, shortlist, index, min_score, tail, image=image, like=like, embedding=embedding,
                     weight=weight, dedup=dedup, filter=filter, facets=facets, rerank_skipped=skipped, offset=offset,
-                    sort=sort, min_relevance=min_relevance)
+                    sort=sort, min_relevance=min_relevance, mode=mode)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
         handle = self.registry.get(plan.index)  # 404 / 503 before any work
+        plan.mode, plan.mode_note = hybrid.resolve(plan.mode, plan.query is not None, handle.keywords is not None)
+        if plan.mode == "keyword" and plan.rerank != "none":
+            plan.rerank, plan.rerank_skipped = "none", "mode keyword ranks by the keyword index's BM25 alone"
         if plan.like:
             unknown = [i for i in plan.like if i not in handle.ids]
             if unknown:
@@ -246,6 +254,20 @@ class Searcher:
                 keep = [j for j, i in enumerate(ids) if i not in exclude][: plan.shortlist]
                 ids, ann = [ids[j] for j in keep], ann[keep]
 
+        kw = None
+        if plan.mode in ("hybrid", "keyword"):
+            with clock.stage("keyword"):
+                kw = hybrid.keyword_stage(handle.keywords, plan.query, plan.shortlist if plan.mode == "keyword" else
+                                          self.settings.hybrid_candidates, _allow(reader, self._row_mask(handle, plan, prepared), exclude),
+                                          required=plan.mode == "keyword")
+            known = set() if plan.mode == "keyword" else set(ids)
+            extra = [i for i, _ in kw.hits if i not in known]
+            if plan.mode == "keyword":
+                ids, ann = [], np.zeros(0, np.float32)
+            if extra:  # keyword hits the shortlist lacks: their exact two-tower score, from the stored vectors
+                ids = ids + extra
+                ann = np.concatenate([ann, reader.vectors(extra) @ q.g_q.astype(np.float32)]).astype(np.float32)
+
         logits = None
         if plan.rerank != "none" and ids:
             try:
@@ -270,12 +292,17 @@ class Searcher:
                     logits = np.asarray(self.models.rerank(plan.rerank, q, feats, ann), np.float32)
 
         final = logits if logits is not None else ann
-        order = np.argsort(-final, kind="stable") if logits is not None else np.arange(len(ids))
+        order = np.argsort(-final, kind="stable") if logits is not None or kw is not None else np.arange(len(ids))
+        is_kw = np.zeros(len(ids), bool)
+        if plan.mode == "keyword":  # BM25 order; the score is BM25's
+            final, order, is_kw[:] = np.asarray([s for _, s in kw.hits], np.float32), np.arange(len(ids)), True
+        elif kw is not None and kw.hits:
+            order, is_kw = hybrid.fuse(final, order, ids, kw, self.settings.hybrid_k, self.settings.hybrid_weight)
         if plan.min_score is not None:
-            order = order[final[order] >= plan.min_score]
-        relevance = self._relevance(plan, final, "none" if logits is None else plan.rerank)
+            order = order[(final[order] >= plan.min_score) | is_kw[order]]
+        relevance = None if plan.mode == "keyword" else self._relevance(plan, final, "none" if logits is None else plan.rerank)
         if plan.min_relevance is not None and relevance is not None:
-            order = order[relevance[order] >= plan.min_relevance]
+            order = order[(relevance[order] >= plan.min_relevance) | is_kw[order]]
         dropped = 0
         if plan.dedup is not None and len(order) > 1:
             with clock.stage("dedup"):  # over the whole ranked answer: `total` counts what every page can show
@@ -285,8 +312,10 @@ class Searcher:
                 order = self._by_date(order, ids, handle, plan.sort, degraded)
         total = len(order)
         order = order[plan.offset: plan.offset + plan.k + plan.tail]
+        kws = kw.scores if kw is not None else {}
         ranked = [RankedItem(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]),
-                             None if relevance is None else round(float(relevance[i]), 4)) for i in order]
+                             None if relevance is None else round(float(relevance[i]), 4), keyword=kws.get(ids[i]))
+                  for i in order]
         hits, tail = ranked[: plan.k], ranked[plan.k:]
 
         with clock.stage("metadata"):
@@ -302,6 +331,11 @@ class Searcher:
                 metas = [None] * len(hits)
         for h, m in zip(hits, metas):
             h.metadata = public_metadata(m, self.settings.expose_uri)
+        if kw is not None and kw.hits and hits:
+            with clock.stage("highlight"):
+                marks = hybrid.highlights(handle.keywords, kw, [h.id for h in hits])
+            for h in hits:
+                h.highlights = marks.get(h.id)
         facets = None
         if plan.facets:
             with clock.stage("facets"):  # over the metadata columns, whichever backend holds the vectors
@@ -309,10 +343,17 @@ class Searcher:
                 mask = prepared if isinstance(prepared, np.ndarray) else (
                     cols.mask(plan.filter) if plan.filter is not None else None)  # Milvus: its own mask
                 facets = {"tags": cols.tag_counts(mask, MAX_FACETS)}
-        return Outcome(hits, tail, handle, clock.ms(), deduplicated=dropped, degraded=degraded, total=total,
+        return Outcome(hits, tail, handle, clock.ms(), deduplicated=dropped, degraded=degraded, total=total, keyword=kw,
                        filtered=None if filtered is None else
                        {"matching": filtered.matching, "exact": filtered.exact, "method": filtered.how},
                        facets=facets)
+
+    def _row_mask(self, handle: IndexHandle, plan: Plan, prepared) -> np.ndarray | None:
+        """The filter as a mask over the version's rows: FAISS's prepared filter is one; a Milvus version's is an
+        expression, so the mask comes from the metadata columns (as facets do)."""
+        if plan.filter is None or isinstance(prepared, np.ndarray):
+            return prepared
+        return self._columns(handle).mask(plan.filter)
 
     def _relevance(self, plan: Plan, final: np.ndarray, mode: str) -> np.ndarray | None:
         """Each candidate's calibrated relevance under the mode that ranked it (a degraded search that kept the
@@ -353,6 +394,19 @@ class Searcher:
         if self.settings.redis_down_search == "fail":
             raise e  # answered 503 feature_store_unavailable (errors.py), counted there
         metrics.error("feature_store_unavailable")
+
+
+def _allow(reader, prepared, exclude: set[str]):
+    """The keyword stage's filter: an id passes when the filter's row mask passes its row and it is not a "like"
+    item; None: everything passes."""
+    if not isinstance(prepared, np.ndarray) and not exclude:
+        return None
+
+    def allow(item_id: str) -> bool:
+        if item_id in exclude:
+            return False
+        return not isinstance(prepared, np.ndarray) or bool(prepared[reader.rows([item_id])[0]])
+    return allow
 
 
 def _unit(v: np.ndarray, fallback: np.ndarray) -> np.ndarray:

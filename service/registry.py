@@ -17,7 +17,7 @@ from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.indexer.storage.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import NAME_RE, Store
-from crossprobe.indexer.storage import filter_columns
+from crossprobe.indexer.storage import filter_columns, keyword
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
 from crossprobe.service.settings import Settings
@@ -34,6 +34,8 @@ class IndexHandle:
         self.ids = frozenset(reader.ids)  # membership test for /v1/items: only indexed ids are readable
         self.loaded_at = time.time()
         self.columns = filter_columns.ColumnCache()  # metadata columns for filters, read on the first filtered search
+        # the version's keyword index (storage/keyword.py); None for a version built before them: served vector-only
+        self.keywords = keyword.open_for(reader.store.version_dir(reader.name, reader.version))
 
     def __len__(self) -> int:
         return len(self.reader)

@@ -85,6 +85,15 @@ QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, json_
 # ---- metadata filters: the condition tree is the storage layer's (crossprobe.indexer.storage.filter_model) -----
 MAX_FACETS = 50  # tags in a facets answer
 
+# ---- keyword and hybrid search (service/hybrid.py) ----------------------------------------------------------------
+Mode = Literal["hybrid", "vector", "keyword"]
+MODE_HELP = ("hybrid (the default where the index has a keyword index and the request a query text): the keyword "
+             "index's best matches (file name, caption, tags, the words read in the image, the manifest's text "
+             "fields; BM25) join the vector shortlist, are reranked with it, and the two orders are fused; vector: "
+             "vectors only; keyword: the keyword index alone (needs a query with a word that is not a stop word, "
+             "else 422). Words are ORed; a \"quoted phrase\" must appear as written")
+
+
 # ---- pages and order ---------------------------------------------------------------------------------------------
 Sort = Literal["relevance", "date_taken", "-date_taken", "date_added", "-date_added"]
 SORT_HELP = ("the order of the ranked results (those above min_relevance and min_score, after filter and dedup): relevance (the "
@@ -149,6 +158,7 @@ class SearchRequest(BaseModel):
                                         "hold can return nothing. A text query alone (else 422)")
     offset: int = Field(0, ge=0, le=MAX_SHORTLIST, strict=True, description=OFFSET_HELP)
     sort: Sort = Field("relevance", description=SORT_HELP)
+    mode: Mode | None = Field(None, description=MODE_HELP)
 
     @field_validator("k", "shortlist", "offset", mode="before")
     @classmethod
@@ -178,6 +188,15 @@ class SearchRequest(BaseModel):
 class Scores(BaseModel):
     ann: float = Field(description="two-tower cosine g_q . g_I (the FAISS inner product)")
     rerank: float | None = Field(description="reranker logit (fused with the two-tower score); null for rerank=none")
+    keyword: float | None = Field(None, description="BM25 score of a keyword match (modes hybrid and keyword); null "
+                                  "when the item matched no word")
+
+
+class Highlight(BaseModel):
+    field: str = Field(description="name (the file name), caption, tags, text (the words read in the image) or "
+                       "fields (the manifest's text fields)")
+    text: str = Field(description="the field's text as indexed")
+    spans: list[list[int]] = Field(description="[start, end) character offsets of the matched words in text")
 
 
 class Hit(BaseModel):
@@ -188,6 +207,7 @@ class Hit(BaseModel):
                                     "null for image and \"like\" queries, or a checkpoint without calibration")
     scores: Scores
     metadata: dict[str, Any] | None
+    highlights: list[Highlight] | None = Field(None, description="a keyword match's matched words, per field")
 
 
 class IndexRef(BaseModel):
@@ -216,6 +236,13 @@ class FilterInfo(BaseModel):
                         "stored vectors scanned) | none-match")
 
 
+class KeywordInfo(BaseModel):
+    words: list[str] = Field(description="the query's words looked up (lower case; stop words and punctuation dropped)")
+    phrases: list[str] = Field(description="quoted phrases, each required")
+    hits: int = Field(description="keyword matches found (at most the hybrid candidates, or the shortlist)")
+    ignored_terms: int = Field(description="words and phrases past the first 16, not looked up")
+
+
 class SearchResponse(BaseModel):
     results: list[Hit] = Field(description="the page: at most k results from `offset` on")
     total: int = Field(description="ranked results of the whole answer, every page together: the shortlist's "
@@ -227,7 +254,11 @@ class SearchResponse(BaseModel):
     index: IndexRef
     model: ModelRef
     query_kind: str = Field(description="what was searched for: text, image, like, or text+image / text+like")
-    rerank: Rerank = Field(description="the reranker that ran: none for a query without text")
+    rerank: Rerank = Field(description="the reranker that ran: none for a query without text, and in mode keyword")
+    mode: Mode = Field(description="the mode that ran (see the request's mode)")
+    mode_note: str | None = Field(None, description="why mode differs from the one asked for")
+    keyword: KeywordInfo | None = Field(None, description="modes hybrid and keyword: the query's words as looked "
+                                        "up, and how many items matched (among hybrid's candidates)")
     rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
                                        "default) asked for a reranker: the query had no text")
     deduplicated: int = Field(0, description="results dropped as near duplicates (dedup)")

@@ -101,6 +101,12 @@ class Settings(StorageSettings):
     # sets, and faster than CP (docs/research/region_labels.md)
     default_rerank: Rerank = "temde"
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
+    # hybrid search (hybrid.py): the keyword index's best this many join the vector shortlist before the rerank;
+    # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w/(K + keyword rank).
+    # K and w: chosen on the dev sets (docs/research/text_search.md)
+    hybrid_candidates: int = Field(20, ge=1, le=MAX_SHORTLIST)
+    hybrid_k: float = Field(60.0, gt=0)
+    hybrid_weight: float = Field(1.0, ge=0)
 
     # -- batching and overload ---------------------------------------------------
     batching: bool = True  # group concurrent queries into one query-tower run

@@ -17,6 +17,8 @@ index_app = typer.Typer(add_completion=False, no_args_is_help=True,
 _ROOT = typer.Option(None, help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")
 _ENGINE = typer.Option(None, help="single | ray: who decodes and encodes (default single: this process; ray: Ray "
                        "Data with an actor pool of encoders, on RAY_ADDRESS or a local Ray; env CROSSPROBE_INDEX_ENGINE)")
+_OCR = typer.Option(None, "--ocr/--no-ocr", help="read the words in each photo (OCR) into its searchable text; "
+                    "about half the indexing speed (default: CROSSPROBE_INDEX_OCR, off)")
 _CKPT = typer.Option(None, envvar="CROSSPROBE_CKPT", show_envvar=True,
                      help="checkpoint directory (default: the committed one)")
 
@@ -64,11 +66,12 @@ def build_cmd(
     head: str = typer.Option(None, help="onnx | torch runtime for the image-tower head"),
     throttle: float = typer.Option(None, help="seconds to sleep after each batch (share a busy machine)"),
     engine: str = _ENGINE,
+    ocr: bool = _OCR,
 ):
     """Encode a folder or manifest into a new version and activate it (run again to resume after a kill)."""
     _job("build", name, images, manifest, ckpt, index_root=root, workers=workers, batch_size=batch_size,
          quantization=quantization, factory=factory, max_pixels=max_pixels, threads=threads, head=head,
-         throttle_s=throttle, engine=engine)
+         throttle_s=throttle, engine=engine, ocr=ocr)
 
 
 @index_app.command("add")
@@ -85,10 +88,11 @@ def add_cmd(
     threads: int = typer.Option(None),
     throttle: float = typer.Option(None),
     engine: str = _ENGINE,
+    ocr: bool = _OCR,
 ):
     """Add (or replace) items: a new version = active items + these, then one switch."""
     _job("add", name, images, manifest, ckpt, index_root=root, workers=workers, batch_size=batch_size, factory=factory,
-         max_pixels=max_pixels, threads=threads, throttle_s=throttle, engine=engine)
+         max_pixels=max_pixels, threads=threads, throttle_s=throttle, engine=engine, ocr=ocr)
 
 
 @index_app.command("delete")
@@ -128,6 +132,7 @@ def reindex_cmd(
     head: str = typer.Option(None),
     throttle: float = typer.Option(None),
     engine: str = _ENGINE,
+    ocr: bool = _OCR,
 ):
     """Re-encode every item of an index from its recorded sources with the current checkpoint into a new
     version and activate it (how an index moves to a new model; run again to resume after a kill). The old
@@ -139,7 +144,7 @@ def reindex_cmd(
     from crossprobe.indexer.storage.store import Store, check_name
 
     settings = _settings(index_root=root, reindex_max_lost=max_lost, workers=workers, batch_size=batch_size, factory=factory,
-                  max_pixels=max_pixels, threads=threads, head=head, throttle_s=throttle, engine=engine)
+                  max_pixels=max_pixels, threads=threads, head=head, throttle_s=throttle, engine=engine, ocr=ocr)
     if bool(names) == all_:
         _fail("give index names or --all (not both)", 2)
     if quantization not in (None, "float16", "int8"):
@@ -191,6 +196,7 @@ def watch_cmd(
     batch_size: int = typer.Option(None),
     max_pixels: int = typer.Option(None),
     threads: int = typer.Option(None),
+    ocr: bool = _OCR,
 ):
     """Keep NAME in step with a folder: new, changed, moved and deleted files reach the served index within
     seconds, each batch as one new version (readers see all of it or none). Runs until SIGTERM or Ctrl-C; a
@@ -204,7 +210,7 @@ def watch_cmd(
 
     settings = _settings(index_root=root, watch_settle_s=settle, watch_poll_s=poll, watch_events=events,
                          watch_batch_max=batch_max, watch_metrics_port=metrics_port, workers=workers,
-                         batch_size=batch_size, max_pixels=max_pixels, threads=threads, progress=False)
+                         batch_size=batch_size, max_pixels=max_pixels, threads=threads, progress=False, ocr=ocr)
     stop = threading.Event()
     try:
         w = Watcher(name, images, settings, ckpt=ckpt, say=typer.echo)

@@ -25,6 +25,7 @@ initialised in this process (a test module, a notebook) is used as it is and lef
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -181,7 +182,8 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
     rows = [{"b": b, "items": json.dumps([asdict(it) for it in items[b * bs:(b + 1) * bs]], ensure_ascii=False)}
             for b in todo]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels},
+    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels,
+                                                           "ocr_gate": settings.ocr_gate_side if settings.ocr else None},
                         compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
                         # Ray Data retries a task whose worker died for ever by default; a file that crashes
                         # the decoder itself (not a Python error: those are skips) must fail the job instead.
@@ -198,14 +200,22 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
                                "model": model if torch_head else None, "bert": bert if torch_head else None})
 
 
-def _decode(batch: dict, bs: int, max_pixels: int) -> dict:
+@functools.lru_cache(maxsize=1)
+def _ocr_reader(gate_side: int):
+    """One OCR reader per Ray worker process (its models load once, not per task)."""
+    from crossprobe.indexer.jobs.ocr import Reader
+
+    return Reader(gate_side)
+
+
+def _decode(batch: dict, bs: int, max_pixels: int, ocr_gate: int | None = None) -> dict:
     """Ray task: journal batches -> pixels padded to (bs, 3, 224, 224) (one shape for every row, so Ray keeps
     them as one tensor column) + a JSON column with the decoded rows, their metadata and the skips."""
     out: dict[str, list] = {"b": [], "pixels": [], "info": []}
     for b, items_json in zip(batch["b"], batch["items"]):
         t = time.perf_counter()
         its = [Item(**d) for d in json.loads(items_json)]
-        dec = decode_batch(its, int(b) * bs, max_pixels)
+        dec = decode_batch(its, int(b) * bs, max_pixels, _ocr_reader(ocr_gate) if ocr_gate else None)
         pixels = np.zeros((bs, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
         pixels[:len(dec.rows)] = dec.pixels
         out["b"].append(int(b))

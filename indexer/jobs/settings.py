@@ -42,6 +42,11 @@ class IndexerSettings(StorageSettings):
     # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
     reindex_max_lost: float = Field(0.01, ge=0, le=1)
 
+    # index-time OCR (ocr.py): the words in each photo become its metadata "text", searchable by keyword. Off by
+    # default: with it, indexing runs at about half the speed on two cores (docs/research/text_search.md)
+    ocr: bool = False
+    ocr_gate_side: int = Field(480, ge=64, le=2048)  # the text detector's input (longer side) deciding who is read
+
     # -- ANN backend (storage/ann/): where NEW versions keep their vectors' index -----------------------------
     # faiss: index.faiss in the version directory, searched in the service's process; milvus: a collection per
     # version (<prefix>_<name>_<version>) in the Milvus at milvus_uri. The service reads each version from the

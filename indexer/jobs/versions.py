@@ -37,7 +37,8 @@ from typing import Callable
 
 import numpy as np
 
-from crossprobe.indexer.storage import ann, codec, faiss_io
+from crossprobe.indexer.storage import ann, codec, faiss_io, keyword
+from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import Decoded, decode_batch
 from crossprobe.indexer.jobs.encoder import Dims, Encoder, identify
 from crossprobe.indexer.jobs.journal import Journal
@@ -223,6 +224,8 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         if kind == "sync":  # the batch itself names the job: the same changes after a kill resume its journal
             spec["changes_sha"] = hashlib.sha256(json.dumps([[it.id, it.uri] for it in items] + sorted(set(ids)))
                                                  .encode()).hexdigest()[:16]
+    if settings.ocr and kind != "delete":  # a resumed job reads the rest of its photos as it read the first
+        spec["ocr"] = settings.ocr_gate_side
     spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, settings)
     if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, settings, log)) is not None:
         return done
@@ -395,9 +398,10 @@ def _encode_here(items: list[Item], todo: list[int], job: Job, write: Callable[[
     bs = settings.batch_size
     with times.stage("load_model"):
         enc = Encoder(settings, job.ckpt, job.model, job.bert)
+        reader = ocr.Reader(settings.ocr_gate_side) if settings.ocr else None
 
     def produce(b: int) -> Decoded:
-        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels)
+        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels, reader)
 
     def consume(b: int, dec: Decoded) -> None:
         g, values = np.zeros((0, enc.dims.d), np.float32), []
@@ -474,6 +478,12 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         factory = writer.commit()
         faiss_io.write_ids(ids, vdir / "ids")
         faiss_io.write_vectors(vectors, vdir / "vectors.npy")
+    with times.stage("write_text"):  # the keyword index (storage/keyword.py): derived from the base's when it has one
+        based = kind not in ("build", "reindex") and (store.version_dir(name, base) / keyword.FILE).exists()
+        text = keyword.write(vdir, new_ids if based else ids,
+                             lambda part: [json.loads(m) if m else None for m in store.metadata(name, version, part)],
+                             job.settings.redis_batch, store.version_dir(name, base) if based else None,
+                             (set(new_ids) | set(del_ids or ())) if based else ())
     report = _write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": job.fingerprint,
@@ -483,6 +493,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
         "source": job.source, "skipped": report["counts"]["skipped"],
+        "text": {"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)},
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
     return report

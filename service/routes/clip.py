@@ -141,7 +141,8 @@ async def knn_service(request: Request) -> JSONResponse:
     # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
     out = await run_search(state, state.searcher.plan(text, k, index=req.indice_name, tail=total - k, image=image,
                                                       embedding=embedding,
-                                                      dedup=DEDUP_COSINE if req.deduplicate else None))
+                                                      dedup=DEDUP_COSINE if req.deduplicate else None,
+                                                      mode="vector"))  # clip_back's contract: a vector search
     name = out.handle.name
     results = [{**_flat(state.settings, name, h.id, h.metadata), "id": h.id, "similarity": h.score}
                for h in out.hits]

@@ -39,7 +39,7 @@ async def search(body: SearchRequest, request: Request) -> Response:
     plan = state.searcher.plan(body.query, body.k, body.rerank, body.shortlist, body.index, body.min_score,
                                image=image, like=body.like_ids, weight=body.weight, dedup=body.dedup,
                                filter=body.filter, facets=body.facets, offset=body.offset, sort=body.sort,
-                               min_relevance=body.min_relevance)
+                               min_relevance=body.min_relevance, mode=body.mode)
     return await _answer(state, plan)
 
 
@@ -48,8 +48,9 @@ async def _answer(state: ServiceState, plan) -> Response:
     out = await run_search(state, plan)
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
-        "results": [{"id": h.id, "score": h.score, "relevance": h.relevance, "scores": {"ann": h.ann, "rerank": h.rerank},
-                     "metadata": h.metadata} for h in out.hits],
+        "results": [{"id": h.id, "score": h.score, "relevance": h.relevance,
+                     "scores": {"ann": h.ann, "rerank": h.rerank, "keyword": h.keyword},
+                     "metadata": h.metadata, "highlights": h.highlights} for h in out.hits],
         "total": out.total,
         "offset": plan.offset,
         "next_offset": plan.offset + plan.k if plan.offset + plan.k < out.total else None,
@@ -59,6 +60,9 @@ async def _answer(state: ServiceState, plan) -> Response:
         "query_kind": plan.kind,
         "rerank": plan.rerank,
         "rerank_skipped": plan.rerank_skipped,
+        "mode": plan.mode,
+        "mode_note": plan.mode_note,
+        "keyword": out.keyword.info() if out.keyword is not None else None,
         "deduplicated": out.deduplicated,
         "filtered": out.filtered,
         "facets": out.facets,

@@ -1,0 +1,107 @@
+"""Keyword and hybrid search: the stages a search's `mode` adds to the request path (pipeline.py).
+
+  vector   the two-tower shortlist, reranked (what crossprobe always did)
+  keyword  the version's keyword index alone (indexer/storage/keyword.py: BM25 over file name, caption, tags,
+           the image's OCR text and the manifest's string fields); no reranker
+  hybrid   the default where the served version has a keyword index: the keyword stage's best
+           `hybrid_candidates` items join the vector shortlist before the reranker (an item no vector would
+           have found, e.g. a receipt by its number, is reranked like the others); the reranked order and the
+           keyword order are then fused by weighted reciprocal rank fusion,
+               fused = 1 / (K + vector rank) + w / (K + keyword rank)    (items without a keyword hit: first term)
+           with K and w chosen on dev sets (docs/research/text_search.md). A keyword hit is not cut by
+           min_score or min_relevance: it holds the query's words, whatever its calibrated relevance.
+
+Filters apply to both sides: the keyword stage passes over items the filter (and "like") exclude.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+
+from crossprobe.indexer.storage import keyword
+from crossprobe.service.exceptions import InvalidRequest
+
+Mode = Literal["hybrid", "vector", "keyword"]
+MODES = ("hybrid", "vector", "keyword")
+
+
+@dataclass
+class KeywordOutcome:
+    query: keyword.KeywordQuery
+    hits: list[tuple[str, float]] = field(default_factory=list)  # (id, BM25 score), best first
+
+    @property
+    def scores(self) -> dict[str, float]:
+        return dict(self.hits)
+
+    def info(self) -> dict:
+        return {"words": self.query.words, "phrases": self.query.phrases, "hits": len(self.hits),
+                "ignored_terms": self.query.dropped}
+
+
+def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str, str | None]:
+    """The mode that runs -> (mode, why it differs from the request's, or None). Default: hybrid where the
+    version has a keyword index and the query a text, else vector. keyword without either: 422."""
+    if requested == "keyword":
+        if not has_text:
+            raise InvalidRequest("invalid request: mode keyword needs a query text")
+        if not has_index:
+            raise InvalidRequest("invalid request: mode keyword: this index version has no keyword index (built "
+                                 "before them); `crossprobe index reindex NAME` makes one")
+        return "keyword", None
+    if requested == "vector":
+        return "vector", None
+    if has_text and has_index:
+        return "hybrid", None
+    why = None
+    if requested == "hybrid":
+        why = ("hybrid needs a query text; ranked by vectors" if not has_text else
+               "this index version has no keyword index (built before them); ranked by vectors")
+    return "vector", why
+
+
+def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Callable[[str], bool] | None,
+                  required: bool) -> KeywordOutcome:
+    """BM25's best `limit` items for the query text. required (mode keyword): a query that keeps no word after
+    stop words and punctuation are dropped is 422; in hybrid it only leaves the vector side alone."""
+    q = keyword.parse(text)
+    if q.empty:
+        if required:
+            raise InvalidRequest("invalid request: mode keyword: the query has no word to look up (only stop "
+                                 "words or punctuation); search with mode vector or hybrid")
+        return KeywordOutcome(q)
+    return KeywordOutcome(q, index.search(q, limit, allow))
+
+
+def fuse(final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutcome, k: float,
+         weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted reciprocal rank fusion of the reranked order and the keyword order.
+    final: each candidate's ranking score; ranked: candidate positions in their vector order (best first).
+    -> (positions in fused order, a bool mask of the candidates that are keyword hits)."""
+    n = len(ids)
+    fused = np.zeros(n, np.float64)
+    fused[ranked] = 1.0 / (k + 1 + np.arange(len(ranked)))
+    is_kw = np.zeros(n, bool)
+    pos = {item_id: j for j, item_id in enumerate(ids)}
+    for r, (item_id, _) in enumerate(kw.hits):
+        j = pos.get(item_id)
+        if j is not None:
+            fused[j] += weight / (k + 1 + r)
+            is_kw[j] = True
+    # ties (two candidates without keyword hits cannot tie; equal sums can): the vector order decides
+    rank_v = np.empty(n, np.int64)
+    rank_v[ranked] = np.arange(len(ranked))
+    order = np.lexsort((rank_v, -fused))
+    return order[np.isin(order, ranked)], is_kw
+
+
+def highlights(index: keyword.KeywordIndex | None, kw: KeywordOutcome | None, ids: list[str]) -> dict[str, list[dict]]:
+    """The matched words of each keyword hit among ids: {id: [{"field", "text", "spans": [[start, end]]}]}."""
+    if index is None or kw is None or not kw.hits:
+        return {}
+    hit = kw.scores
+    found = index.highlights(kw.query, [i for i in ids if i in hit])
+    return {i: [{"field": h.field, "text": h.text, "spans": [list(s) for s in h.spans]} for h in hs]
+            for i, hs in found.items()}

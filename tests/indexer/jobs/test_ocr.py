@@ -1,0 +1,116 @@
+"""Index-time OCR (indexer/jobs/ocr.py) with the real rapidocr engine, and the keyword index a job writes beside
+each version (build, then add and delete deriving it from their base's)."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from crossprobe.indexer import add, build, delete
+from crossprobe.indexer.jobs import ocr
+from crossprobe.indexer.storage import keyword
+from crossprobe.indexer.storage.store import Store
+from crossprobe.indexer.storage.redis_conn import connect
+
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
+
+
+def sign(path: Path, words: str, size=(640, 480), font_px: int = 56) -> Path:
+    """A photo-like picture with a sign: dark letters on a light board over a noisy background."""
+    rng = np.random.default_rng(len(words))
+    img = Image.fromarray((rng.random((size[1], size[0], 3)) * 80 + 60).astype(np.uint8))
+    d = ImageDraw.Draw(img)
+    w, h = size
+    d.rectangle((w // 10, h // 3, w - w // 10, h // 3 + font_px * 2), fill=(240, 240, 235))
+    d.text((w // 10 + 20, h // 3 + font_px // 2), words, font=ImageFont.truetype(FONT, font_px), fill=(20, 20, 20))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path, quality=92)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reader():
+    return ocr.Reader()
+
+
+def test_reads_the_words_on_a_sign(reader, tmp_path):
+    out = reader.read(str(sign(tmp_path / "s.jpg", "BAKERY")))
+    assert "BAKERY" in out["text"].upper()
+
+
+def test_a_photo_without_text_gets_no_text(reader, tmp_path):
+    rng = np.random.default_rng(1)
+    arr = np.zeros((300, 400, 3), np.uint8) + np.linspace(0, 255, 400, dtype=np.uint8)[None, :, None]
+    Image.fromarray(arr).save(tmp_path / "plain.png")
+    assert reader.read(str(tmp_path / "plain.png")) == {}
+
+
+def test_a_huge_image_is_read_at_a_bounded_size(reader, tmp_path):
+    # 20,000 x 20,000: OCR sees it at MAX_SIDE (JPEG draft decoding), so memory and time stay bounded
+    p = tmp_path / "huge.jpg"
+    Image.new("RGB", (20_000, 20_000), (200, 200, 200)).save(p, quality=50)
+    bgr = ocr._pixels(str(p))
+    assert max(bgr.shape[:2]) <= ocr.MAX_SIDE
+    assert "text_error" not in reader.read(str(p))
+
+
+def test_a_page_of_words_keeps_a_bounded_text(reader, tmp_path):
+    img = Image.new("RGB", (1200, 1600), "white")
+    d = ImageDraw.Draw(img)
+    f = ImageFont.truetype(FONT, 22)
+    for row in range(60):  # a dense page: many lines of words
+        d.text((20, 10 + row * 26), " ".join(f"word{row}x{c}" for c in range(12)), font=f, fill="black")
+    img.save(tmp_path / "page.png")
+    out = reader.read(str(tmp_path / "page.png"))
+    assert 0 < len(out["text"]) <= ocr.MAX_CHARS
+
+
+def test_a_file_ocr_cannot_read_is_said_not_raised(reader, tmp_path):
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    assert "text_error" in reader.read(str(tmp_path / "bad.jpg"))
+
+
+def _meta(settings, name):
+    store = Store(settings, connect(settings))
+    v = store.active(name)
+    ids = store.read_ids(name, v)
+    return v, {i: json.loads(m) for i, m in zip(ids, store.metadata(name, v, ids))}, store.version_dir(name, v)
+
+
+def _kw(vdir: Path, text: str) -> list[str]:
+    return [i for i, _ in keyword.KeywordIndex(vdir / keyword.FILE).search(keyword.parse(text), 10)]
+
+
+def test_build_with_ocr_stores_the_words_and_indexes_them(settings, ckpt, tmp_path):
+    folder = tmp_path / "photos"
+    sign(folder / "shop.jpg", "PHARMACY")
+    Image.new("RGB", (120, 90), (10, 120, 30)).save(folder / "field.png")
+    settings = settings.model_copy(update={"ocr": True})
+    build("p", images=folder, settings=settings, ckpt=ckpt, log=lambda *_: None)
+    v, metas, vdir = _meta(settings, "p")
+    assert "PHARMACY" in metas["shop.jpg"]["text"].upper() and "text" not in metas["field.png"]
+    assert _kw(vdir, "pharmacy") == ["shop.jpg"]
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    assert manifest["text"]["items"] == 2 and manifest["text"]["fields"] == list(keyword.FIELDS)
+
+
+def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt, tmp_path, gallery):
+    build("k", images=gallery, settings=settings, ckpt=ckpt, log=lambda *_: None)
+    v1, metas, vdir1 = _meta(settings, "k")
+    first = sorted(metas)[0]
+    assert _kw(vdir1, Path(first).stem) == [first]  # every item is findable by its file name
+    more = tmp_path / "more"
+    more.mkdir()
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(more / "zebra_crossing.png")
+    add("k", images=more, settings=settings, ckpt=ckpt, log=lambda *_: None)
+    v2, _, vdir2 = _meta(settings, "k")
+    assert _kw(vdir2, "zebra") == ["zebra_crossing.png"] and _kw(vdir1, "zebra") == []  # the old file is unchanged
+    delete("k", [first], settings=settings, log=lambda *_: None)
+    v3, metas3, vdir3 = _meta(settings, "k")
+    assert _kw(vdir3, Path(first).stem) == [] and _kw(vdir3, "zebra") == ["zebra_crossing.png"]
+    n = sqlite3.connect(vdir3 / keyword.FILE).execute("SELECT count(*) FROM items").fetchone()[0]
+    assert n == len(metas3)  # one row per item of the version: nothing lost, nothing doubled
