@@ -15,6 +15,8 @@ Filters apply to both sides: the keyword stage passes over items the filter (and
 """
 from __future__ import annotations
 
+import logging
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -22,6 +24,8 @@ import numpy as np
 
 from crossprobe.indexer.storage import keyword
 from crossprobe.service.exceptions import InvalidRequest
+
+log = logging.getLogger("crossprobe.service")
 
 Mode = Literal["hybrid", "vector", "keyword"]
 MODES = ("hybrid", "vector", "keyword")
@@ -31,6 +35,7 @@ MODES = ("hybrid", "vector", "keyword")
 class KeywordOutcome:
     query: keyword.KeywordQuery
     hits: list[tuple[str, float]] = field(default_factory=list)  # (id, BM25 score), best first
+    error: str | None = None  # the keyword index could not answer (the search goes on without it: degraded)
 
     @property
     def scores(self) -> dict[str, float]:
@@ -48,8 +53,9 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
         if not has_text:
             raise InvalidRequest("invalid request: mode keyword needs a query text")
         if not has_index:
-            raise InvalidRequest("invalid request: mode keyword: this index version has no keyword index (built "
-                                 "before them); `crossprobe index reindex NAME` makes one")
+            raise InvalidRequest("invalid request: mode keyword: this index version has no usable keyword index "
+                                 "(built before them, or unreadable: see the server's log); `crossprobe index "
+                                 "reindex NAME` makes one")
         return "keyword", None
     if requested == "vector":
         return "vector", None
@@ -58,7 +64,8 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
     why = None
     if requested == "hybrid":
         why = ("hybrid needs a query text; ranked by vectors" if not has_text else
-               "this index version has no keyword index (built before them); ranked by vectors")
+               "this index version has no usable keyword index (built before them, or unreadable: see the server's "
+               "log); ranked by vectors")
     return "vector", why
 
 
@@ -72,7 +79,11 @@ def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Cal
             raise InvalidRequest("invalid request: mode keyword: the query has no word to look up (only stop "
                                  "words or punctuation); search with mode vector or hybrid")
         return KeywordOutcome(q)
-    return KeywordOutcome(q, index.search(q, limit, allow))
+    try:
+        return KeywordOutcome(q, index.search(q, limit, allow))
+    except sqlite3.Error as e:  # a damaged file, a disk error: the vector side still answers, and says so
+        log.warning("keyword index %s failed: %s: %s", index.path, type(e).__name__, e)
+        return KeywordOutcome(q, error=f"{type(e).__name__}: {e}")
 
 
 def fuse(final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutcome, k: float,
@@ -102,6 +113,10 @@ def highlights(index: keyword.KeywordIndex | None, kw: KeywordOutcome | None, id
     if index is None or kw is None or not kw.hits:
         return {}
     hit = kw.scores
-    found = index.highlights(kw.query, [i for i in ids if i in hit])
+    try:
+        found = index.highlights(kw.query, [i for i in ids if i in hit])
+    except sqlite3.Error as e:  # the results stand without their marks
+        log.warning("keyword highlights from %s failed: %s: %s", index.path, type(e).__name__, e)
+        return {}
     return {i: [{"field": h.field, "text": h.text, "spans": [list(s) for s in h.spans]} for h in hs]
             for i, hs in found.items()}

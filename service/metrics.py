@@ -60,7 +60,7 @@ RERANK_MODES = ("cp", "temde", "none")  # settings.Rerank
 # the metadata bitmap (the first filtered search of a version also reads its metadata); dedup
 SEARCH_STAGES = ("queue", "encode", "decode_image", "encode_image", "like", "filter", "ann", "fetch", "rerank",
                  "dedup", "metadata")
-DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed")  # pipeline.py
+DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed", "keyword_failed")  # pipeline.py
 SEARCH_SECONDS = Histogram("crossprobe_search_seconds", "Search latency inside the service (the pipeline from "
                            "queue to metadata: the timings_ms total) by rerank mode", ["rerank"], buckets=_BUCKETS,
                            registry=REGISTRY)

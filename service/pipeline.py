@@ -260,6 +260,9 @@ class Searcher:
                 kw = hybrid.keyword_stage(handle.keywords, plan.query, plan.shortlist if plan.mode == "keyword" else
                                           self.settings.hybrid_candidates, _allow(reader, self._row_mask(handle, plan, prepared), exclude),
                                           required=plan.mode == "keyword")
+            if kw.error:
+                metrics.error("keyword_failed")
+                degraded.append(("keyword_failed", f"keyword side skipped: {kw.error}"))
             known = set() if plan.mode == "keyword" else set(ids)
             extra = [i for i, _ in kw.hits if i not in known]
             if plan.mode == "keyword":

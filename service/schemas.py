@@ -272,7 +272,8 @@ class SearchResponse(BaseModel):
                            "also said by the X-Crossprobe-Degraded header (the codes)")
     degraded_reason: str | None = Field(None, description="'code: message' per skipped part, '; ' separated; codes: "
                                         "feature_store_unavailable (Redis down: ANN order, no metadata), "
-                                        "features_missing, fetch_failed, metadata_failed")
+                                        "features_missing, fetch_failed, metadata_failed, keyword_failed (the "
+                                        "keyword index could not be read: the vector side alone)")
 
 
 # /v1/explain: the page explains the results it shows (at most its largest k); each id costs a decode and a

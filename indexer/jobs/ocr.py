@@ -50,6 +50,7 @@ class Reader:
     def _engines(self):
         eng = getattr(self._local, "engines", None)
         if eng is None:
+            _share_pool_when_shared()
             from rapidocr_onnxruntime import RapidOCR
 
             full = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1)
@@ -73,6 +74,33 @@ class Reader:
         except Exception as e:  # noqa: BLE001 - the item keeps its vectors; its text is what is lost, and said
             log.warning("OCR failed on %s: %s: %s", path, type(e).__name__, e)
             return {"text_error": f"{type(e).__name__}: {e}"[:200]}
+
+
+_patched = threading.Lock()
+
+
+def _share_pool_when_shared() -> None:
+    """In a process where crossprobe's models run on ONNX Runtime's process-wide thread pool (the service:
+    models/runtime.py share_thread_pool), a session with threads of its own cannot be created ("use_per_session_threads
+    must be false when using a global thread pool"), and rapidocr builds its sessions with their own. Its session
+    options then get use_per_session_threads = False too (rapidocr_onnxruntime 1.4's one options factory)."""
+    from crossprobe.models import runtime
+
+    with _patched:
+        from rapidocr_onnxruntime.utils import infer_engine
+
+        cls = infer_engine.OrtInferSession
+        if getattr(cls, "_crossprobe_shared", False):
+            return
+        own = cls._init_sess_opts
+
+        def init(config):
+            opts = own(config)
+            if runtime.shared_pool_threads() is not None:
+                opts.use_per_session_threads = False
+            return opts
+        cls._init_sess_opts = staticmethod(init)
+        cls._crossprobe_shared = True
 
 
 def _pixels(path: str) -> np.ndarray:

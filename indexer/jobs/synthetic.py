@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from crossprobe.indexer.storage import faiss_io
+from crossprobe.indexer.storage import faiss_io, keyword
 from crossprobe.indexer.storage.reader import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.store import atomic_write, new_version
@@ -105,12 +105,16 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
         log(f"{name}: FAISS {factory} over {total} vectors in {time.perf_counter() - t:.1f}s")
     faiss_io.write_ids(ids, vdir / "ids")
     faiss_io.write_vectors(vectors, vdir / "vectors.npy")
+    t = time.perf_counter()  # the keyword index, from the values just written (storage/keyword.py)
+    text = keyword.write(vdir, ids, lambda part: [json.loads(v) for v in st.mget([keys.meta(i) for i in part])], chunk)
+    log(f"{name}: keyword index over {text['indexed']} items in {time.perf_counter() - t:.1f}s")
     m = dict(src_ix.manifest)
     m.update(name=name, version=version, kind="synthetic", base=base, base_version=src_ix.version, count=total,
              factory=factory, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), skipped={},
              source={"synthetic": f"{base}/{src_ix.version} + {total - n_real} noisy copies, seed {seed}"},
              selectivity_tags=[f"sel-{f}" for f in SELECTIVITY], ann=ann_entry,
-             keys=keys.manifest(st.active_key(name)))
+             keys=keys.manifest(st.active_key(name)),
+             text={"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)})
     atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))  # last: a version without it is incomplete
     st.activate(name, version)
     return version

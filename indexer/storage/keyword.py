@@ -24,13 +24,17 @@ FTS5 string, which matches the tokens k7 2291 next to each other.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
 import threading
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
+
+log = logging.getLogger("crossprobe.indexer")
 
 FILE = "text.sqlite"
 FIELDS = ("name", "caption", "tags", "text", "fields")
@@ -99,7 +103,9 @@ def _fts_string(term: str) -> str:
 
 
 def parse(text: str) -> KeywordQuery:
-    """A user's query -> words and phrases; stop words and what has no letter or digit are dropped."""
+    """A user's query -> words and phrases; stop words and what has no letter or digit are dropped. Control and
+    format characters (NUL, zero-width spaces...) separate words: FTS5 would end a string at a NUL."""
+    text = "".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in text)
     phrases = [p.strip() for p in QUOTED.findall(text) if WORD.search(p)]
     rest = QUOTED.sub(" ", text).replace('"', " ")
     words: list[str] = []
@@ -304,6 +310,14 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def open_for(vdir: Path) -> KeywordIndex | None:
-    """The version's keyword index, or None for a version built before them (it is served vector-only)."""
+    """The version's keyword index, or None for a version built before them, or whose file cannot be read (logged:
+    the version is still served, by vectors; answers say why in mode_note)."""
     p = Path(vdir) / FILE
-    return KeywordIndex(p) if p.exists() else None
+    if not p.exists():
+        return None
+    try:
+        return KeywordIndex(p)
+    except sqlite3.Error as e:
+        log.error("keyword index %s cannot be read (%s: %s); the version is served by vectors only", p,
+                  type(e).__name__, e)
+        return None

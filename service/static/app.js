@@ -17,6 +17,7 @@ const input = $("q");
 const indexSelect = $("index");
 const kSelect = $("k");
 const sortSelect = $("sort");
+const modeSelect = $("mode");
 const moreButton = $("more-results");
 const explainBox = $("explain");
 const statusEl = $("status");
@@ -123,6 +124,7 @@ function request(text, image, like, offset) {
   if (text) {
     req.query = text;
     req.rerank = rerankValue(); // without a text there is nothing to rerank with: the server's default says so
+    req.mode = modeSelect.value; // words and meaning (hybrid), meaning only (vector), words only (keyword)
   }
   if (like) req.like = like;
   if (text && like) req.weight = query.weight();
@@ -235,6 +237,49 @@ function render(body, append) {
   focusResults = false;
 }
 
+// ---- words: what a keyword match matched, and the text read in the photo ------------------------
+const FIELD_LABELS = { name: "file", caption: "caption", tags: "tags", text: "text in photo", fields: "fields" };
+const SHOWN_CHARS = 160;
+
+// text with its [start, end) spans marked: DOM nodes only, so no text is ever read as HTML
+function marked(text, spans) {
+  const frag = document.createDocumentFragment();
+  let at = 0;
+  for (const [a, b] of spans) {
+    if (a >= SHOWN_CHARS) break;
+    if (a > at) frag.appendChild(document.createTextNode(text.slice(at, a)));
+    const m = document.createElement("mark");
+    m.textContent = text.slice(a, b);
+    frag.appendChild(m);
+    at = b;
+  }
+  const end = Math.max(at, Math.min(text.length, SHOWN_CHARS));
+  if (end > at) frag.appendChild(document.createTextNode(text.slice(at, end)));
+  if (text.length > end) frag.appendChild(document.createTextNode("…"));
+  return frag;
+}
+
+// one line per field a keyword match matched, and the photo's own text (OCR) when it has some
+function foundText(hit) {
+  const lines = (hit.highlights || []).slice();
+  const read = hit.metadata && hit.metadata.text;
+  if (read && !lines.some((h) => h.field === "text")) lines.push({ field: "text", text: read, spans: [] });
+  if (!lines.length) return null;
+  const box = document.createElement("div");
+  box.className = "found";
+  for (const h of lines) {
+    const p = document.createElement("p");
+    p.className = "found-" + h.field;
+    const label = document.createElement("span");
+    label.className = "found-label";
+    label.textContent = (FIELD_LABELS[h.field] || h.field) + ": ";
+    p.appendChild(label);
+    p.appendChild(marked(h.text, h.spans));
+    box.appendChild(p);
+  }
+  return box;
+}
+
 function card(hit, rank, index, rerank) {
   const li = document.createElement("li");
   li.className = "card";
@@ -306,6 +351,8 @@ function card(hit, rank, index, rerank) {
     scores.appendChild(rel);
   }
   meta.appendChild(scores);
+  const words = foundText(hit);
+  if (words) meta.appendChild(words);
 
   // more like this: the item's stored vector is the query (the item itself is left out of the answer)
   const more = document.createElement("button");
@@ -398,6 +445,7 @@ for (const el of form.querySelectorAll('input[name="rerank"]')) {
 indexSelect.addEventListener("change", () => view.last && search());
 kSelect.addEventListener("change", () => view.last && search());
 sortSelect.addEventListener("change", () => view.last && search());
+modeSelect.addEventListener("change", () => view.last && search());
 moreButton.addEventListener("click", () => search(true));
 explainBox.addEventListener("change", () => {
   if (view.last) remember(input.value.trim(), query.like());

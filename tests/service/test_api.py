@@ -71,7 +71,8 @@ def test_each_rerank_mode_returns_ranked_results_with_stage_timings(client, buil
         assert h["score"] == (h["scores"]["ann"] if rerank == "none" else h["scores"]["rerank"])
         assert (h["scores"]["rerank"] is None) == (rerank == "none")
         assert h["metadata"]["id"] == h["id"] and h["metadata"]["width"] > 0 and "uri" not in h["metadata"]
-    stages = {"queue", "encode", "ann", "metadata", "total"} | ({"fetch", "rerank"} if rerank != "none" else set())
+    # "keyword": hybrid is the default mode, the index having a keyword index (tests/service/test_hybrid.py)
+    stages = {"queue", "encode", "ann", "keyword", "metadata", "total"} | ({"fetch", "rerank"} if rerank != "none" else set())
     assert set(body["timings_ms"]) == stages and all(v >= 0 for v in body["timings_ms"].values())
     assert all(f"{s};dur=" in r.headers["server-timing"] for s in stages)
     assert body["index"] == {"name": "photos", "version": built.version}

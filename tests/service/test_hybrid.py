@@ -113,3 +113,34 @@ def test_clip_retrieval_route_stays_a_vector_search(client):
     assert r.status_code == 200, r.text
     vec = _search(client, query="receipt K7-2291", mode="vector", k=5)
     assert [x["id"] for x in r.json()] == [h["id"] for h in vec["results"]]
+
+
+def test_a_keyword_index_that_fails_degrades_to_the_vector_side(client, monkeypatch):
+    import sqlite3
+
+    from crossprobe.indexer.storage import keyword
+
+    def broken(self, *a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+    monkeypatch.setattr(keyword.KeywordIndex, "search", broken)
+    body = _search(client, query="receipt K7-2291")
+    assert body["degraded"] and "keyword_failed" in body["degraded_reason"] and body["results"]
+
+
+def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, svc_ckpt, artifacts, tmp_path):
+    import shutil
+
+    from crossprobe.indexer.storage import keyword
+
+    vdir = hybrid_built.ixs.index_root / "photos" / hybrid_built.version
+    shutil.move(vdir / keyword.FILE, tmp_path / keyword.FILE)  # as a version built before keyword indexes
+    try:
+        for c in _client(hybrid_built, svc_ckpt, artifacts):
+            body = _search(c, query="receipt")
+            assert body["mode"] == "vector" and body["mode_note"] is None and body["keyword"] is None
+            body = _search(c, query="receipt", mode="hybrid")
+            assert body["mode"] == "vector" and "no usable keyword index" in body["mode_note"]
+            r = c.post("/v1/search", json={"query": "receipt", "mode": "keyword"})
+            assert r.status_code == 422 and "no usable keyword index" in r.text
+    finally:
+        shutil.move(tmp_path / keyword.FILE, vdir / keyword.FILE)

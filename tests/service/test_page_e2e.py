@@ -84,7 +84,7 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
     manifest = work / "samples.jsonl"
     manifest.write_text("".join(lines))
     ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
-                        threads=2, progress=False)
+                        threads=2, progress=False, ocr=True)  # OCR: page.jpg's printed words become searchable
     build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
     port = port or free_port()
@@ -618,3 +618,21 @@ def test_like_and_filters_are_restored_from_the_address(page):
 def teardown_module(_module):
     kept = sorted(p.name for p in OUT.glob("*.png")) if OUT.exists() else []
     print(f"\nscreenshots in {OUT}: {', '.join(kept)}")
+
+
+def test_a_keyword_only_hit_shows_the_words_it_matched(page):
+    """A word printed in page.jpg (read by OCR at index time, run together with the word before it: "Region-
+    basedsegmentation") finds it with "words only", and the card marks the word in the photo's text."""
+    page.goto("/")
+    page.select_option("#mode", "keyword")
+    body = search(page, "segmentation")
+    assert body["mode"] == "keyword" and [h["id"] for h in body["results"]] == ["page.jpg"], body
+    card = page.locator("#results li.card").first
+    assert card.locator(".found-text mark").all_inner_texts() == ["segmentation"]
+    assert "text in photo" in card.locator(".found-text").inner_text()
+    shot(page, "keyword-hit.png", full_page=True)
+    with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
+        page.select_option("#mode", "hybrid")  # words and meaning: the same photo first, the others after it
+    body = resp.value.json()
+    assert body["mode"] == "hybrid" and body["results"][0]["id"] == "page.jpg" and len(body["results"]) > 1
+

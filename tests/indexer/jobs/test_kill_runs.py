@@ -62,23 +62,23 @@ THREADS = 1  # ONNX Runtime threads: the same in the reference and in every CLI 
 THROTTLE_S = 0.15  # sleep per committed batch in the killed (timed) runs: stretches a job over seconds
 KINDS = ("build", "add", "delete", "reindex")
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "research" / "results" / "indexer_kill.json"
-VERSION_FILES = {"index.faiss", "ids", "vectors.npy", "manifest.json", "report.json"}
+VERSION_FILES = {"index.faiss", "ids", "vectors.npy", "text.sqlite", "manifest.json", "report.json"}
 
 # where an injected run kills itself (see BOOT); ":n" = at the n-th batch (drawn per run)
 POINTS = {
-    "build": ["journal_create", "redis_written:n", "commit_rename:n", "write_index", "write_vectors", "manifest",
+    "build": ["journal_create", "redis_written:n", "commit_rename:n", "write_index", "write_vectors", "write_text", "manifest",
               "before_activate", "after_activate", "journal_rmtree"],
     "add": ["journal_create", "redis_written:n", "commit_rename:n", "mid_copy", "write_index", "write_vectors",
-            "manifest", "before_activate", "after_activate", "journal_rmtree"],
-    "delete": ["journal_create", "mid_copy", "write_index", "write_vectors", "manifest", "before_activate",
+            "write_text", "manifest", "before_activate", "after_activate", "journal_rmtree"],
+    "delete": ["journal_create", "mid_copy", "write_index", "write_vectors", "write_text", "manifest", "before_activate",
                "after_activate", "journal_rmtree"],
-    "reindex": ["journal_create", "redis_written:n", "commit_rename:n", "write_index", "write_vectors", "manifest",
+    "reindex": ["journal_create", "redis_written:n", "commit_rename:n", "write_index", "write_vectors", "write_text", "manifest",
                 "before_activate", "after_activate", "journal_rmtree"],
 }
 # the default run: one timed and one injected kill per command, fixed seeds
 DEFAULT_RUNS = {
     "build": [("timed", 101, None), ("injected", 102, "write_vectors")],
-    "add": [("timed", 201, None), ("injected", 202, "mid_copy")],
+    "add": [("timed", 201, None), ("injected", 202, "mid_copy"), ("injected", 203, "write_text")],
     "delete": [("timed", 301, None), ("injected", 302, "after_activate")],
     "reindex": [("timed", 401, None), ("injected", 402, "after_activate")],
 }
@@ -94,7 +94,7 @@ def die():
 point, _, n = os.environ["CHAOS_KILL_AT"].partition(":")
 from crossprobe.indexer.jobs import journal
 from crossprobe.indexer.jobs import versions as jobs
-from crossprobe.indexer.storage import faiss_io, store
+from crossprobe.indexer.storage import faiss_io, keyword, store
 
 if point == "journal_create":  # items.jsonl written, spec.json (the journal's "usable" mark) not
     real_aw = journal.atomic_write
@@ -128,6 +128,15 @@ elif point == "mid_copy":  # half of the kept items' values COPYed into the new 
     jobs._copy_values = copy_values
 elif point in ("write_index", "write_vectors"):  # before index.faiss / after index.faiss and ids
     setattr(faiss_io, point, lambda *a, **k: die())
+elif point == "write_text":  # the keyword index half written: its .tmp file holds some items, nothing renamed
+    real_insert, real_delete = keyword._insert, keyword._delete
+    def insert(con, ids, metas):
+        real_insert(con, ids, metas)
+        die()
+    def delete(con, ids):  # a delete job inserts nothing: it dies after its deletes
+        real_delete(con, ids)
+        die()
+    keyword._insert, keyword._delete = insert, delete
 elif point == "manifest":  # every file of the version but manifest.json
     real_jaw = jobs.atomic_write
     def jobs_aw(path, data):

@@ -35,6 +35,7 @@ def test_parse_drops_stop_words_and_punctuation_and_keeps_phrases():
     q = keyword.parse('a photo of the "Post Office", with   K7-2291!!')
     assert q.phrases == ["Post Office"] and q.words == ["k7-2291"]
     assert keyword.parse("the of and ... ?!").empty
+    assert keyword.parse("a\u200bdog\x00cat").words == ["dog", "cat"]  # NUL and zero-width: separators
     assert keyword.parse("x" * 512).words == ["x" * keyword.MAX_TERM_CHARS]  # a long word is cut, not an error
     many = keyword.parse(" ".join(f"w{i}" for i in range(40)))
     assert len(many.terms) == keyword.MAX_TERMS and many.dropped == 40 - keyword.MAX_TERMS

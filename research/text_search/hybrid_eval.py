@@ -1,0 +1,210 @@
+"""Vector, keyword and hybrid search through the API (issue 31, item 4), and the fusion's K and w chosen on dev.
+
+    python -m research.text_search.hybrid_eval --split dev     # choose K, w (the grid below) -> "hybrid_dev"
+    python -m research.text_search.hybrid_eval --split test    # report the served K, w       -> "hybrid_test"
+        -> docs/research/results/text_search.json
+
+Sets (every index built by `crossprobe index build` with OCR on, as a user with OCR would build it):
+  text-<split>  textset.py's 200 photos with a sign, screen or paper and its 200 unchanged photos, among the
+                rest of the split's 1,000 Flickr8k photos. Queries per photo with text:
+                  quoted   the sign's words, quoted: "POST OFFICE"
+                  word     its first word, as typed: post
+                  scene    the photo's own Flickr8k caption (the scene, no word of the sign)
+                  both     the caption and the quoted words
+                A result is right when it is a photo carrying those words (quoted, word: several photos may
+                carry the same word; any of them is right) or the photo itself (scene, both).
+  f8k-<split>   ordinary queries: the split's Flickr8k captions over its 1,000 photos (dev: the first 1,000)
+  ood-dev       coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev photos (dev only)
+
+How K and w are chosen without one server per pair: the server runs hybrid with w = 0, which returns the
+union of the vector shortlist and the keyword candidates in the reranker's order, each keyword match with its
+BM25 score; fusing those two orders offline with any (K, w) is exactly service/hybrid.py's fuse. The rule: the
+largest text-dev R@1 (mean over the four kinds) among the pairs whose f8k-dev and ood-dev R@1 stay within 0.3 of
+vector-only. --split test then runs a server with the chosen pair and reports every set in all three modes,
+with paired bootstrap intervals against vector.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from crossprobe.indexer import build
+from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.models.data.flickr8k import Flickr8k
+from crossprobe.models.evaluation.metrics import paired_bootstrap
+from crossprobe.models.evaluation.report import machine
+from crossprobe.service.server import running, wait_ready
+from crossprobe.service.settings import Settings
+from research.calibration.fit import dev_sets
+from research.text_search import textset
+
+KS = (5, 10, 20, 60)
+WS = (0.25, 0.5, 1.0, 2.0, 4.0)
+KINDS = ("quoted", "word", "scene", "both")
+OUT = Path("docs/research/results/text_search.json")
+
+
+def text_set(ds: Flickr8k, split: str, workdir: Path) -> dict:
+    """The text-in-image gallery's manifest and its queries: [(text, kind, {right ids})]."""
+    out = workdir / f"textset-{split}"
+    truth_file = out / "truth.json"
+    truth = json.loads(truth_file.read_text()) if truth_file.exists() else textset.make(split, 200, out, 0)
+    used = {n.split("_", 1)[1] for n in truth}
+    rows = [{"id": n, "uri": str(out / "images" / n)} for n in truth]
+    rows += [{"id": f"f8k/{ds.images[i]}", "uri": str(ds.image_path(i))} for i in ds.splits[split]
+             if ds.images[i] not in used]
+    manifest = workdir / f"text-{split}.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first_caption = {}
+    for j, c in enumerate(ds.captions):
+        first_caption.setdefault(ds.images[ds.caption_image[j]], c)
+    signs = {n: " ".join(w) for n, w in truth.items() if w}
+    queries = []
+    for n, words in truth.items():
+        if not words:
+            continue
+        phrase = " ".join(words)
+        carry_phrase = {m for m, s in signs.items() if f" {phrase} " in f" {s} "}
+        carry_word = {m for m, s in signs.items() if words[0] in s.split()}
+        caption = first_caption[n.split("_", 1)[1]]
+        queries += [(f'"{phrase}"', "quoted", carry_phrase), (words[0].lower(), "word", carry_word),
+                    (caption, "scene", {n}), (f'{caption} "{phrase}"', "both", {n})]
+    return {"manifest": manifest, "queries": queries, "images": len(rows)}
+
+
+def ordinary(ds: Flickr8k, split: str, workdir: Path, limit: int | None) -> dict:
+    items = [(f"f8k/{ds.images[i]}", ds.image_path(i)) for i in ds.splits[split]]
+    manifest = workdir / f"f8k-{split}.jsonl"
+    manifest.write_text("".join(json.dumps({"id": i, "uri": str(u)}) + "\n" for i, u in items))
+    pairs = [(ds.captions[j], f"f8k/{ds.images[ds.caption_image[j]]}") for j in ds.captions_of(ds.splits[split])]
+    return {"manifest": manifest, "queries": [(t, "caption", {g}) for t, g in pairs[:limit]], "images": len(items)}
+
+
+def ask(client: httpx.Client, index: str, text: str, mode: str, k: int) -> dict:
+    r = client.post("/v1/search", json={"query": text, "k": k, "mode": mode, "index": index})
+    r.raise_for_status()
+    return r.json()
+
+
+def fused_top(res: list[dict], k: float, w: float) -> str | None:
+    """service/hybrid.py's fuse over a w = 0 answer (the union in the reranker's order)."""
+    if not res:
+        return None
+    kw = sorted((i for i, h in enumerate(res) if h["scores"]["keyword"] is not None),
+                key=lambda i: -res[i]["scores"]["keyword"])
+    fused = 1.0 / (k + 1 + np.arange(len(res)))
+    for r, i in enumerate(kw):
+        fused[i] += w / (k + 1 + r)
+    return res[int(np.argmax(fused))]["id"]  # argmax: the first of equals, i.e. the better vector rank
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", choices=("dev", "test"), required=True)
+    ap.add_argument("--workdir", type=Path, default=Path("artifacts/text_search"))
+    ap.add_argument("--f8k-captions", type=int, default=None, help="first N ordinary captions (dev default 1000)")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    ds = Flickr8k.load()
+    limit = args.f8k_captions or (1000 if args.split == "dev" else None)
+    sets = {f"text-{args.split}": text_set(ds, args.split, args.workdir),
+            f"f8k-{args.split}": ordinary(ds, args.split, args.workdir, limit)}
+    if args.split == "dev":
+        ood = dev_sets(ds, args.workdir, None)["ood-dev"]
+        sets["ood-dev"] = {"manifest": ood["manifest"], "images": ood["images"],
+                           "queries": [(t, "caption", {g}) for t, g in ood["pairs"]]}
+    root = args.workdir / "indexes"
+    ixs = IndexerSettings(index_root=root, progress=False, ocr=True)
+    for name, s in sets.items():
+        if not (root / name).is_dir():
+            t = time.perf_counter()
+            res = build(name, manifest=s["manifest"], settings=ixs, log=lambda *_: None)
+            print(f"built {name}: {res.count} items in {time.perf_counter() - t:.0f} s", flush=True)
+    result = json.loads(OUT.read_text()) if OUT.exists() else {}
+    chosen = result.get("hybrid_dev", {}).get("chosen", {"K": 60.0, "w": 1.0})
+    weight = 0.0 if args.split == "dev" else chosen["w"]
+    settings = Settings(index_root=root, port=0, indexes=",".join(sets), access_log=False, log_level="warning",
+                        hybrid_weight=weight, hybrid_k=chosen["K"])
+    per: dict = {}
+    with running(settings) as url, httpx.Client(base_url=url, timeout=60) as client:
+        wait_ready(client)
+        for name, s in sets.items():
+            rows = per[name] = []
+            for text, kind, right in s["queries"]:
+                row = {"kind": kind, "right": sorted(right)}
+                for mode in ("vector", "keyword", "hybrid"):
+                    k = 200 if (mode == "hybrid" and args.split == "dev") else 10
+                    try:
+                        res = ask(client, name, text, mode, k)["results"]
+                    except httpx.HTTPStatusError as e:  # keyword mode, a caption of stop words only: 422
+                        res = [] if e.response.status_code == 422 else None
+                    row[mode] = [h["id"] for h in res]
+                    if mode == "hybrid" and args.split == "dev":
+                        row["union"] = [{"id": h["id"], "scores": {"keyword": h["scores"]["keyword"]}} for h in res]
+                rows.append(row)
+            print(f"{name}: {len(rows)} queries", flush=True)
+    report = summarise(per, args.split, chosen)
+    result[f"hybrid_{args.split}"] = report
+    result[f"hybrid_{args.split}"].update(command=f"python -m research.text_search.hybrid_eval --split {args.split}",
+                                          machine=machine(), sets={n: {"images": s["images"],
+                                                                       "queries": len(s["queries"])}
+                                                                   for n, s in sets.items()})
+    OUT.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k != "grid"}, indent=1))
+
+
+def _r1(rows: list[dict], pick) -> np.ndarray:
+    return np.asarray([int(bool(top := pick(r)) and top in r["right"]) for r in rows])
+
+
+def _golds(rows: list[dict]) -> np.ndarray:
+    return np.unique([r["right"][0] if r["right"] else "" for r in rows], return_inverse=True)[1]
+
+
+def summarise(per: dict, split: str, chosen: dict) -> dict:
+    out: dict = {"sets": {}}
+    if split == "dev":
+        out.update(choose(per))
+        chosen = out["chosen"]
+    K, w = chosen["K"], chosen["w"]
+    for name, rows in per.items():
+        entry = out["sets"][name] = {}
+        for kind in sorted({r["kind"] for r in rows}):
+            sub = [r for r in rows if r["kind"] == kind]
+            hits = {m: _r1(sub, lambda r, m=m: (r[m] or [None])[0]) for m in ("vector", "keyword")}
+            hits["hybrid"] = _r1(sub, (lambda r: fused_top(r["union"], K, w)) if split == "dev" else
+                                 (lambda r: (r["hybrid"] or [None])[0]))
+            r10 = {m: 100 * float(np.mean([bool(set(r[m][:10]) & set(r["right"])) for r in sub]))
+                   for m in ("vector", "keyword") + (() if split == "dev" else ("hybrid",))}
+            entry[kind] = {"queries": len(sub), **{f"R@1 {m}": round(100 * float(h.mean()), 2) for m, h in hits.items()},
+                           **{f"R@10 {m}": round(v, 2) for m, v in r10.items()},
+                           "hybrid - vector": paired_bootstrap(hits["hybrid"], hits["vector"], _golds(sub))}
+    return out
+
+
+def choose(per: dict) -> dict:
+    """R@1 of every (K, w) from the w = 0 answers; the rule of the module's docstring picks one."""
+    def r1(name: str, kind: str, pick) -> float:
+        return 100 * float(_r1([r for r in per[name] if r["kind"] == kind], pick).mean())
+    kinds = {name: sorted({r["kind"] for r in rows}) for name, rows in per.items()}
+    grid = {f"K={k} w={w}": {n: {kd: r1(n, kd, lambda r: fused_top(r["union"], k, w)) for kd in kinds[n]} for n in per}
+            for k in KS for w in WS}
+    vec = {n: {kd: r1(n, kd, lambda r: (r["vector"] or [None])[0]) for kd in kinds[n]} for n in per}
+    text = next(n for n in per if n.startswith("text-"))
+    ok = [c for c, v in grid.items() if all(v[n]["caption"] >= vec[n]["caption"] - 0.3 for n in per if n != text)]
+    best = max(ok or grid, key=lambda c: float(np.mean(list(grid[c][text].values()))))
+    k, w = best.replace("K=", "").replace("w=", "").split()
+    rnd = lambda d: {n: {kd: round(x, 2) for kd, x in v.items()} for n, v in d.items()}  # noqa: E731
+    return {"grid": {c: rnd(v) for c, v in grid.items()}, "vector": rnd(vec),
+            "chosen": {"K": float(k), "w": float(w), "pairs_within": ok,
+                       "rule": "largest text-dev R@1 (mean of the four kinds) among the pairs keeping f8k-dev and "
+                               "ood-dev R@1 within 0.3 of vector-only"}}
+
+
+if __name__ == "__main__":
+    main()
