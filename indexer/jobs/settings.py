@@ -42,9 +42,10 @@ class IndexerSettings(StorageSettings):
     # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
     reindex_max_lost: float = Field(0.01, ge=0, le=1)
 
-    # index-time OCR (ocr.py): the words in each photo become its metadata "text", searchable by keyword. Off by
-    # default: with it, indexing runs at about half the speed on two cores (docs/research/text_search.md)
-    ocr: bool = False
+    # index-time OCR (ocr.py): the words in each photo become its metadata "text", searchable by keyword. Unset:
+    # as the version a job starts from was built (add, reindex, watch keep an index's OCR on), else off; off by
+    # default because it costs indexing speed (docs/research/text_search.md)
+    ocr: bool | None = None
     ocr_gate_side: int = Field(480, ge=64, le=2048)  # the text detector's input (longer side) deciding who is read
 
     # -- ANN backend (storage/ann/): where NEW versions keep their vectors' index -----------------------------

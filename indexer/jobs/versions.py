@@ -224,6 +224,8 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         if kind == "sync":  # the batch itself names the job: the same changes after a kill resume its journal
             spec["changes_sha"] = hashlib.sha256(json.dumps([[it.id, it.uri] for it in items] + sorted(set(ids)))
                                                  .encode()).hexdigest()[:16]
+    if settings.ocr is None:  # unset: as the base version was built (an index keeps its OCR through add / watch)
+        settings = settings.model_copy(update={"ocr": bool(base_manifest and base_manifest.get("ocr"))})
     if settings.ocr and kind != "delete":  # a resumed job reads the rest of its photos as it read the first
         spec["ocr"] = settings.ocr_gate_side
     spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, settings)
@@ -494,6 +496,8 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
         "source": job.source, "skipped": report["counts"]["skipped"],
         "text": {"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)},
+        # delete reads no photo: the base's OCR setting stays the index's
+        "ocr": bool(job.settings.ocr) if kind != "delete" else bool((store.read_manifest(name, base) or {}).get("ocr")),
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
     return report

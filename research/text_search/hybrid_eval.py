@@ -55,7 +55,7 @@ def text_set(ds: Flickr8k, split: str, workdir: Path) -> dict:
     truth_file = out / "truth.json"
     truth = json.loads(truth_file.read_text()) if truth_file.exists() else textset.make(split, 200, out, 0)
     used = {n.split("_", 1)[1] for n in truth}
-    rows = [{"id": n, "uri": str(out / "images" / n)} for n in truth]
+    rows = [{"id": n, "uri": str((out / "images" / n).resolve())} for n in truth]
     rows += [{"id": f"f8k/{ds.images[i]}", "uri": str(ds.image_path(i))} for i in ds.splits[split]
              if ds.images[i] not in used]
     manifest = workdir / f"text-{split}.jsonl"

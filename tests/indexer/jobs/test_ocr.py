@@ -114,3 +114,19 @@ def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt,
     assert _kw(vdir3, Path(first).stem) == [] and _kw(vdir3, "zebra") == ["zebra_crossing.png"]
     n = sqlite3.connect(vdir3 / keyword.FILE).execute("SELECT count(*) FROM items").fetchone()[0]
     assert n == len(metas3)  # one row per item of the version: nothing lost, nothing doubled
+
+
+def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt, tmp_path):
+    sign(tmp_path / "a" / "first.jpg", "BAKERY")
+    sign(tmp_path / "b" / "second.jpg", "MUSEUM")
+    sign(tmp_path / "c" / "third.jpg", "GARAGE")
+    build("o", images=tmp_path / "a", settings=settings.model_copy(update={"ocr": True}), ckpt=ckpt, log=lambda *_: None)
+    assert settings.ocr is None  # unset: as the base version
+    add("o", images=tmp_path / "b", settings=settings, ckpt=ckpt, log=lambda *_: None)
+    _, metas, vdir = _meta(settings, "o")
+    assert "MUSEUM" in metas["second.jpg"]["text"].upper()
+    assert json.loads((vdir / "manifest.json").read_text())["ocr"] is True
+    add("o", images=tmp_path / "c", settings=settings.model_copy(update={"ocr": False}), ckpt=ckpt, log=lambda *_: None)
+    _, metas, vdir = _meta(settings, "o")
+    assert "text" not in metas["third.jpg"] and "BAKERY" in metas["first.jpg"]["text"].upper()  # kept items keep theirs
+    assert json.loads((vdir / "manifest.json").read_text())["ocr"] is False

@@ -1,0 +1,133 @@
+"""SQLite FTS5 against tantivy for the embedded keyword index (issue 31, item 2): build time, size, query time,
+and whether they agree, over 100K items.
+
+    .venv/bin/pip install tantivy            # research only: the product uses FTS5 (standard library)
+    python -m research.text_search.engines   # nothing else may run: it times both
+        -> docs/research/results/text_search.json "keyword_engines"
+
+Items: 100,000 metadata values as the indexer writes them, each with a Flickr8k caption (the 40,455 captions
+cycled) and a file name; one in twenty also with OCR-like text (a few sign words). Queries: 300 Flickr8k test
+captions, parsed as the service parses them (indexer/storage/keyword.py parse: words ORed, stop words
+dropped), the best 20 by BM25. FTS5 is crossprobe's own KeywordIndex (the word table plus the trigram table);
+tantivy gets the same five fields and the same words as a should-query. One thread, one query at a time.
+Agreement: the share of FTS5's top 20 that tantivy's top 20 also holds (both are BM25, with different
+tokenisers and field handling).
+"""
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from crossprobe.indexer.storage import keyword
+from crossprobe.models.data.flickr8k import Flickr8k
+from crossprobe.models.evaluation.report import machine
+from research.text_search.textset import WORDS
+
+OUT = Path("docs/research/results/text_search.json")
+N = 100_000
+
+
+def corpus(ds: Flickr8k) -> tuple[list[str], dict[str, dict]]:
+    rng = random.Random(0)
+    ids, metas = [], {}
+    for i in range(N):
+        item = f"item{i:06d}"
+        m = {"uri": f"/photos/{ds.images[int(ds.caption_image[i % len(ds.captions)])]}",
+             "caption": ds.captions[i % len(ds.captions)]}
+        if i % 20 == 0:
+            m["text"] = " ".join(rng.sample(WORDS, rng.randint(1, 3)))
+        ids.append(item)
+        metas[item] = m
+    return ids, metas
+
+
+def fts5(ids: list[str], metas: dict, work: Path) -> tuple[keyword.KeywordIndex, float]:
+    t = time.perf_counter()
+    keyword.write(work, ids, lambda part: [metas[i] for i in part])
+    return keyword.KeywordIndex(work / keyword.FILE), time.perf_counter() - t
+
+
+def tantivy_index(ids: list[str], metas: dict, work: Path):
+    import tantivy
+
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("id", stored=True, tokenizer_name="raw")
+    for f in keyword.FIELDS:
+        sb.add_text_field(f, stored=False)
+    schema = sb.build()
+    (work / "tantivy").mkdir()
+    t = time.perf_counter()
+    ix = tantivy.Index(schema, path=str(work / "tantivy"))
+    w = ix.writer(heap_size=128_000_000, num_threads=1)
+    for i in ids:
+        doc = keyword.document(metas[i])
+        w.add_document(tantivy.Document(id=i, **dict(zip(keyword.FIELDS, doc))))
+    w.commit()
+    w.wait_merging_threads()
+    ix.reload()
+    return ix, time.perf_counter() - t
+
+
+def tantivy_search(ix, q: keyword.KeywordQuery, limit: int) -> list[str]:
+    import tantivy
+
+    schema = ix.schema
+    should = [(tantivy.Occur.Should, ix.parse_query(f'"{t}"', list(keyword.FIELDS))) for t in q.terms]
+    if not should:
+        return []
+    searcher = ix.searcher()
+    res = searcher.search(tantivy.Query.boolean_query(should), limit)
+    return [searcher.doc(a)["id"][0] for _, a in res.hits]
+
+
+def size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def main() -> None:
+    ds = Flickr8k.load()
+    ids, metas = corpus(ds)
+    test = set(ds.splits["test"])
+    queries = [keyword.parse(c) for c, i in zip(ds.captions, ds.caption_image) if i in test][:300]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        fx, fts_s = fts5(ids, metas, work)
+        tx, tan_s = tantivy_index(ids, metas, work)
+        for q in queries[:20]:  # warm both
+            fx.search(q, 20), tantivy_search(tx, q, 20)
+        ms = {"fts5": [], "tantivy": []}
+        agree = []
+        for q in queries:
+            t = time.perf_counter()
+            a = [i for i, _ in fx.search(q, 20)]
+            ms["fts5"].append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            b = tantivy_search(tx, q, 20)
+            ms["tantivy"].append((time.perf_counter() - t) * 1000)
+            if a:
+                agree.append(len(set(a) & set(b)) / len(a))
+        row = {
+            "fts5": {"build_s": round(fts_s, 1), "bytes": size(work / keyword.FILE),
+                     "p50_ms": round(float(np.percentile(ms["fts5"], 50)), 2),
+                     "p99_ms": round(float(np.percentile(ms["fts5"], 99)), 2),
+                     "note": "crossprobe's KeywordIndex: the word table and the trigram table of the image text"},
+            "tantivy": {"build_s": round(tan_s, 1), "bytes": size(work / "tantivy"),
+                        "p50_ms": round(float(np.percentile(ms["tantivy"], 50)), 2),
+                        "p99_ms": round(float(np.percentile(ms["tantivy"], 99)), 2),
+                        "version": __import__("importlib.metadata").metadata.version("tantivy")},
+            "top20_agreement": round(float(np.mean(agree)), 3), "items": N, "queries": len(queries),
+            "command": "python -m research.text_search.engines", "machine": machine(),
+        }
+    print(json.dumps(row, indent=1))
+    result = json.loads(OUT.read_text()) if OUT.exists() else {}
+    result["keyword_engines"] = row
+    OUT.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
