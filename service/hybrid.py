@@ -7,8 +7,10 @@
            `hybrid_candidates` items join the vector shortlist before the reranker (an item no vector would
            have found, e.g. a receipt by its number, is reranked like the others); the reranked order and the
            keyword order are then fused by weighted reciprocal rank fusion,
-               fused = 1 / (K + vector rank) + w / (K + keyword rank)    (items without a keyword hit: first term)
-           with K and w chosen on dev sets (docs/research/text_search.md). A keyword hit is not cut by
+               fused = 1 / (K + vector rank) + w c^p / (K + keyword rank)    (items without a keyword hit: first term)
+           where c is the share of the query's words the item holds (1 with quoted phrases: they are required),
+           so that a caption query whose one word sits in some photo's text does not lift that photo; K, w and
+           p chosen on dev sets (docs/research/text_search.md). A keyword hit is not cut by
            min_score or min_relevance: it holds the query's words, whatever its calibrated relevance.
 
 Filters apply to both sides: the keyword stage passes over items the filter (and "like") exclude.
@@ -35,6 +37,7 @@ MODES = ("hybrid", "vector", "keyword")
 class KeywordOutcome:
     query: keyword.KeywordQuery
     hits: list[tuple[str, float]] = field(default_factory=list)  # (id, BM25 score), best first
+    coverage: dict[str, float] = field(default_factory=dict)  # id -> the share of the query's words it holds
     error: str | None = None  # the keyword index could not answer (the search goes on without it: degraded)
 
     @property
@@ -80,15 +83,17 @@ def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Cal
                                  "words or punctuation); search with mode vector or hybrid")
         return KeywordOutcome(q)
     try:
-        return KeywordOutcome(q, index.search(q, limit, allow))
+        hits = index.search(q, limit, allow)
+        return KeywordOutcome(q, hits, index.coverage(q, [i for i, _ in hits]))
     except sqlite3.Error as e:  # a damaged file, a disk error: the vector side still answers, and says so
         log.warning("keyword index %s failed: %s: %s", index.path, type(e).__name__, e)
         return KeywordOutcome(q, error=f"{type(e).__name__}: {e}")
 
 
 def fuse(final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutcome, k: float,
-         weight: float) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted reciprocal rank fusion of the reranked order and the keyword order.
+         weight: float, power: float) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted reciprocal rank fusion of the reranked order and the keyword order, each keyword match's weight
+    scaled by its coverage ** power (the share of the query's words it holds).
     final: each candidate's ranking score; ranked: candidate positions in their vector order (best first).
     -> (positions in fused order, a bool mask of the candidates that are keyword hits)."""
     n = len(ids)
@@ -99,7 +104,7 @@ def fuse(final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutco
     for r, (item_id, _) in enumerate(kw.hits):
         j = pos.get(item_id)
         if j is not None:
-            fused[j] += weight / (k + 1 + r)
+            fused[j] += weight * kw.coverage.get(item_id, 1.0) ** power / (k + 1 + r)
             is_kw[j] = True
     # ties (two candidates without keyword hits cannot tie; equal sums can): the vector order decides
     rank_v = np.empty(n, np.int64)

@@ -102,6 +102,7 @@ class RankedItem:
     relevance: float | None = None  # P(match) from the checkpoint's calibration (text queries; else None)
     metadata: dict | None = None
     keyword: float | None = None  # BM25 score of a keyword hit (modes hybrid and keyword)
+    coverage: float | None = None  # the share of the query's words a keyword hit holds
     highlights: list[dict] | None = None  # the matched words of a keyword hit (hybrid.highlights)
 
 
@@ -300,7 +301,8 @@ class Searcher:
         if plan.mode == "keyword":  # BM25 order; the score is BM25's
             final, order, is_kw[:] = np.asarray([s for _, s in kw.hits], np.float32), np.arange(len(ids)), True
         elif kw is not None and kw.hits:
-            order, is_kw = hybrid.fuse(final, order, ids, kw, self.settings.hybrid_k, self.settings.hybrid_weight)
+            order, is_kw = hybrid.fuse(final, order, ids, kw, self.settings.hybrid_k, self.settings.hybrid_weight,
+                                       self.settings.hybrid_coverage_power)
         if plan.min_score is not None:
             order = order[(final[order] >= plan.min_score) | is_kw[order]]
         relevance = None if plan.mode == "keyword" else self._relevance(plan, final, "none" if logits is None else plan.rerank)
@@ -315,9 +317,10 @@ class Searcher:
                 order = self._by_date(order, ids, handle, plan.sort, degraded)
         total = len(order)
         order = order[plan.offset: plan.offset + plan.k + plan.tail]
-        kws = kw.scores if kw is not None else {}
+        kws, cov = (kw.scores, kw.coverage) if kw is not None else ({}, {})
         ranked = [RankedItem(ids[i], float(final[i]), float(ann[i]), None if logits is None else float(logits[i]),
-                             None if relevance is None else round(float(relevance[i]), 4), keyword=kws.get(ids[i]))
+                             None if relevance is None else round(float(relevance[i]), 4), keyword=kws.get(ids[i]),
+                             coverage=cov.get(ids[i]))
                   for i in order]
         hits, tail = ranked[: plan.k], ranked[plan.k:]
 

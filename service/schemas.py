@@ -190,6 +190,9 @@ class Scores(BaseModel):
     rerank: float | None = Field(description="reranker logit (fused with the two-tower score); null for rerank=none")
     keyword: float | None = Field(None, description="BM25 score of a keyword match (modes hybrid and keyword); null "
                                   "when the item matched no word")
+    keyword_coverage: float | None = Field(None, description="the share of the query's words a keyword match "
+                                           "holds, 0..1 (1 with quoted phrases: they are required); hybrid "
+                                           "search weighs the match by it")
 
 
 class Highlight(BaseModel):

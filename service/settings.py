@@ -102,11 +102,13 @@ class Settings(StorageSettings):
     default_rerank: Rerank = "temde"
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
     # hybrid search (hybrid.py): the keyword index's best this many join the vector shortlist before the rerank;
-    # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w/(K + keyword rank).
-    # K and w: chosen on the dev sets (docs/research/text_search.md)
+    # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w c^p/(K + keyword
+    # rank), c the share of the query's words the match holds. K, w, p: chosen on the dev sets
+    # (docs/research/text_search.md)
     hybrid_candidates: int = Field(20, ge=1, le=MAX_SHORTLIST)
     hybrid_k: float = Field(60.0, gt=0)
     hybrid_weight: float = Field(1.0, ge=0)
+    hybrid_coverage_power: float = Field(2.0, ge=0)  # p: a keyword match counts w * coverage ** p
 
     # -- batching and overload ---------------------------------------------------
     batching: bool = True  # group concurrent queries into one query-tower run

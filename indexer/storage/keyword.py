@@ -42,6 +42,9 @@ TEXT = FIELDS.index("text")
 # BM25 weight per field (FTS5's bm25() column weights): a word in the file name or a tag is a deliberate label,
 # a caption or the image's own text describes it
 WEIGHTS = (2.0, 1.0, 2.0, 1.0, 1.0)
+# a word is looked for inside the image's run-together tokens only from this length: "man" or "dog" inside any
+# token would match spurious OCR output ("WOMAN", texture read as letters) too often
+GRAM_MIN = 4
 MAX_TERMS = 16  # words and phrases kept from one query (the rest are ignored, and the answer says so)
 MAX_TERM_CHARS = 64  # a longer word cannot be in any index field anyone typed; it is cut to this
 MAX_TEXT_CHARS = 2000  # per field and item: an image with 10,000 words keeps its first 2,000 characters
@@ -83,11 +86,11 @@ class KeywordQuery:
         """The FTS5 MATCH expression: every phrase AND (any phrase or word). Each term is an FTS5 string
         ("..."), so no character of the user's text is read as FTS5 syntax. grams: for the trigram table, where
         a term matches as a substring, also without its spaces (OCR's "POSTOFFICE" for "post office"); terms
-        under 3 characters have no trigram and are left out (None: nothing left)."""
+        under GRAM_MIN characters are left out (None: nothing left)."""
         def one(t: str) -> str | None:
             if not grams:
                 return _fts_string(t)
-            forms = [f for f in dict.fromkeys((t, t.replace(" ", ""))) if len(f) >= 3]
+            forms = [f for f in dict.fromkeys((t, t.replace(" ", ""))) if len(f) >= GRAM_MIN]
             return "(" + " OR ".join(map(_fts_string, forms)) + ")" if forms else None
         if grams and any(one(p) is None for p in self.phrases):
             return None
@@ -259,6 +262,27 @@ class KeywordIndex:
                         break
             cur.close()
         return sorted(scores.items(), key=lambda kv: -kv[1])[:limit]
+
+    def coverage(self, q: KeywordQuery, ids: list[str]) -> dict[str, float]:
+        """The share of q's words each of ids holds, 0..1 (1: all of them). A query with quoted phrases: 1 for
+        every match, which holds every phrase by construction: the user said what must be there. Hybrid search
+        weighs a keyword match by it (service/hybrid.py): a caption query whose one word sits in some photo's
+        text is not a match of the query."""
+        if not ids or q.phrases or not q.words:
+            return {i: 1.0 for i in ids}
+        marks = ",".join("?" * len(ids))
+        held: dict[str, int] = {i: 0 for i in ids}
+        for w in q.words:
+            found: set[str] = set()
+            for table, expr in (("docs", _fts_string(w)), ("grams", _fts_string(w) if len(w) >= GRAM_MIN else None)):
+                if expr is None:
+                    continue
+                found |= {r[0] for r in self._con().execute(
+                    f"SELECT items.id FROM {table} JOIN items ON items.row = {table}.rowid "
+                    f"WHERE {table} MATCH ? AND items.id IN ({marks})", (expr, *ids))}
+            for i in found:
+                held[i] += 1
+        return {i: held[i] / len(q.words) for i in ids}
 
     def highlights(self, q: KeywordQuery, ids: list[str]) -> dict[str, list[Highlight]]:
         """For each of ids that q matches: the fields holding a matched word, with the words' offsets."""

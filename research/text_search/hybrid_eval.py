@@ -1,4 +1,4 @@
-"""Vector, keyword and hybrid search through the API (issue 31, item 4), and the fusion's K and w chosen on dev.
+"""Vector, keyword and hybrid search through the API (issue 31, item 4), and the fusion's K, w and p chosen on dev.
 
     python -m research.text_search.hybrid_eval --split dev     # choose K, w (the grid below) -> "hybrid_dev"
     python -m research.text_search.hybrid_eval --split test    # report the served K, w       -> "hybrid_test"
@@ -7,20 +7,22 @@
 Sets (every index built by `crossprobe index build` with OCR on, as a user with OCR would build it):
   text-<split>  textset.py's 200 photos with a sign, screen or paper and its 200 unchanged photos, among the
                 rest of the split's 1,000 Flickr8k photos. Queries per photo with text:
-                  quoted   the sign's words, quoted: "POST OFFICE"
+                  quoted   the sign's last word (a made-up code where it has one), quoted: "K7-2291"
                   word     its first word, as typed: post
                   scene    the photo's own Flickr8k caption (the scene, no word of the sign)
-                  both     the caption and the quoted words
-                A result is right when it is a photo carrying those words (quoted, word: several photos may
-                carry the same word; any of them is right) or the photo itself (scene, both).
+                  both     the caption and the quoted word
+                A result is right when it is a photo carrying that word (quoted, word: several photos may
+                carry the same word; any of them is right) or the photo itself (scene, both). Each query also
+                says whether OCR read its word in its photo at index time: R@1 over those queries is the
+                search's own part, apart from what OCR missed.
   f8k-<split>   ordinary queries: the split's Flickr8k captions over its 1,000 photos (dev: the first 1,000)
   ood-dev       coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev photos (dev only)
 
 How K and w are chosen without one server per pair: the server runs hybrid with w = 0, which returns the
 union of the vector shortlist and the keyword candidates in the reranker's order, each keyword match with its
-BM25 score; fusing those two orders offline with any (K, w) is exactly service/hybrid.py's fuse. The rule: the
-largest text-dev R@1 (mean over the four kinds) among the pairs whose f8k-dev and ood-dev R@1 stay within 0.3 of
-vector-only. --split test then runs a server with the chosen pair and reports every set in all three modes,
+BM25 score and coverage; fusing those two orders offline with any (K, w, p) is exactly service/hybrid.py's fuse.
+The rule: the largest text-dev R@1 (mean over the four kinds) among the settings whose f8k-dev and ood-dev R@1
+stay within 0.3 of vector-only. --split test then runs a server with the chosen pair and reports every set in all three modes,
 with paired bootstrap intervals against vector.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from crossprobe.indexer import build
+from crossprobe.indexer import build, open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.metrics import paired_bootstrap
@@ -44,7 +46,8 @@ from research.calibration.fit import dev_sets
 from research.text_search import textset
 
 KS = (5, 10, 20, 60)
-WS = (0.25, 0.5, 1.0, 2.0, 4.0)
+WS = (0.5, 1.0, 2.0, 4.0)
+PS = (1.0, 2.0, 3.0)
 KINDS = ("quoted", "word", "scene", "both")
 OUT = Path("docs/research/results/text_search.json")
 
@@ -68,12 +71,12 @@ def text_set(ds: Flickr8k, split: str, workdir: Path) -> dict:
     for n, words in truth.items():
         if not words:
             continue
-        phrase = " ".join(words)
-        carry_phrase = {m for m, s in signs.items() if f" {phrase} " in f" {s} "}
-        carry_word = {m for m, s in signs.items() if words[0] in s.split()}
+        last, first = words[-1], words[0]  # the last: the made-up code where the sign has one
+        carry_last = {m for m, s in signs.items() if last in s.split()}
+        carry_first = {m for m, s in signs.items() if first in s.split()}
         caption = first_caption[n.split("_", 1)[1]]
-        queries += [(f'"{phrase}"', "quoted", carry_phrase), (words[0].lower(), "word", carry_word),
-                    (caption, "scene", {n}), (f'{caption} "{phrase}"', "both", {n})]
+        queries += [(f'"{last}"', "quoted", carry_last, n, [last]), (first.lower(), "word", carry_first, n, [first]),
+                    (caption, "scene", {n}, n, []), (f'{caption} "{last}"', "both", {n}, n, [last])]
     return {"manifest": manifest, "queries": queries, "images": len(rows)}
 
 
@@ -82,7 +85,7 @@ def ordinary(ds: Flickr8k, split: str, workdir: Path, limit: int | None) -> dict
     manifest = workdir / f"f8k-{split}.jsonl"
     manifest.write_text("".join(json.dumps({"id": i, "uri": str(u)}) + "\n" for i, u in items))
     pairs = [(ds.captions[j], f"f8k/{ds.images[ds.caption_image[j]]}") for j in ds.captions_of(ds.splits[split])]
-    return {"manifest": manifest, "queries": [(t, "caption", {g}) for t, g in pairs[:limit]], "images": len(items)}
+    return {"manifest": manifest, "queries": [(t, "caption", {g}, g, []) for t, g in pairs[:limit]], "images": len(items)}
 
 
 def ask(client: httpx.Client, index: str, text: str, mode: str, k: int) -> dict:
@@ -91,7 +94,7 @@ def ask(client: httpx.Client, index: str, text: str, mode: str, k: int) -> dict:
     return r.json()
 
 
-def fused_top(res: list[dict], k: float, w: float) -> str | None:
+def fused_top(res: list[dict], k: float, w: float, p: float) -> str | None:
     """service/hybrid.py's fuse over a w = 0 answer (the union in the reranker's order)."""
     if not res:
         return None
@@ -99,7 +102,7 @@ def fused_top(res: list[dict], k: float, w: float) -> str | None:
                 key=lambda i: -res[i]["scores"]["keyword"])
     fused = 1.0 / (k + 1 + np.arange(len(res)))
     for r, i in enumerate(kw):
-        fused[i] += w / (k + 1 + r)
+        fused[i] += w * res[i]["scores"]["keyword_coverage"] ** p / (k + 1 + r)
     return res[int(np.argmax(fused))]["id"]  # argmax: the first of equals, i.e. the better vector rank
 
 
@@ -117,7 +120,7 @@ def main() -> None:
     if args.split == "dev":
         ood = dev_sets(ds, args.workdir, None)["ood-dev"]
         sets["ood-dev"] = {"manifest": ood["manifest"], "images": ood["images"],
-                           "queries": [(t, "caption", {g}) for t, g in ood["pairs"]]}
+                           "queries": [(t, "caption", {g}, g, []) for t, g in ood["pairs"]]}
     root = args.workdir / "indexes"
     ixs = IndexerSettings(index_root=root, progress=False, ocr=True)
     for name, s in sets.items():
@@ -126,17 +129,24 @@ def main() -> None:
             res = build(name, manifest=s["manifest"], settings=ixs, log=lambda *_: None)
             print(f"built {name}: {res.count} items in {time.perf_counter() - t:.0f} s", flush=True)
     result = json.loads(OUT.read_text()) if OUT.exists() else {}
-    chosen = result.get("hybrid_dev", {}).get("chosen", {"K": 60.0, "w": 1.0})
+    chosen = result.get("hybrid_dev", {}).get("chosen", {"K": 60.0, "w": 1.0, "p": 2.0})
     weight = 0.0 if args.split == "dev" else chosen["w"]
     settings = Settings(index_root=root, port=0, indexes=",".join(sets), access_log=False, log_level="warning",
-                        hybrid_weight=weight, hybrid_k=chosen["K"])
+                        hybrid_weight=weight, hybrid_k=chosen["K"], hybrid_coverage_power=chosen["p"])
     per: dict = {}
+    ocr_text = {}  # the words OCR read in each photo the queries come from: was the quoted word indexed at all?
+    for name, s in sets.items():
+        reader = open_index(name, None, IndexerSettings(index_root=root))
+        srcs = sorted({q[3] for q in s["queries"] if q[4]})
+        ocr_text[name] = {i: (m or {}).get("text", "") for i, m in zip(srcs, reader.metadata(srcs))} if srcs else {}
     with running(settings) as url, httpx.Client(base_url=url, timeout=60) as client:
         wait_ready(client)
         for name, s in sets.items():
             rows = per[name] = []
-            for text, kind, right in s["queries"]:
-                row = {"kind": kind, "right": sorted(right)}
+            for text, kind, right, src, words in s["queries"]:
+                read = ocr_text[name].get(src, "").upper().replace(" ", "")
+                row = {"kind": kind, "right": sorted(right),
+                       "indexed": all(w.upper().replace(" ", "") in read for w in words) if words else None}
                 for mode in ("vector", "keyword", "hybrid"):
                     k = 200 if (mode == "hybrid" and args.split == "dev") else 10
                     try:
@@ -145,7 +155,8 @@ def main() -> None:
                         res = [] if e.response.status_code == 422 else None
                     row[mode] = [h["id"] for h in res]
                     if mode == "hybrid" and args.split == "dev":
-                        row["union"] = [{"id": h["id"], "scores": {"keyword": h["scores"]["keyword"]}} for h in res]
+                        row["union"] = [{"id": h["id"], "scores": {k: h["scores"][k] for k in ("keyword", "keyword_coverage")}}
+                                        for h in res]
                 rows.append(row)
             print(f"{name}: {len(rows)} queries", flush=True)
     report = summarise(per, args.split, chosen)
@@ -171,19 +182,24 @@ def summarise(per: dict, split: str, chosen: dict) -> dict:
     if split == "dev":
         out.update(choose(per))
         chosen = out["chosen"]
-    K, w = chosen["K"], chosen["w"]
+    K, w, p = chosen["K"], chosen["w"], chosen["p"]
     for name, rows in per.items():
         entry = out["sets"][name] = {}
         for kind in sorted({r["kind"] for r in rows}):
             sub = [r for r in rows if r["kind"] == kind]
             hits = {m: _r1(sub, lambda r, m=m: (r[m] or [None])[0]) for m in ("vector", "keyword")}
-            hits["hybrid"] = _r1(sub, (lambda r: fused_top(r["union"], K, w)) if split == "dev" else
+            hits["hybrid"] = _r1(sub, (lambda r: fused_top(r["union"], K, w, p)) if split == "dev" else
                                  (lambda r: (r["hybrid"] or [None])[0]))
             r10 = {m: 100 * float(np.mean([bool(set(r[m][:10]) & set(r["right"])) for r in sub]))
                    for m in ("vector", "keyword") + (() if split == "dev" else ("hybrid",))}
             entry[kind] = {"queries": len(sub), **{f"R@1 {m}": round(100 * float(h.mean()), 2) for m, h in hits.items()},
                            **{f"R@10 {m}": round(v, 2) for m, v in r10.items()},
                            "hybrid - vector": paired_bootstrap(hits["hybrid"], hits["vector"], _golds(sub))}
+            read = np.asarray([bool(r["indexed"]) for r in sub])
+            if sub[0]["indexed"] is not None:  # the queries whose word OCR did read into the index: the search's
+                entry[kind]["word_indexed"] = int(read.sum())  # own part, apart from what OCR missed
+                entry[kind]["R@1 hybrid, word indexed"] = round(100 * float(hits["hybrid"][read].mean()), 2) if read.any() else None
+                entry[kind]["R@1 keyword, word indexed"] = round(100 * float(hits["keyword"][read].mean()), 2) if read.any() else None
     return out
 
 
@@ -192,16 +208,17 @@ def choose(per: dict) -> dict:
     def r1(name: str, kind: str, pick) -> float:
         return 100 * float(_r1([r for r in per[name] if r["kind"] == kind], pick).mean())
     kinds = {name: sorted({r["kind"] for r in rows}) for name, rows in per.items()}
-    grid = {f"K={k} w={w}": {n: {kd: r1(n, kd, lambda r: fused_top(r["union"], k, w)) for kd in kinds[n]} for n in per}
-            for k in KS for w in WS}
+    grid = {f"K={k} w={w} p={p}": {n: {kd: r1(n, kd, lambda r: fused_top(r["union"], k, w, p)) for kd in kinds[n]}
+                                   for n in per}
+            for k in KS for w in WS for p in PS}
     vec = {n: {kd: r1(n, kd, lambda r: (r["vector"] or [None])[0]) for kd in kinds[n]} for n in per}
     text = next(n for n in per if n.startswith("text-"))
     ok = [c for c, v in grid.items() if all(v[n]["caption"] >= vec[n]["caption"] - 0.3 for n in per if n != text)]
     best = max(ok or grid, key=lambda c: float(np.mean(list(grid[c][text].values()))))
-    k, w = best.replace("K=", "").replace("w=", "").split()
+    k, w, p = best.replace("K=", "").replace("w=", "").replace("p=", "").split()
     rnd = lambda d: {n: {kd: round(x, 2) for kd, x in v.items()} for n, v in d.items()}  # noqa: E731
     return {"grid": {c: rnd(v) for c, v in grid.items()}, "vector": rnd(vec),
-            "chosen": {"K": float(k), "w": float(w), "pairs_within": ok,
+            "chosen": {"K": float(k), "w": float(w), "p": float(p), "pairs_within": ok,
                        "rule": "largest text-dev R@1 (mean of the four kinds) among the pairs keeping f8k-dev and "
                                "ood-dev R@1 within 0.3 of vector-only"}}
 

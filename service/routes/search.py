@@ -49,7 +49,8 @@ async def _answer(state: ServiceState, plan) -> Response:
     timings = {k: round(v, 3) for k, v in out.timings_ms.items()}
     payload = {
         "results": [{"id": h.id, "score": h.score, "relevance": h.relevance,
-                     "scores": {"ann": h.ann, "rerank": h.rerank, "keyword": h.keyword},
+                     "scores": {"ann": h.ann, "rerank": h.rerank, "keyword": h.keyword,
+                                "keyword_coverage": h.coverage},
                      "metadata": h.metadata, "highlights": h.highlights} for h in out.hits],
         "total": out.total,
         "offset": plan.offset,

@@ -52,6 +52,7 @@ def test_a_word_read_in_an_image_finds_it_by_keyword_alone(client):
     (h,) = [h for h in hit["highlights"] if h["field"] == "text"]
     assert h["text"][slice(*h["spans"][0])].upper().startswith("K7")
     assert hit["scores"]["keyword"] > 0 and body["keyword"]["phrases"] == ["K7-2291"]
+    assert hit["scores"]["keyword_coverage"] == 1.0
 
 
 def test_hybrid_is_the_default_and_puts_the_keyword_match_first(client):

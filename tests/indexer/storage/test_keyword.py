@@ -106,3 +106,12 @@ def test_derived_file_applies_deletes_and_inserts_and_leaves_the_base_alone(tmp_
     assert ix.search(keyword.parse("holiday"), 10) == [] and ix.search(keyword.parse("pharmacy"), 10) == []
     assert (base / keyword.FILE).read_bytes() == before  # a version's file never changes
     assert not list(new.glob("*.tmp"))
+
+
+def test_coverage_is_the_share_of_the_query_words_an_item_holds(ix):
+    cov = ix.coverage(keyword.parse("dog beach holiday cat"), ["a", "b", "d"])
+    assert cov == {"a": 0.75, "b": 0.25, "d": 0.25}
+    assert ix.coverage(keyword.parse('"K7-2291" street'), ["c"]) == {"c": 1.0}  # a quoted phrase: required, so 1
+    # a short word is not looked for inside OCR's run-together tokens; a longer one is
+    assert ix.coverage(keyword.parse("office"), ["c"]) == {"c": 1.0}
+    assert ix.search(keyword.parse("ice"), 10) == []
