@@ -84,7 +84,7 @@ def main() -> None:
                     hits = {1: 0, 5: 0, 10: 0}
                     t = time.perf_counter()
                     for query, gold in qs["pairs"]:
-                        r = client.post("/v1/search", json={"query": query, "k": 10, "rerank": mode, "shortlist": 100,
+                        r = client.post("/v1/search", json={"query": query, "mode": "vector", "k": 10, "rerank": mode, "shortlist": 100,
                                                             "index": f"quality-{name}"})
                         r.raise_for_status()
                         ids = [x["id"] for x in r.json()["results"]]

