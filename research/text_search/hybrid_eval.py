@@ -18,9 +18,10 @@ Sets (every index built by `crossprobe index build` with OCR on, as a user with 
   f8k-<split>   ordinary queries: the split's Flickr8k captions over its 1,000 photos (dev: the first 1,000)
   ood-dev       coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev photos (dev only)
 
-How K and w are chosen without one server per pair: the server runs hybrid with w = 0, which returns the
-union of the vector shortlist and the keyword candidates in the reranker's order, each keyword match with its
-BM25 score and coverage; fusing those two orders offline with any (K, w, p) is exactly service/hybrid.py's fuse.
+How K, w and p are chosen without one server per setting: the dev server runs hybrid with a weight no vector rank
+outweighs, so its top 100 holds every keyword match (at most 20) and then the union's best by the reranker, each
+with its reranker score (which gives its vector rank), BM25 score and coverage; fusing the two orders offline
+with any (K, w, p) is exactly service/hybrid.py's fuse (an item past the first 100 cannot come first).
 The rule: the largest text-dev R@1 (mean over the four kinds) among the settings whose f8k-dev and ood-dev R@1
 stay within 0.3 of vector-only. --split test then runs a server with the chosen pair and reports every set in all three modes,
 with paired bootstrap intervals against vector.
@@ -95,15 +96,19 @@ def ask(client: httpx.Client, index: str, text: str, mode: str, k: int) -> dict:
 
 
 def fused_top(res: list[dict], k: float, w: float, p: float) -> str | None:
-    """service/hybrid.py's fuse over a w = 0 answer (the union in the reranker's order)."""
+    """service/hybrid.py's fuse, offline, over a dev answer: every keyword match first, then the rest of the
+    union by the reranker; each with its reranker score (the vector order) and keyword score and coverage."""
     if not res:
         return None
     kw = sorted((i for i, h in enumerate(res) if h["scores"]["keyword"] is not None),
                 key=lambda i: -res[i]["scores"]["keyword"])
-    fused = 1.0 / (k + 1 + np.arange(len(res)))
+    vector_rank = np.empty(len(res), np.int64)
+    vector_rank[np.argsort([-h["score"] for h in res], kind="stable")] = np.arange(len(res))
+    fused = 1.0 / (k + 1 + vector_rank)
     for r, i in enumerate(kw):
         fused[i] += w * res[i]["scores"]["keyword_coverage"] ** p / (k + 1 + r)
-    return res[int(np.argmax(fused))]["id"]  # argmax: the first of equals, i.e. the better vector rank
+    best = np.lexsort((vector_rank, -fused))[0]  # of equals, the better vector rank
+    return res[int(best)]["id"]
 
 
 def main() -> None:
@@ -129,10 +134,12 @@ def main() -> None:
             res = build(name, manifest=s["manifest"], settings=ixs, log=lambda *_: None)
             print(f"built {name}: {res.count} items in {time.perf_counter() - t:.0f} s", flush=True)
     result = json.loads(OUT.read_text()) if OUT.exists() else {}
-    chosen = result.get("hybrid_dev", {}).get("chosen", {"K": 60.0, "w": 1.0, "p": 2.0})
-    weight = 0.0 if args.split == "dev" else chosen["w"]
+    chosen = {"K": 60.0, "w": 1.0, "p": 2.0, **result.get("hybrid_dev", {}).get("chosen", {})}
+    # dev: every keyword match first (a weight no vector rank outweighs, coverage ignored), then the union's
+    # rest by the reranker: k 100 then holds every match and every item that can come first under any (K, w, p)
+    weight, power = (1e6, 0.0) if args.split == "dev" else (chosen["w"], chosen["p"])
     settings = Settings(index_root=root, port=0, indexes=",".join(sets), access_log=False, log_level="warning",
-                        hybrid_weight=weight, hybrid_k=chosen["K"], hybrid_coverage_power=chosen["p"])
+                        hybrid_weight=weight, hybrid_k=chosen["K"], hybrid_coverage_power=power)
     per: dict = {}
     ocr_text = {}  # the words OCR read in each photo the queries come from: was the quoted word indexed at all?
     for name, s in sets.items():
@@ -148,21 +155,23 @@ def main() -> None:
                 row = {"kind": kind, "right": sorted(right),
                        "indexed": all(w.upper().replace(" ", "") in read for w in words) if words else None}
                 for mode in ("vector", "keyword", "hybrid"):
-                    k = 200 if (mode == "hybrid" and args.split == "dev") else 10
+                    k = 100 if (mode == "hybrid" and args.split == "dev") else 10
                     try:
                         res = ask(client, name, text, mode, k)["results"]
                     except httpx.HTTPStatusError as e:  # keyword mode, a caption of stop words only: 422
                         res = [] if e.response.status_code == 422 else None
                     row[mode] = [h["id"] for h in res]
                     if mode == "hybrid" and args.split == "dev":
-                        row["union"] = [{"id": h["id"], "scores": {k: h["scores"][k] for k in ("keyword", "keyword_coverage")}}
+                        row["union"] = [{"id": h["id"], "score": h["score"],
+                                         "scores": {k: h["scores"][k] for k in ("keyword", "keyword_coverage")}}
                                         for h in res]
                 rows.append(row)
             print(f"{name}: {len(rows)} queries", flush=True)
+    (args.workdir / f"rows-{args.split}.json").write_text(json.dumps(per))  # every query's answers, to re-read
     report = summarise(per, args.split, chosen)
     result[f"hybrid_{args.split}"] = report
     result[f"hybrid_{args.split}"].update(command=f"python -m research.text_search.hybrid_eval --split {args.split}",
-                                          machine=machine(), sets={n: {"images": s["images"],
+                                          machine=machine(), data={n: {"images": s["images"],
                                                                        "queries": len(s["queries"])}
                                                                    for n, s in sets.items()})
     OUT.write_text(json.dumps(result, indent=1))
@@ -204,7 +213,7 @@ def summarise(per: dict, split: str, chosen: dict) -> dict:
 
 
 def choose(per: dict) -> dict:
-    """R@1 of every (K, w) from the w = 0 answers; the rule of the module's docstring picks one."""
+    """R@1 of every (K, w, p) from the dev answers; the rule of the module's docstring picks one."""
     def r1(name: str, kind: str, pick) -> float:
         return 100 * float(_r1([r for r in per[name] if r["kind"] == kind], pick).mean())
     kinds = {name: sorted({r["kind"] for r in rows}) for name, rows in per.items()}
