@@ -9,7 +9,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "build": "jobs.versions", "add": "jobs.versions", "delete": "jobs.versions", "reindex": "jobs.versions",
-    "Result": "jobs.versions", "TooManyLost": "jobs.versions",
+    "Result": "jobs.versions", "TooManyLost": "jobs.report",
     "open_index": "storage.reader", "IndexReader": "storage.reader", "FingerprintMismatch": "storage.reader",
     "IndexerSettings": "jobs.settings", "StorageSettings": "storage.settings", "connect": "storage.redis_conn",
 }

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from crossprobe.indexer.storage import ann, codec, faiss_io, keyword
-from crossprobe.indexer.jobs import ocr
+from crossprobe.indexer.jobs import ocr, report
 from crossprobe.indexer.jobs.decode import Decoded, decode_batch
 from crossprobe.indexer.jobs.encoder import Dims, Encoder, identify
 from crossprobe.indexer.jobs.journal import Journal
@@ -80,8 +80,6 @@ class Result:
                 f"skipped: {sk}   (details: {self.report}){was}\nstages: {st}")
 
 
-class TooManyLost(RuntimeError):
-    """A reindex lost more items than IndexerSettings.reindex_max_lost allows; its version is complete, not active."""
 
 
 def build(name: str, images: Path | None = None, manifest: Path | None = None, settings: IndexerSettings | None = None,
@@ -280,8 +278,8 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
                     metrics.start(len(items), len(items), sum(finished["counts"]["skipped"].values()))
             if kind == "reindex":
                 try:
-                    _check_lost(name, version, base, finished["counts"], settings.reindex_max_lost, vdir / "report.json")
-                except TooManyLost:
+                    report.check_lost(name, version, base, finished["counts"], settings.reindex_max_lost, vdir / "report.json")
+                except report.TooManyLost:
                     journal.remove()  # a rerun starts afresh (sources fixed); `index activate` accepts this one
                     raise
             with times.stage("activate"):
@@ -335,16 +333,6 @@ def _finish_activated(store: Store, name: str, active: str, spec: dict, kind: st
                   time.perf_counter() - t0, finished["factory"], vdir / "report.json", extra)
 
 
-def _check_lost(name: str, version: str, base: str, counts: dict, max_lost: float, report: Path) -> None:
-    """A reindex may lose the items whose sources went away, but not more than max_lost of the old version:
-    past that, something is wrong with the sources (a disk not mounted, moved files), not with a few items."""
-    lost, old = counts["lost"], counts["base_count"]
-    if old and lost / old > max_lost:
-        raise TooManyLost(
-            f"reindex of {name!r} lost {lost} of the {old} items of version {base} ({lost / old:.1%} > the allowed "
-            f"{max_lost:.1%}; reasons in {report}), so {version} was NOT activated and "
-            f"{base} stays active. Restore the sources and run the reindex again, or accept the loss: "
-            f"crossprobe index activate {name} {version} (or rerun with --max-lost {math.ceil(lost / old * 100) / 100}).")
 
 
 def _keep_added(store: Store, name: str, base: str | None, items: list[Item]) -> None:
@@ -453,7 +441,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
                                    f"skipped != {base_count} items in {base}; the journal under {vdir} is inconsistent")
             extra = {"base_count": base_count, "lost": base_count - len(ids)}
         if not ids:
-            _write_report(vdir, kind, 0, reader_skips + skips, times, t0, encoded, reused, "-", extra)
+            report.write_report(vdir, kind, 0, reader_skips + skips, times, t0, encoded, reused, "-", extra)
             what = spec["source"] if kind == "build" else f"version {base} of {name!r} ({base} stays active)"
             raise RuntimeError(f"no image of {what} could be indexed; see {vdir / 'report.json'}")
     else:
@@ -486,7 +474,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
                              lambda part: [json.loads(m) if m else None for m in store.metadata(name, version, part)],
                              job.settings.redis_batch, store.version_dir(name, base) if based else None,
                              (set(new_ids) | set(del_ids or ())) if based else ())
-    report = _write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
+    done = report.write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": job.fingerprint,
         "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk, "labels": dims.cells},
@@ -494,24 +482,10 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
-        "source": job.source, "skipped": report["counts"]["skipped"],
+        "source": job.source, "skipped": done["counts"]["skipped"],
         "text": {"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)},
         # delete reads no photo: the base's OCR setting stays the index's
         "ocr": bool(job.settings.ocr) if kind != "delete" else bool((store.read_manifest(name, base) or {}).get("ocr")),
     }
     atomic_write(vdir / "manifest.json", json.dumps(manifest, indent=2))  # last: the version is now complete
-    return report
-
-
-def _write_report(vdir: Path, kind: str, total: int, skips: list[Skip], times: StageTimer, t0: float, encoded: int,
-                  reused: int, factory: str, extra: dict) -> dict:
-    counts: dict[str, int] = {}
-    for sk in skips:
-        counts[sk.reason] = counts.get(sk.reason, 0) + 1
-    elapsed = time.perf_counter() - t0
-    report = {"kind": kind, "factory": factory,
-              "counts": {"total": total, "encoded_this_run": encoded, "reused_batches": reused, "skipped": counts, **extra},
-              "skipped": [sk.__dict__ for sk in skips], "stages_s": times.seconds(), "elapsed_s": round(elapsed, 3),
-              "images_per_s": round(encoded / elapsed, 2) if elapsed else None}
-    atomic_write(vdir / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
-    return report
+    return done
