@@ -86,3 +86,18 @@ def test_a_field_milvus_does_not_hold_is_a_422(mclient):
         r = mclient.post("/v1/search", json={"query": "a red square", "index": "photos-m", "filter": flt})
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
         assert "held by Milvus" in r.json()["error"]["message"]
+
+
+def test_keyword_and_hybrid_search_over_a_milvus_version(mclient, built):
+    """Milvus 2.3.5 has no full-text search (docs/research/text_search.md): a Milvus version's keyword index is
+    the same text.sqlite beside it, and a filter reaches its keyword side through the metadata columns."""
+    name = built.ids[4].rsplit("/", 1)[-1].rsplit(".", 1)[0]  # a file name's stem: every item has its name indexed
+    for index in ("photos", "photos-m"):
+        body = _search(mclient, query=name, mode="keyword", index=index)
+        assert [h["id"] for h in body["results"]] == [built.ids[4]], (index, body["results"])
+        fmt = body["results"][0]["metadata"]["format"]
+        other = {"field": "format", "in": [f for f in ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP") if f != fmt]}
+        assert _search(mclient, query=name, mode="keyword", index=index, filter=other)["results"] == []
+    a = _search(mclient, query=f"{name} a red square", k=8, index="photos")
+    b = _search(mclient, query=f"{name} a red square", k=8, index="photos-m")
+    assert a["mode"] == b["mode"] == "hybrid" and _ranked(a) == _ranked(b)
