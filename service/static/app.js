@@ -27,8 +27,8 @@ const keyField = $("key-field");
 const keyInput = $("api-key");
 
 const THUMB = 320; // px, the longer side asked of v1/items/{id}/image (cards are at most ~240 css px wide)
-const STAGES = ["queue", "encode", "decode_image", "encode_image", "like", "ann", "fetch", "rerank", "dedup",
-  "metadata", "load", "decode", "backbone", "attention"];
+const STAGES = ["queue", "encode", "decode_image", "encode_image", "like", "ann", "keyword", "fetch", "rerank", "dedup",
+  "metadata", "highlight", "load", "decode", "backbone", "attention"];
 
 let searchSeq = 0; // answers of superseded requests are dropped
 let searchAbort = null;
@@ -211,8 +211,10 @@ function render(body, append) {
   nextOffset = body.next_offset;
   moreButton.hidden = nextOffset === null;
   const last = view.last;
-  const how = body.rerank !== "none" ? "reranked by " + body.rerank
-    : last.query ? "ranked by the two-tower score" : "ranked by similarity (no text to rerank with)";
+  const how = body.mode === "keyword" ? "ranked by its words"
+    : (body.rerank !== "none" ? "reranked by " + body.rerank
+      : last.query ? "ranked by the two-tower score" : "ranked by similarity (no text to rerank with)") +
+      (body.mode === "hybrid" && body.keyword && body.keyword.hits ? ", photos holding the words first" : "");
   const what = last.what.startsWith("more like") ? ", " + last.what : " for " + last.what;
   const count = shown < body.total ? shown + " of " + body.total + " results"
     : body.total + (body.total === 1 ? " result" : " results");
@@ -223,7 +225,7 @@ function render(body, append) {
   view.summary = text;
   view.summaryKind = body.degraded ? "warn" : "";
   setStatus(text, view.summaryKind);
-  body.results.forEach((hit, i) => results.appendChild(card(hit, first + i + 1, body.index.name, body.rerank)));
+  body.results.forEach((hit, i) => results.appendChild(card(hit, first + i + 1, body.index.name, body.mode === "keyword" ? "keyword" : body.rerank)));
   filters.update(last.hits, body.filtered || null);
   $("timings-explain").hidden = true;
   $("explain-spread").hidden = true;
@@ -239,21 +241,24 @@ function render(body, append) {
 
 // ---- words: what a keyword match matched, and the text read in the photo ------------------------
 const FIELD_LABELS = { name: "file", caption: "caption", tags: "tags", text: "text in photo", fields: "fields" };
-const SHOWN_CHARS = 160;
+const SHOWN_CHARS = 120;
 
 // text with its [start, end) spans marked: DOM nodes only, so no text is ever read as HTML
 function marked(text, spans) {
   const frag = document.createDocumentFragment();
-  let at = 0;
+  // a long text is shown from a little before its first match
+  let at = spans.length && spans[0][0] > 40 ? spans[0][0] - 30 : 0;
+  if (at) frag.appendChild(document.createTextNode("…"));
+  const stop = at + SHOWN_CHARS;
   for (const [a, b] of spans) {
-    if (a >= SHOWN_CHARS) break;
+    if (a >= stop) break;
     if (a > at) frag.appendChild(document.createTextNode(text.slice(at, a)));
     const m = document.createElement("mark");
     m.textContent = text.slice(a, b);
     frag.appendChild(m);
     at = b;
   }
-  const end = Math.max(at, Math.min(text.length, SHOWN_CHARS));
+  const end = Math.max(at, Math.min(text.length, stop));
   if (end > at) frag.appendChild(document.createTextNode(text.slice(at, end)));
   if (text.length > end) frag.appendChild(document.createTextNode("…"));
   return frag;
@@ -330,8 +335,14 @@ function card(hit, rank, index, rerank) {
   scores.className = "scores";
   const score = document.createElement("span");
   score.className = "score";
-  score.textContent = "score " + hit.score.toFixed(3);
-  score.title = rerank === "none" ? "two-tower cosine" : rerank + " logit fused with the two-tower score";
+  const byWords = rerank === "keyword";
+  // by words: how much of the query the photo holds (a BM25 score means little to a person, and is ~0 for a word
+  // found only inside one photo's text)
+  const cov = hit.scores.keyword_coverage;
+  score.textContent = !byWords ? "score " + hit.score.toFixed(3)
+    : cov === 1 ? "holds every word" : "holds " + Math.round(100 * cov) + "% of the words";
+  score.title = byWords ? "BM25 " + hit.score.toPrecision(3) : rerank === "none" ? "two-tower cosine"
+    : rerank + " logit fused with the two-tower score";
   scores.appendChild(score);
   if (hit.scores.rerank !== null) {
     const ann = document.createElement("span");
