@@ -18,7 +18,6 @@ Filters apply to both sides: the keyword stage passes over items the filter (and
 from __future__ import annotations
 
 import logging
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -85,7 +84,7 @@ def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Cal
     try:
         hits = index.search(q, limit, allow)
         return KeywordOutcome(q, hits, index.coverage(q, [i for i, _ in hits]))
-    except sqlite3.Error as e:  # a damaged file, a disk error: the vector side still answers, and says so
+    except (OSError, ValueError, RuntimeError) as e:  # a damaged index, a disk error: the vectors still answer, and say so
         log.warning("keyword index %s failed: %s: %s", index.path, type(e).__name__, e)
         return KeywordOutcome(q, error=f"{type(e).__name__}: {e}")
 
@@ -120,7 +119,7 @@ def highlights(index: keyword.KeywordIndex | None, kw: KeywordOutcome | None, id
     hit = kw.scores
     try:
         found = index.highlights(kw.query, [i for i in ids if i in hit])
-    except sqlite3.Error as e:  # the results stand without their marks
+    except (OSError, ValueError, RuntimeError) as e:  # the results stand without their marks
         log.warning("keyword highlights from %s failed: %s: %s", index.path, type(e).__name__, e)
         return {}
     return {i: [{"field": h.field, "text": h.text, "spans": [list(s) for s in h.spans]} for h in hs]

@@ -114,7 +114,7 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
              source={"synthetic": f"{base}/{src_ix.version} + {total - n_real} noisy copies, seed {seed}"},
              selectivity_tags=[f"sel-{f}" for f in SELECTIVITY], ann=ann_entry,
              keys=keys.manifest(st.active_key(name)),
-             text={"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)})
+             text={"dir": keyword.DIR, "items": text["indexed"], "fields": list(keyword.FIELDS)})
     atomic_write(vdir / "manifest.json", json.dumps(m, indent=2))  # last: a version without it is incomplete
     st.activate(name, version)
     return version

@@ -469,7 +469,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         faiss_io.write_ids(ids, vdir / "ids")
         faiss_io.write_vectors(vectors, vdir / "vectors.npy")
     with times.stage("write_text"):  # the keyword index (storage/keyword.py): derived from the base's when it has one
-        based = kind not in ("build", "reindex") and (store.version_dir(name, base) / keyword.FILE).exists()
+        based = kind not in ("build", "reindex") and (store.version_dir(name, base) / keyword.DIR).exists()
         text = keyword.write(vdir, new_ids if based else ids,
                              lambda part: [json.loads(m) if m else None for m in store.metadata(name, version, part)],
                              job.settings.redis_batch, store.version_dir(name, base) if based else None,
@@ -483,7 +483,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
         "source": job.source, "skipped": done["counts"]["skipped"],
-        "text": {"file": keyword.FILE, "items": text["indexed"], "fields": list(keyword.FIELDS)},
+        "text": {"dir": keyword.DIR, "items": text["indexed"], "fields": list(keyword.FIELDS)},
         # delete reads no photo: the base's OCR setting stays the index's
         "ocr": bool(job.settings.ocr) if kind != "delete" else bool((store.read_manifest(name, base) or {}).get("ocr")),
     }

@@ -1,15 +1,15 @@
 """SQLite FTS5 against tantivy for the embedded keyword index (issue 31, item 2): build time, size, query time,
 and whether they agree, over 100K items.
 
-    .venv/bin/pip install tantivy            # research only: the product uses FTS5 (standard library)
     python -m research.text_search.engines   # nothing else may run: it times both
         -> docs/research/results/text_search.json "keyword_engines"
 
 Items: 100,000 metadata values as the indexer writes them, each with a Flickr8k caption (the 40,455 captions
 cycled) and a file name; one in twenty also with OCR-like text (a few sign words). Queries: 300 Flickr8k test
 captions, parsed as the service parses them (indexer/storage/keyword.py parse: words ORed, stop words
-dropped), the best 20 by BM25. FTS5 is crossprobe's own KeywordIndex (the word table plus the trigram table);
-tantivy gets the same five fields and the same words as a should-query. One thread, one query at a time.
+dropped), the best 20 by BM25. tantivy is crossprobe's KeywordIndex (indexer/storage/keyword.py); FTS5 is the
+same design on SQLite (fts5_index.py here: the word table plus a trigram table of the image text), which
+crossprobe used first. One thread, one query at a time.
 Agreement: the share of FTS5's top 20 that tantivy's top 20 also holds (both are BM25, with different
 tokenisers and field handling).
 """
@@ -26,6 +26,7 @@ import numpy as np
 from crossprobe.indexer.storage import keyword
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.report import machine
+from research.text_search import fts5_index
 from research.text_search.textset import WORDS
 
 OUT = Path("docs/research/results/text_search.json")
@@ -46,43 +47,18 @@ def corpus(ds: Flickr8k) -> tuple[list[str], dict[str, dict]]:
     return ids, metas
 
 
-def fts5(ids: list[str], metas: dict, work: Path) -> tuple[keyword.KeywordIndex, float]:
+def fts5(ids: list[str], metas: dict, work: Path):
+    (work / "fts5").mkdir()
     t = time.perf_counter()
-    keyword.write(work, ids, lambda part: [metas[i] for i in part])
-    return keyword.KeywordIndex(work / keyword.FILE), time.perf_counter() - t
+    fts5_index.write(work / "fts5", ids, lambda part: [metas[i] for i in part])
+    return fts5_index.KeywordIndex(work / "fts5" / fts5_index.FILE), time.perf_counter() - t
 
 
 def tantivy_index(ids: list[str], metas: dict, work: Path):
-    import tantivy
-
-    sb = tantivy.SchemaBuilder()
-    sb.add_text_field("id", stored=True, tokenizer_name="raw")
-    for f in keyword.FIELDS:
-        sb.add_text_field(f, stored=False)
-    schema = sb.build()
     (work / "tantivy").mkdir()
     t = time.perf_counter()
-    ix = tantivy.Index(schema, path=str(work / "tantivy"))
-    w = ix.writer(heap_size=128_000_000, num_threads=1)
-    for i in ids:
-        doc = keyword.document(metas[i])
-        w.add_document(tantivy.Document(id=i, **dict(zip(keyword.FIELDS, doc))))
-    w.commit()
-    w.wait_merging_threads()
-    ix.reload()
-    return ix, time.perf_counter() - t
-
-
-def tantivy_search(ix, q: keyword.KeywordQuery, limit: int) -> list[str]:
-    import tantivy
-
-    schema = ix.schema
-    should = [(tantivy.Occur.Should, ix.parse_query(f'"{t}"', list(keyword.FIELDS))) for t in q.terms]
-    if not should:
-        return []
-    searcher = ix.searcher()
-    res = searcher.search(tantivy.Query.boolean_query(should), limit)
-    return [searcher.doc(a)["id"][0] for _, a in res.hits]
+    keyword.write(work / "tantivy", ids, lambda part: [metas[i] for i in part])
+    return keyword.KeywordIndex(work / "tantivy" / keyword.DIR), time.perf_counter() - t
 
 
 def size(path: Path) -> int:
@@ -99,7 +75,7 @@ def main() -> None:
         fx, fts_s = fts5(ids, metas, work)
         tx, tan_s = tantivy_index(ids, metas, work)
         for q in queries[:20]:  # warm both
-            fx.search(q, 20), tantivy_search(tx, q, 20)
+            fx.search(q, 20), tx.search(q, 20)
         ms = {"fts5": [], "tantivy": []}
         agree = []
         for q in queries:
@@ -107,16 +83,17 @@ def main() -> None:
             a = [i for i, _ in fx.search(q, 20)]
             ms["fts5"].append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            b = tantivy_search(tx, q, 20)
+            b = [i for i, _ in tx.search(q, 20)]
             ms["tantivy"].append((time.perf_counter() - t) * 1000)
             if a:
                 agree.append(len(set(a) & set(b)) / len(a))
         row = {
-            "fts5": {"build_s": round(fts_s, 1), "bytes": size(work / keyword.FILE),
+            "fts5": {"build_s": round(fts_s, 1), "bytes": size(work / "fts5" / fts5_index.FILE),
                      "p50_ms": round(float(np.percentile(ms["fts5"], 50)), 2),
                      "p99_ms": round(float(np.percentile(ms["fts5"], 99)), 2),
-                     "note": "crossprobe's KeywordIndex: the word table and the trigram table of the image text"},
-            "tantivy": {"build_s": round(tan_s, 1), "bytes": size(work / "tantivy"),
+                     "note": "research/text_search/fts5_index.py: the word table and the trigram table of the image text"},
+            "tantivy": {"build_s": round(tan_s, 1), "bytes": size(work / "tantivy" / keyword.DIR),
+                        "note": "crossprobe's KeywordIndex (indexer/storage/keyword.py): fields, trigrams, boosts",
                         "p50_ms": round(float(np.percentile(ms["tantivy"], 50)), 2),
                         "p99_ms": round(float(np.percentile(ms["tantivy"], 99)), 2),
                         "version": __import__("importlib.metadata").metadata.version("tantivy")},

@@ -117,12 +117,10 @@ def test_clip_retrieval_route_stays_a_vector_search(client):
 
 
 def test_a_keyword_index_that_fails_degrades_to_the_vector_side(client, monkeypatch):
-    import sqlite3
-
     from crossprobe.indexer.storage import keyword
 
     def broken(self, *a, **k):
-        raise sqlite3.DatabaseError("database disk image is malformed")
+        raise ValueError("An error occurred in a thread: 'An IO error occurred: ...'")
     monkeypatch.setattr(keyword.KeywordIndex, "search", broken)
     body = _search(client, query="receipt K7-2291")
     assert body["degraded"] and "keyword_failed" in body["degraded_reason"] and body["results"]
@@ -134,7 +132,7 @@ def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, sv
     from crossprobe.indexer.storage import keyword
 
     vdir = hybrid_built.ixs.index_root / "photos" / hybrid_built.version
-    shutil.move(vdir / keyword.FILE, tmp_path / keyword.FILE)  # as a version built before keyword indexes
+    shutil.move(vdir / keyword.DIR, tmp_path / keyword.DIR)  # as a version built before keyword indexes
     try:
         for c in _client(hybrid_built, svc_ckpt, artifacts):
             body = _search(c, query="receipt")
@@ -144,4 +142,4 @@ def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, sv
             r = c.post("/v1/search", json={"query": "receipt", "mode": "keyword"})
             assert r.status_code == 422 and "no usable keyword index" in r.text
     finally:
-        shutil.move(tmp_path / keyword.FILE, vdir / keyword.FILE)
+        shutil.move(tmp_path / keyword.DIR, vdir / keyword.DIR)

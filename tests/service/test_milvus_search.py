@@ -90,7 +90,7 @@ def test_a_field_milvus_does_not_hold_is_a_422(mclient):
 
 def test_keyword_and_hybrid_search_over_a_milvus_version(mclient, built):
     """Milvus 2.3.5 has no full-text search (docs/research/text_search.md): a Milvus version's keyword index is
-    the same text.sqlite beside it, and a filter reaches its keyword side through the metadata columns."""
+    the same keyword index beside it, and a filter reaches its keyword side through the metadata columns."""
     name = built.ids[4].rsplit("/", 1)[-1].rsplit(".", 1)[0]  # a file name's stem: every item has its name indexed
     for index in ("photos", "photos-m"):
         body = _search(mclient, query=name, mode="keyword", index=index)

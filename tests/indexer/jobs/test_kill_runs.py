@@ -62,7 +62,7 @@ THREADS = 1  # ONNX Runtime threads: the same in the reference and in every CLI 
 THROTTLE_S = 0.15  # sleep per committed batch in the killed (timed) runs: stretches a job over seconds
 KINDS = ("build", "add", "delete", "reindex")
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "research" / "results" / "indexer_kill.json"
-VERSION_FILES = {"index.faiss", "ids", "vectors.npy", "text.sqlite", "manifest.json", "report.json"}
+VERSION_FILES = {"index.faiss", "ids", "vectors.npy", "text", "manifest.json", "report.json"}
 
 # where an injected run kills itself (see BOOT); ":n" = at the n-th batch (drawn per run)
 POINTS = {
@@ -128,15 +128,8 @@ elif point == "mid_copy":  # half of the kept items' values COPYed into the new 
     jobs._copy_values = copy_values
 elif point in ("write_index", "write_vectors"):  # before index.faiss / after index.faiss and ids
     setattr(faiss_io, point, lambda *a, **k: die())
-elif point == "write_text":  # the keyword index half written: its .tmp file holds some items, nothing renamed
-    real_insert, real_delete = keyword._insert, keyword._delete
-    def insert(con, ids, metas):
-        real_insert(con, ids, metas)
-        die()
-    def delete(con, ids):  # a delete job inserts nothing: it dies after its deletes
-        real_delete(con, ids)
-        die()
-    keyword._insert, keyword._delete = insert, delete
+elif point == "write_text":  # the keyword index written under its temporary name, not yet renamed
+    keyword._fsync_tree = lambda folder: die()
 elif point == "manifest":  # every file of the version but manifest.json
     real_jaw = jobs.atomic_write
     def jobs_aw(path, data):

@@ -3,7 +3,6 @@ each version (build, then add and delete deriving it from their base's)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +81,7 @@ def _meta(settings, name):
 
 
 def _kw(vdir: Path, text: str) -> list[str]:
-    return [i for i, _ in keyword.KeywordIndex(vdir / keyword.FILE).search(keyword.parse(text), 10)]
+    return [i for i, _ in keyword.KeywordIndex(vdir / keyword.DIR).search(keyword.parse(text), 10)]
 
 
 def test_build_with_ocr_stores_the_words_and_indexes_them(settings, ckpt, tmp_path):
@@ -112,7 +111,7 @@ def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt,
     delete("k", [first], settings=settings, log=lambda *_: None)
     v3, metas3, vdir3 = _meta(settings, "k")
     assert _kw(vdir3, Path(first).stem) == [] and _kw(vdir3, "zebra") == ["zebra_crossing.png"]
-    n = sqlite3.connect(vdir3 / keyword.FILE).execute("SELECT count(*) FROM items").fetchone()[0]
+    n = keyword.KeywordIndex(vdir3 / keyword.DIR).count
     assert n == len(metas3)  # one row per item of the version: nothing lost, nothing doubled
 
 

@@ -2,8 +2,6 @@
 the trigram side for run-together OCR words, and deriving a version's file from its base's."""
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from crossprobe.indexer.storage import keyword
@@ -24,7 +22,7 @@ def _write(tmp_path, metas=METAS, **kw):
 @pytest.fixture()
 def ix(tmp_path):
     _write(tmp_path)
-    return keyword.KeywordIndex(tmp_path / keyword.FILE)
+    return keyword.KeywordIndex(tmp_path / keyword.DIR)
 
 
 def _ids(hits):
@@ -44,7 +42,7 @@ def test_parse_drops_stop_words_and_punctuation_and_keeps_phrases():
 def test_user_text_is_never_fts5_syntax(ix):
     # FTS5 operators and quotes in the user's text are searched as text, never parsed as a query
     for text in ['dog OR NOT cat', 'dog*', 'NEAR(dog cat)', '"unbalanced', "col:dog", "dog AND", "^dog", "'; DROP TABLE"]:
-        ix.search(keyword.parse(text), 10)  # no sqlite3.OperationalError
+        ix.search(keyword.parse(text), 10)  # no query parser error
 
 
 def test_bm25_ranks_more_matches_higher(ix):
@@ -88,23 +86,23 @@ def test_highlights_give_offsets_into_the_fields(ix):
 def test_bounded_text_per_field(tmp_path):
     huge = " ".join(["word"] * 10_000)
     _write(tmp_path, {"x": {"uri": "/x.jpg", "text": huge}})
-    con = sqlite3.connect(tmp_path / keyword.FILE)
-    assert len(con.execute("SELECT text FROM docs").fetchone()[0]) == keyword.MAX_TEXT_CHARS
+    ix = keyword.KeywordIndex(tmp_path / keyword.DIR)
+    assert len(ix.documents(["x"])["x"]["text"]) == keyword.MAX_TEXT_CHARS
 
 
-def test_derived_file_applies_deletes_and_inserts_and_leaves_the_base_alone(tmp_path):
+def test_derived_index_applies_deletes_and_inserts_and_leaves_the_base_alone(tmp_path):
     base, new = tmp_path / "v1", tmp_path / "v2"
     base.mkdir(), new.mkdir()
     _write(base)
-    before = (base / keyword.FILE).read_bytes()
+    before = {p.name: p.read_bytes() for p in (base / keyword.DIR).iterdir()}
     more = {"e": {"uri": "/p/e.jpg", "caption": "a red bicycle"}, "a": {"uri": "/p/a2.jpg", "caption": "a horse"}}
     stats = keyword.write(new, list(more), lambda part: [more[i] for i in part], base=base, drop={"a", "b"})
     assert stats == {"indexed": 4, "inserted": 2, "deleted": 2}
-    ix = keyword.KeywordIndex(new / keyword.FILE)
+    ix = keyword.KeywordIndex(new / keyword.DIR)
     assert _ids(ix.search(keyword.parse("bicycle"), 10)) == ["e"]
     assert _ids(ix.search(keyword.parse("horse"), 10)) == ["a"]  # a replaced item: its new text only
     assert ix.search(keyword.parse("holiday"), 10) == [] and ix.search(keyword.parse("pharmacy"), 10) == []
-    assert (base / keyword.FILE).read_bytes() == before  # a version's file never changes
+    assert {p.name: p.read_bytes() for p in (base / keyword.DIR).iterdir()} == before  # a version's index never changes
     assert not list(new.glob("*.tmp"))
 
 
