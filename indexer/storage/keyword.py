@@ -15,8 +15,8 @@ Per item (its metadata value in Redis, indexer/jobs/sources.py item_metadata), s
              together ("POSTOFFICE"), and a word inside such a token matches only as a substring
 
 Why tantivy and not SQLite FTS5: both were measured over 100K captioned items (docs/research/text_search.md):
-FTS5 scores every matching row (20 ms a query at p50, 47 at p99, a 26 MB file); tantivy skips the rows that
-cannot reach the top (block-max WAND: 0.5 / 0.9 ms, 5 MB), and the two agree on 91% of the top 20.
+FTS5 scores every matching row and was 20x to 30x slower at the median and p99, and hybrid search on it missed
+its p99 target; tantivy's top-k skips the rows that cannot reach the top.
 
 Queries (parse): words are ORed (BM25 ranks items holding more, and rarer, of them higher); a "quoted phrase"
 must appear as written, in any field; stop words and punctuation are dropped. Every term goes to tantivy's own
