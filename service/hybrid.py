@@ -28,8 +28,7 @@ from crossprobe.service.exceptions import InvalidRequest
 
 log = logging.getLogger("crossprobe.service")
 
-Mode = Literal["hybrid", "vector", "keyword"]
-MODES = ("hybrid", "vector", "keyword")
+Mode = Literal["hybrid", "vector", "keyword"]  # a search's `mode` (schemas.py takes it from here)
 
 
 @dataclass

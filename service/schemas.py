@@ -21,6 +21,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter,
                       model_validator)
 
 from crossprobe.indexer.storage.filter_model import MAX_FILTER_CONDITIONS, FilterNode, count_conditions
+from crossprobe.service.hybrid import Mode
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
 
 
@@ -86,7 +87,6 @@ QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS, json_
 MAX_FACETS = 50  # tags in a facets answer
 
 # ---- keyword and hybrid search (service/hybrid.py) ----------------------------------------------------------------
-Mode = Literal["hybrid", "vector", "keyword"]
 MODE_HELP = ("hybrid (the default where the index has a keyword index and the request a query text): the keyword "
              "index's best matches (file name, caption, tags, the words read in the image, the manifest's text "
              "fields; BM25) join the vector shortlist, are reranked with it, and the two orders are fused; vector: "
