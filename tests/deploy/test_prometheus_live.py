@@ -300,8 +300,9 @@ def test_searches_are_labelled_with_their_rerank_mode(loaded):
     by_mode = {m["rerank"]: v for m, v in _samples(prom, "sum by (rerank) (crossprobe_search_seconds_count)")}
     assert set(by_mode) == set(MODES) and all(v > 0 for v in by_mode.values()), by_mode
     stages = {(m["stage"], m["rerank"]) for m, v in _samples(prom, "crossprobe_search_stage_seconds_count > 0")}
-    assert {s for s, mode in stages if mode == "none"} == {"queue", "encode", "ann", "metadata"}
-    assert {s for s, mode in stages if mode == "cp"} == {"queue", "encode", "ann", "fetch", "rerank", "metadata"}
+    # keyword: hybrid, the default mode, where the index has a keyword index
+    assert {s for s, mode in stages if mode == "none"} == {"queue", "encode", "ann", "keyword", "metadata"}
+    assert {s for s, mode in stages if mode == "cp"} == {"queue", "encode", "ann", "keyword", "fetch", "rerank", "metadata"}
     degraded = {(m["rerank"], m["reason"]): v for m, v in _samples(prom, "crossprobe_degraded_answers_total > 0")}
     assert degraded == {("cp", "features_missing"): 2.0}
 
