@@ -72,14 +72,14 @@ class Result:
         sk = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
         st = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages_s.items())
         rate = self.encoded / self.seconds if self.seconds else 0.0
+        ocr = (f"\nOCR failed on {self.extra['ocr_failed']} items: indexed, their words not (metadata text_error)"
+               if self.extra.get("ocr_failed") else "")
         was = (f"\nwas {self.extra['base']}: {self.extra['base_count']} items, {self.extra['lost']} lost "
                f"(old version kept until `crossprobe index gc {self.name}`)") if self.kind == "reindex" else ""
         return (f"{self.kind} {self.name}/{self.version}: {self.count} items active ({self.factory}); "
                 f"encoded {self.encoded} in {self.seconds:.1f}s ({rate:.1f} img/s), "
                 f"{self.reused_batches} batches reused from an interrupted run\n"
-                f"skipped: {sk}   (details: {self.report}){was}\nstages: {st}")
-
-
+                f"skipped: {sk}   (details: {self.report}){was}{ocr}\nstages: {st}")
 
 
 def build(name: str, images: Path | None = None, manifest: Path | None = None, settings: IndexerSettings | None = None,
@@ -116,7 +116,7 @@ def reindex(name: str, settings: IndexerSettings | None = None, ckpt: Path | Non
                 quantization=quantization, log=log)
 
 
-_CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost")
+_CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost", "ocr_failed")
 
 
 def dims_of(manifest: dict) -> Dims:
@@ -474,6 +474,8 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
                              lambda part: [json.loads(m) if m else None for m in store.metadata(name, version, part)],
                              job.settings.redis_batch, store.version_dir(name, base) if based else None,
                              (set(new_ids) | set(del_ids or ())) if based else ())
+        if job.settings.ocr:
+            extra["ocr_failed"] = text["ocr_failed"]  # in report.json's counts and the job's summary
     done = report.write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": job.fingerprint,
@@ -483,7 +485,8 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
         "layout": job.layout.header(),
         "keys": store.layout(name, version, spec["key_buckets"]).manifest(store.active_key(name)),
         "source": job.source, "skipped": done["counts"]["skipped"],
-        "text": {"dir": keyword.DIR, "items": text["indexed"], "fields": list(keyword.FIELDS)},
+        "text": {"dir": keyword.DIR, "items": text["indexed"], "fields": list(keyword.FIELDS),
+                 "ocr_failed": text["ocr_failed"]},  # items this job indexed whose OCR failed (metadata text_error)
         # delete reads no photo: the base's OCR setting stays the index's
         "ocr": bool(job.settings.ocr) if kind != "delete" else bool((store.read_manifest(name, base) or {}).get("ocr")),
     }

@@ -158,7 +158,8 @@ def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | N
     minus `drop` plus `ids`. metas(ids) reads their metadata (chunks of `chunk`). Written under a temporary
     name and renamed, so the folder is whole or absent; a rerun after a kill writes it again. The caller passes
     base only when the base has a keyword index (a base from before them: write every id).
-    -> {"indexed": items in the index, "inserted", "deleted"}"""
+    -> {"indexed": items in the index, "inserted", "deleted", "ocr_failed": inserted items whose OCR failed
+    (their metadata's "text_error": the item is indexed, its words are not)}"""
     import tantivy
 
     path, tmp = vdir / DIR, vdir / (DIR + ".tmp")
@@ -177,10 +178,11 @@ def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | N
             if held.search(tantivy.Query.term_query(index.schema, "id", item_id), 1).count:
                 writer.delete_documents_by_term("id", item_id)
                 deleted += 1
-    inserted = 0
+    inserted = ocr_failed = 0
     for i in range(0, len(ids), chunk):
         part = ids[i:i + chunk]
         for item_id, meta in zip(part, metas(part)):
+            ocr_failed += bool(isinstance(meta, dict) and meta.get("text_error"))
             doc = document(meta)
             if doc is None or not any(doc.values()):
                 continue
@@ -194,7 +196,7 @@ def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | N
     indexed = index.searcher().num_docs
     _fsync_tree(tmp)
     os.replace(tmp, path)
-    return {"indexed": indexed, "inserted": inserted, "deleted": deleted}
+    return {"indexed": indexed, "inserted": inserted, "deleted": deleted, "ocr_failed": ocr_failed}
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -129,3 +129,22 @@ def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt
     _, metas, vdir = _meta(settings, "o")
     assert "text" not in metas["third.jpg"] and "BAKERY" in metas["first.jpg"]["text"].upper()  # kept items keep theirs
     assert json.loads((vdir / "manifest.json").read_text())["ocr"] is False
+
+
+def test_an_item_whose_ocr_fails_is_indexed_and_counted(settings, ckpt, tmp_path, monkeypatch):
+    sign(tmp_path / "p" / "good.jpg", "BAKERY")
+    sign(tmp_path / "p" / "bad.jpg", "MUSEUM")
+    real = ocr._pixels
+
+    def pixels(path: str):
+        if path.endswith("bad.jpg"):
+            raise OSError("simulated: the file went away between decode and OCR")
+        return real(path)
+    monkeypatch.setattr(ocr, "_pixels", pixels)
+    res = build("f", images=tmp_path / "p", settings=settings.model_copy(update={"ocr": True}), ckpt=ckpt,
+                log=lambda *_: None)
+    assert res.count == 2 and res.extra["ocr_failed"] == 1 and "OCR failed on 1 items" in res.summary()
+    _, metas, vdir = _meta(settings, "f")
+    assert "simulated" in metas["bad.jpg"]["text_error"] and "BAKERY" in metas["good.jpg"]["text"].upper()
+    report = json.loads((vdir / "report.json").read_text())
+    assert report["counts"]["ocr_failed"] == 1

@@ -97,7 +97,7 @@ def test_derived_index_applies_deletes_and_inserts_and_leaves_the_base_alone(tmp
     before = {p.name: p.read_bytes() for p in (base / keyword.DIR).iterdir()}
     more = {"e": {"uri": "/p/e.jpg", "caption": "a red bicycle"}, "a": {"uri": "/p/a2.jpg", "caption": "a horse"}}
     stats = keyword.write(new, list(more), lambda part: [more[i] for i in part], base=base, drop={"a", "b"})
-    assert stats == {"indexed": 4, "inserted": 2, "deleted": 2}
+    assert stats == {"indexed": 4, "inserted": 2, "deleted": 2, "ocr_failed": 0}
     ix = keyword.KeywordIndex(new / keyword.DIR)
     assert _ids(ix.search(keyword.parse("bicycle"), 10)) == ["e"]
     assert _ids(ix.search(keyword.parse("horse"), 10)) == ["a"]  # a replaced item: its new text only
