@@ -199,8 +199,8 @@ def test_indexer_job_indexes_the_mounted_photos_and_the_api_serves_them(stack):
 def test_search_finds_the_expected_photos_as_the_host_does(stack, host_service):
     got, host, same = 0, 0, 0
     for q, want in EXPECTED.items():
-        c = search(q, k=3)
-        h = search(q, base=host_service, k=3)
+        c = search(q, k=3, mode="vector")  # the model's count, as make demo's (the photos are named by subject)
+        h = search(q, base=host_service, k=3, mode="vector")
         assert c.status_code == 200 and h.status_code == 200, c.text
         top_c, top_h = c.json()["results"][0]["id"], h.json()["results"][0]["id"]
         got += top_c.startswith(want + ".")
@@ -210,6 +210,18 @@ def test_search_finds_the_expected_photos_as_the_host_does(stack, host_service):
                                        "same_first_as_host": same,
                                        "queries": "crossprobe.models.demo.EXPECTED (make demo's 16)"}
     assert same == len(EXPECTED) and got == host  # the container answers as the host does
+
+
+def test_words_search_in_the_container(stack):
+    """The indexer container writes each version's keyword index, and the api serves it: a file name by keyword
+    alone, and hybrid as the default mode."""
+    k = search("coffee", k=3, mode="keyword")
+    h = search("a cup of coffee", k=3)
+    assert k.status_code == 200 and h.status_code == 200, (k.text, h.text)
+    assert [x["id"] for x in k.json()["results"]] == ["coffee.jpg"]
+    assert h.json()["mode"] == "hybrid" and h.json()["results"][0]["id"] == "coffee.jpg"
+    RESULT["keyword_search"] = {"keyword_first": k.json()["results"][0]["id"], "hybrid_mode": h.json()["mode"],
+                                "keyword_stage_ms": h.json()["timings_ms"].get("keyword")}
 
 
 def test_page_and_thumbnail_load(stack):
