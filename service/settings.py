@@ -106,8 +106,8 @@ class Settings(StorageSettings):
     # rank), c the share of the query's words the match holds. K, w, p: chosen on the dev sets
     # (docs/research/text_search.md)
     hybrid_candidates: int = Field(20, ge=1, le=MAX_SHORTLIST)
-    hybrid_k: float = Field(20.0, gt=0)
-    hybrid_weight: float = Field(1.0, ge=0)
+    hybrid_k: float = Field(20.0, gt=0)  # K: larger flattens the rank differences within each order
+    hybrid_weight: float = Field(1.0, ge=0)  # w: the keyword order's weight against the vector order's (1)
     hybrid_coverage_power: float = Field(2.0, ge=0)  # p: a keyword match counts w * coverage ** p
 
     # -- batching and overload ---------------------------------------------------
