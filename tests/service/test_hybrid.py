@@ -143,3 +143,41 @@ def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, sv
             assert r.status_code == 422 and "no usable keyword index" in r.text
     finally:
         shutil.move(tmp_path / keyword.DIR, vdir / keyword.DIR)
+
+
+# ---- the fusion and the mode rules, alone (service/hybrid.py) ---------------------------------------------------
+def test_fuse_puts_a_full_keyword_match_first_and_weighs_partial_ones_down():
+    import numpy as np
+
+    from crossprobe.indexer.storage.keyword import parse
+    from crossprobe.service.hybrid import KeywordOutcome, fuse
+
+    ids = ["a", "b", "c", "d"]
+    final = np.asarray([4.0, 3.0, 2.0, 1.0])  # the reranker's order: a b c d
+    ranked = np.argsort(-final)
+    full = KeywordOutcome(parse("zebra"), [("d", 5.0)], {"d": 1.0})
+    order, is_kw = fuse(final, ranked, ids, full, k=20, weight=1.0, power=2.0)
+    assert [ids[i] for i in order] == ["d", "a", "b", "c"] and is_kw.tolist() == [False, False, False, True]
+    # the same match holding a third of the query's words: (1/3)^2 of the weight, a nudge (past the next two,
+    # 1/24 + 1/189 > 1/22), not the top
+    part = KeywordOutcome(parse("zebra crossing sign"), [("d", 5.0)], {"d": 1 / 3})
+    order, _ = fuse(final, ranked, ids, part, k=20, weight=1.0, power=2.0)
+    assert [ids[i] for i in order] == ["a", "d", "b", "c"]
+    # ... while a second-ranked vector candidate holding it all passes the first
+    order, _ = fuse(final, ranked, ids, KeywordOutcome(parse("x"), [("b", 1.0)], {"b": 1.0}), 20, 1.0, 2.0)
+    assert [ids[i] for i in order][:2] == ["b", "a"]
+
+
+def test_resolve_says_which_mode_runs():
+    from crossprobe.service.exceptions import InvalidRequest
+    from crossprobe.service.hybrid import resolve
+
+    assert resolve(None, True, True) == ("hybrid", None)
+    assert resolve(None, False, True) == ("vector", None)  # an image query: nothing to look up
+    assert resolve(None, True, False) == ("vector", None)  # a version from before keyword indexes
+    assert resolve("vector", True, True) == ("vector", None)
+    mode, why = resolve("hybrid", True, False)
+    assert mode == "vector" and "no usable keyword index" in why
+    for has_text, has_index in ((False, True), (True, False)):
+        with pytest.raises(InvalidRequest):
+            resolve("keyword", has_text, has_index)
