@@ -114,7 +114,7 @@ def plan_resources(settings: IndexerSettings, cluster: dict) -> dict:
     IndexerSettings.ray_actors says; fractions are fine: Ray only counts them). Never more than the cluster has: a
     pool that cannot be placed would wait for ever."""
     cpus, gpus = max(1.0, float(cluster.get("CPU", 1))), int(cluster.get("GPU", 0))
-    decoders = min(max(1, settings.workers, int(cpus) // 4), max(1, int(cpus) // 2))
+    decoders = min(max(1, settings.decode_workers, int(cpus) // 4), max(1, int(cpus) // 2))
     dec_cpu = 1.0 if cpus >= 2 else 0.5
     left = cpus - decoders * dec_cpu
     if gpus:

@@ -405,7 +405,7 @@ def _encode_here(items: list[Item], todo: list[int], job: Job, write: Callable[[
                 values = codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels)
         write(EncodedBatch(b, dec.rows, dec.meta, dec.skips, values, g))
 
-    run_overlapped(todo, produce, consume, settings.workers, times)
+    run_overlapped(todo, produce, consume, settings.decode_workers, times)
 
 
 def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:
