@@ -30,8 +30,8 @@ class IndexerSettings(StorageSettings):
     max_pixels: int = Field(100_000_000, ge=1)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
-    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR, which runs in them (44.7 against 35.5
-    # images/s with OCR on two cores; without OCR 1 and 2 are level: docs/research/text_search.md)
+    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR, which runs in them (2 are faster with OCR
+    # and level without it on two cores: docs/research/text_search.md)
     workers: int | None = Field(None, ge=1, le=8)
 
     @property
