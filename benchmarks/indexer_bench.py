@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--compare-head", action="store_true", help="also time the head: PyTorch vs ONNX Runtime (100 images)")
     ap.add_argument("--ocr", action="store_true", help="each workers setting without and with index-time OCR "
                     "-> text_search.json (indexer.md untouched)")
+    ap.add_argument("--out-key", default="indexing", help="with --ocr: the key of text_search.json written")
     args = ap.parse_args()
 
     folder = dataset_root() / "images"
@@ -176,9 +177,10 @@ def main() -> None:
     if args.ocr:
         out = args.docs / "results" / "text_search.json"
         result = json.loads(out.read_text()) if out.exists() else {}
-        result["indexing"] = {k: v for k, v in res.items() if k not in ("elapsed_s", "stages_s")}
+        res["ocr_gate_side"] = IndexerSettings().ocr_gate_side  # CROSSPROBE_INDEX_OCR_GATE_SIDE (0: no gate)
+        result[args.out_key] = {k: v for k, v in res.items() if k not in ("elapsed_s", "stages_s")}
         out.write_text(json.dumps(result, indent=1))
-        print(json.dumps(result["indexing"], indent=1))
+        print(json.dumps(result[args.out_key], indent=1))
         return
     write(res, args.docs)
 

@@ -55,7 +55,7 @@ class Reader:
 
             full = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1)
             gate = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1,
-                            det_limit_side_len=self.gate_side, det_limit_type="max")
+                            det_limit_side_len=self.gate_side, det_limit_type="max") if self.gate_side else None
             eng = self._local.engines = (gate, full)
         return eng
 
@@ -65,9 +65,10 @@ class Reader:
         try:
             bgr = _pixels(path)
             gate, full = self._engines()
-            boxes, _ = gate(bgr, use_det=True, use_cls=False, use_rec=False)
-            if not boxes:
-                return {}
+            if gate is not None:  # gate_side 0: every photo is read in full
+                boxes, _ = gate(bgr, use_det=True, use_cls=False, use_rec=False)
+                if not boxes:
+                    return {}
             result, _ = full(bgr)
             words = " ".join(r[1] for r in result or [] if float(r[2]) >= MIN_SCORE and r[1].strip())
             return {"text": words[:MAX_CHARS]} if words else {}

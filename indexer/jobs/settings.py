@@ -52,7 +52,9 @@ class IndexerSettings(StorageSettings):
     # as the version a job starts from was built (add, reindex, watch keep an index's OCR on), else off; off by
     # default because it costs indexing speed (docs/research/text_search.md)
     ocr: bool | None = None
-    ocr_gate_side: int = Field(480, ge=64, le=2048)  # the text detector's input (longer side) deciding who is read
+    # the text detector's input (longer side) deciding which photos are read in full; 0: no gate, every photo is
+    # read (more words found, slower: docs/research/text_search.md)
+    ocr_gate_side: int = Field(480, ge=0, le=2048)
 
     # -- ANN backend (storage/ann/): where NEW versions keep their vectors' index -----------------------------
     # faiss: index.faiss in the version directory, searched in the service's process; milvus: a collection per

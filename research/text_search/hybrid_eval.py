@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -116,13 +117,17 @@ def main() -> None:
     ap.add_argument("--split", choices=("dev", "test"), required=True)
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/text_search"))
     ap.add_argument("--f8k-captions", type=int, default=None, help="first N ordinary captions (dev default 1000)")
+    ap.add_argument("--text-only", action="store_true", help="the text-in-image set alone, served with the chosen "
+                    "K, w, p (e.g. OCR without its gate: CROSSPROBE_INDEX_OCR_GATE_SIDE=0, another --workdir)")
+    ap.add_argument("--out-key", default=None, help="the key of text_search.json written (default hybrid_<split>)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     ds = Flickr8k.load()
     limit = args.f8k_captions or (1000 if args.split == "dev" else None)
-    sets = {f"text-{args.split}": text_set(ds, args.split, args.workdir),
-            f"f8k-{args.split}": ordinary(ds, args.split, args.workdir, limit)}
-    if args.split == "dev":
+    sets = {f"text-{args.split}": text_set(ds, args.split, args.workdir)}
+    if not args.text_only:
+        sets[f"f8k-{args.split}"] = ordinary(ds, args.split, args.workdir, limit)
+    if args.split == "dev" and not args.text_only:
         ood = dev_sets(ds, args.workdir, None)["ood-dev"]
         sets["ood-dev"] = {"manifest": ood["manifest"], "images": ood["images"],
                            "queries": [(t, "caption", {g}, g, []) for t, g in ood["pairs"]]}
@@ -137,7 +142,8 @@ def main() -> None:
     chosen = {"K": 60.0, "w": 1.0, "p": 2.0, **result.get("hybrid_dev", {}).get("chosen", {})}
     # dev: every keyword match first (a weight no vector rank outweighs, coverage ignored), then the union's
     # rest by the reranker: k 100 then holds every match and every item that can come first under any (K, w, p)
-    weight, power = (1e6, 0.0) if args.split == "dev" else (chosen["w"], chosen["p"])
+    grid = args.split == "dev" and not args.text_only  # dev: the answers every (K, w, p) can be fused from
+    weight, power = (1e6, 0.0) if grid else (chosen["w"], chosen["p"])
     settings = Settings(index_root=root, port=0, indexes=",".join(sets), access_log=False, log_level="warning",
                         hybrid_weight=weight, hybrid_k=chosen["K"], hybrid_coverage_power=power)
     per: dict = {}
@@ -155,22 +161,23 @@ def main() -> None:
                 row = {"kind": kind, "right": sorted(right),
                        "indexed": all(w.upper().replace(" ", "") in read for w in words) if words else None}
                 for mode in ("vector", "keyword", "hybrid"):
-                    k = 100 if (mode == "hybrid" and args.split == "dev") else 10
+                    k = 100 if (mode == "hybrid" and grid) else 10
                     try:
                         res = ask(client, name, text, mode, k)["results"]
                     except httpx.HTTPStatusError as e:  # keyword mode, a caption of stop words only: 422
                         res = [] if e.response.status_code == 422 else None
                     row[mode] = [h["id"] for h in res]
-                    if mode == "hybrid" and args.split == "dev":
+                    if mode == "hybrid" and grid:
                         row["union"] = [{"id": h["id"], "score": h["score"],
                                          "scores": {k: h["scores"][k] for k in ("keyword", "keyword_coverage")}}
                                         for h in res]
                 rows.append(row)
             print(f"{name}: {len(rows)} queries", flush=True)
     (args.workdir / f"rows-{args.split}.json").write_text(json.dumps(per))  # every query's answers, to re-read
-    report = summarise(per, args.split, chosen)
-    result[f"hybrid_{args.split}"] = report
-    result[f"hybrid_{args.split}"].update(command=f"python -m research.text_search.hybrid_eval --split {args.split}",
+    report = summarise(per, "dev" if grid else "test", chosen)
+    key = args.out_key or f"hybrid_{args.split}"
+    result[key] = report
+    result[key].update(ocr_gate_side=ixs.ocr_gate_side, command="python -m research.text_search.hybrid_eval " + " ".join(sys.argv[1:]),
                                           machine=machine(), data={n: {"images": s["images"],
                                                                        "queries": len(s["queries"])}
                                                                    for n, s in sets.items()})
