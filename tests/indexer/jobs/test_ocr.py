@@ -148,3 +148,9 @@ def test_an_item_whose_ocr_fails_is_indexed_and_counted(settings, ckpt, tmp_path
     assert "simulated" in metas["bad.jpg"]["text_error"] and "BAKERY" in metas["good.jpg"]["text"].upper()
     report = json.loads((vdir / "report.json").read_text())
     assert report["counts"]["ocr_failed"] == 1
+
+
+def test_without_the_gate_every_photo_is_read(tmp_path):
+    r = ocr.Reader(gate_side=0)
+    assert "GARAGE" in r.read(str(sign(tmp_path / "g.jpg", "GARAGE")))["text"].upper()
+    assert r._engines()[0] is None  # no detector pass first
