@@ -225,7 +225,8 @@ def watch_cmd(
 
 @index_app.command("list")
 def list_cmd(name: str = typer.Argument(None), root: Path = _ROOT):
-    """Versions of every index (or one): state, items, model fingerprint, factory."""
+    """Versions of every index (or one): state, items, model fingerprint, factory, keyword index (words: names,
+    captions, tags; words+ocr: and the text read in the photos; -: none, a version from before them)."""
     from crossprobe.indexer.storage.redis_conn import connect
     from crossprobe.indexer.storage.store import Store
 
@@ -234,7 +235,7 @@ def list_cmd(name: str = typer.Argument(None), root: Path = _ROOT):
     for n in [name] if name else store.names():
         for v in store.versions(n):
             typer.echo(f"{n:<20} {v.version:<24} {v.state:<9} {v.count if v.count is not None else '-':>9} "
-                       f"{v.fingerprint or '-':<17} {v.factory or '-':<14} {v.created or ''}")
+                       f"{v.fingerprint or '-':<17} {v.factory or '-':<14} {v.words or '-':<9} {v.created or ''}")
 
 
 @index_app.command("activate")

@@ -123,6 +123,7 @@ class VersionInfo:
     fingerprint: str | None
     factory: str | None
     created: str | None
+    words: str | None = None  # the keyword index: "words" (names, captions, tags), "words+ocr", or None (none)
 
 
 class Store:
@@ -262,8 +263,9 @@ class Store:
                 state = "complete"
             else:
                 state = "building" if v in on_disk and self._locked(name, v) else "abandoned"
+            words = None if not (m and m.get("text")) else "words+ocr" if m.get("ocr") else "words"
             out.append(VersionInfo(name, v, state, m and m["count"], m and m["fingerprint"], m and m["factory"],
-                                   m and m["created"]))
+                                   m and m["created"], words))
         return out
 
     def activate(self, name: str, version: str, expect: str | None = None, check_expect: bool = False) -> None:

@@ -82,6 +82,7 @@ def test_cli_list_activate_delete_gc(settings, env, gallery, ckpt, bert):
     assert v2 != v1 and len(open_index("cli", None, settings)) == 10
     out = runner.invoke(app, ["index", "list", "cli"], env=env)
     assert out.exit_code == 0 and v1 in out.output and "active" in out.output and "complete" in out.output
+    assert all(" words " in line for line in out.output.splitlines() if line.strip())  # keyword index, no OCR
     out = runner.invoke(app, ["index", "activate", "cli", v1], env=env)  # roll back: one SET
     assert out.exit_code == 0 and st.active("cli") == v1 and len(open_index("cli", None, settings)) == 12
     out = runner.invoke(app, ["index", "gc", "cli"], env=env)

@@ -125,6 +125,8 @@ def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt
     _, metas, vdir = _meta(settings, "o")
     assert "MUSEUM" in metas["second.jpg"]["text"].upper()
     assert json.loads((vdir / "manifest.json").read_text())["ocr"] is True
+    st = Store(settings, connect(settings))
+    assert {v.words for v in st.versions("o")} == {"words+ocr"}  # what `crossprobe index list` shows
     add("o", images=tmp_path / "c", settings=settings.model_copy(update={"ocr": False}), ckpt=ckpt, log=lambda *_: None)
     _, metas, vdir = _meta(settings, "o")
     assert "text" not in metas["third.jpg"] and "BAKERY" in metas["first.jpg"]["text"].upper()  # kept items keep theirs
