@@ -36,6 +36,7 @@ class KeywordOutcome:
     query: keyword.KeywordQuery
     hits: list[tuple[str, float]] = field(default_factory=list)  # (id, BM25 score), best first
     coverage: dict[str, float] = field(default_factory=dict)  # id -> the share of the query's words it holds
+    docs: dict[str, dict] = field(default_factory=dict)  # id -> its stored fields (read once: coverage, highlights)
     error: str | None = None  # the keyword index could not answer (the search goes on without it: degraded)
 
     @property
@@ -82,7 +83,9 @@ def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Cal
         return KeywordOutcome(q)
     try:
         hits = index.search(q, limit, allow)
-        return KeywordOutcome(q, hits, index.coverage(q, [i for i, _ in hits]))
+        ids = [i for i, _ in hits]
+        docs = index.documents(ids)
+        return KeywordOutcome(q, hits, index.coverage(q, ids, docs), docs)
     except (OSError, ValueError, RuntimeError) as e:  # a damaged index, a disk error: the vectors still answer, and say so
         log.warning("keyword index %s failed: %s: %s", index.path, type(e).__name__, e)
         return KeywordOutcome(q, error=f"{type(e).__name__}: {e}")
@@ -117,7 +120,7 @@ def highlights(index: keyword.KeywordIndex | None, kw: KeywordOutcome | None, id
         return {}
     hit = kw.scores
     try:
-        found = index.highlights(kw.query, [i for i in ids if i in hit])
+        found = index.highlights(kw.query, [i for i in ids if i in hit], kw.docs)
     except (OSError, ValueError, RuntimeError) as e:  # the results stand without their marks
         log.warning("keyword highlights from %s failed: %s: %s", index.path, type(e).__name__, e)
         return {}

@@ -66,10 +66,6 @@ WORD = re.compile(r"\w", re.UNICODE)
 TOKEN = re.compile(r"[^\W_]+", re.UNICODE)  # the analyzer's tokens: runs of letters and digits
 
 
-class NoKeywords(ValueError):
-    """A keyword-only search whose query keeps no word after stop words and punctuation are dropped."""
-
-
 @dataclass
 class KeywordQuery:
     words: list[str] = field(default_factory=list)  # optional words (ORed)
@@ -282,14 +278,14 @@ class KeywordIndex:
         docs = [self._stored(addr) for _, addr in res.hits]
         return {d["id"]: d for d in docs}
 
-    def coverage(self, q: KeywordQuery, ids: list[str]) -> dict[str, float]:
+    def coverage(self, q: KeywordQuery, ids: list[str], docs: dict[str, dict] | None = None) -> dict[str, float]:
         """The share of q's words each of ids holds, 0..1 (1: all of them). A query with quoted phrases: 1 for
         every match, which holds every phrase by construction: the user said what must be there. Hybrid search
         weighs a keyword match by it (service/hybrid.py): a caption query whose one word sits in some photo's
-        text is not a match of the query."""
+        text is not a match of the query. docs: their stored fields, when the caller has read them already."""
         if not ids or q.phrases or not q.words:
             return {i: 1.0 for i in ids}
-        docs = self.documents(ids)
+        docs = self.documents(ids) if docs is None else docs
         out = {}
         for i in ids:
             d = docs.get(i, {})
@@ -297,12 +293,14 @@ class KeywordIndex:
             out[i] = held / len(q.words)
         return out
 
-    def highlights(self, q: KeywordQuery, ids: list[str]) -> dict[str, list[Highlight]]:
-        """For each of ids that q matches: the fields holding a matched word, with the words' offsets."""
+    def highlights(self, q: KeywordQuery, ids: list[str], docs: dict[str, dict] | None = None) -> dict[str, list[Highlight]]:
+        """For each of ids that q matches: the fields holding a matched word, with the words' offsets. docs: their
+        stored fields, when the caller has read them already."""
         if q.empty or not ids:
             return {}
         out: dict[str, list[Highlight]] = {}
-        for i, d in self.documents(ids).items():
+        docs = self.documents(ids) if docs is None else {i: docs[i] for i in ids if i in docs}
+        for i, d in docs.items():
             hs = []
             for f in FIELDS:
                 spans = _merge([s for t in q.terms for s in _find(t, f, d.get(f, ""))])

@@ -42,6 +42,8 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.metrics import paired_bootstrap
 from crossprobe.models.evaluation.report import machine
+from crossprobe.indexer.storage.keyword import KeywordQuery
+from crossprobe.service import hybrid
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
 from research.calibration.fit import dev_sets
@@ -97,19 +99,18 @@ def ask(client: httpx.Client, index: str, text: str, mode: str, k: int) -> dict:
 
 
 def fused_top(res: list[dict], k: float, w: float, p: float) -> str | None:
-    """service/hybrid.py's fuse, offline, over a dev answer: every keyword match first, then the rest of the
-    union by the reranker; each with its reranker score (the vector order) and keyword score and coverage."""
+    """service/hybrid.py's fuse, offline, over a dev answer (every keyword match first, then the rest of the
+    union by the reranker): the first result under (K, w, p)."""
     if not res:
         return None
-    kw = sorted((i for i, h in enumerate(res) if h["scores"]["keyword"] is not None),
-                key=lambda i: -res[i]["scores"]["keyword"])
-    vector_rank = np.empty(len(res), np.int64)
-    vector_rank[np.argsort([-h["score"] for h in res], kind="stable")] = np.arange(len(res))
-    fused = 1.0 / (k + 1 + vector_rank)
-    for r, i in enumerate(kw):
-        fused[i] += w * res[i]["scores"]["keyword_coverage"] ** p / (k + 1 + r)
-    best = np.lexsort((vector_rank, -fused))[0]  # of equals, the better vector rank
-    return res[int(best)]["id"]
+    ids = [h["id"] for h in res]
+    final = np.asarray([h["score"] for h in res])
+    matched = [h for h in res if h["scores"]["keyword"] is not None]
+    kw = hybrid.KeywordOutcome(KeywordQuery(), [(h["id"], h["scores"]["keyword"]) for h in
+                                                sorted(matched, key=lambda h: -h["scores"]["keyword"])],
+                               {h["id"]: h["scores"]["keyword_coverage"] for h in matched})
+    order, _ = hybrid.fuse(final, np.argsort(-final, kind="stable"), ids, kw, k, w, p)
+    return ids[int(order[0])]
 
 
 def main() -> None:
