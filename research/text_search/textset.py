@@ -7,7 +7,8 @@ perspective warp, blurred a little and pasted at 20-50% of the photo's width. Th
 the split are left as they are: the negatives a text gate must reject. Ground truth: the words drawn on each.
 
     python -m research.text_search.textset --split dev --n 200 --out artifacts/textset/dev
-        -> <out>/images/*.jpg, <out>/truth.json ({image: [words]}, negatives with [])
+        -> <out>/images/*.jpg, <out>/truth.json ({image: [words]}, negatives with []),
+           <out>/boxes.json ({image: [x, y, w, h, photo w, photo h]} of each patch: where the text is)
 
 Photos and derived images stay under artifacts/ (research use only; never in the repository).
 """
@@ -95,7 +96,7 @@ def make(split: str, n: int, out: Path, seed: int = 0) -> dict:
     rows = ds.splits[split][:]
     rng.shuffle(rows)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    truth = {}
+    truth, boxes = {}, {}
     for k, row in enumerate(rows[: 2 * n]):
         photo = Image.open(ds.image_path(row)).convert("RGB")
         name = f"{'t' if k < n else 'n'}{k:04d}_{ds.images[row]}"
@@ -109,9 +110,11 @@ def make(split: str, n: int, out: Path, seed: int = 0) -> dict:
             x = rng.randint(0, max(0, photo.width - p.width))
             y = rng.randint(0, max(0, photo.height - p.height))
             photo.paste(p, (x, y), p)
+            boxes[name] = [x, y, p.width, p.height, photo.width, photo.height]
         photo.save(out / "images" / name, quality=90)
         truth[name] = words
     (out / "truth.json").write_text(json.dumps(truth, indent=1))
+    (out / "boxes.json").write_text(json.dumps(boxes))
     return truth
 
 
