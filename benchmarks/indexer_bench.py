@@ -152,7 +152,9 @@ def main() -> None:
             if args.ocr:
                 rd = open_index(f"flickr8k-w{w}", None, s)
                 metas = rd.metadata(rd.ids)
-                res["images_per_s"][f"workers {w}, ocr {'on' if ocr else 'off'}"] = round(r.encoded / (r.seconds - load), 2)
+                label = f"workers {w}, ocr {'on' if ocr else 'off'}"
+                res["images_per_s"][label] = round(r.encoded / (r.seconds - load), 2)
+                res.setdefault("stage_seconds", {})[label] = {k: round(v, 2) for k, v in r.stages_s.items()}
                 if ocr:
                     res[f"with_text_workers_{w}"] = sum(bool(m and m.get("text")) for m in metas)
                     res[f"ocr_errors_workers_{w}"] = sum(bool(m and m.get("text_error")) for m in metas)
@@ -177,7 +179,7 @@ def main() -> None:
     if args.ocr:
         out = args.docs / "results" / "text_search.json"
         result = json.loads(out.read_text()) if out.exists() else {}
-        res["ocr_gate_side"] = IndexerSettings().ocr_gate_side  # CROSSPROBE_INDEX_OCR_GATE_SIDE (0: no gate)
+        res["ocr_gate_threshold"] = IndexerSettings().ocr_gate_threshold  # CROSSPROBE_INDEX_OCR_GATE_THRESHOLD (None: the trained one; 0: no gate)
         result[args.out_key] = {k: v for k, v in res.items() if k not in ("elapsed_s", "stages_s")}
         out.write_text(json.dumps(result, indent=1))
         print(json.dumps(result[args.out_key], indent=1))

@@ -18,7 +18,7 @@ _ROOT = typer.Option(None, help="index root directory (default: indexes/, env CR
 _ENGINE = typer.Option(None, help="single | ray: who decodes and encodes (default single: this process; ray: Ray "
                        "Data with an actor pool of encoders, on RAY_ADDRESS or a local Ray; env CROSSPROBE_INDEX_ENGINE)")
 _OCR = typer.Option(None, "--ocr/--no-ocr", help="read the words in each photo (OCR) into its searchable text; "
-                    "indexing runs at about 40% of its speed without it (default: CROSSPROBE_INDEX_OCR; unset: as the "
+                    "it costs indexing about 15% of its speed (default: CROSSPROBE_INDEX_OCR; unset: as the "
                     "index was built, else off)")
 _CKPT = typer.Option(None, envvar="CROSSPROBE_CKPT", show_envvar=True,
                      help="checkpoint directory (default: the committed one)")

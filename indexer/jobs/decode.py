@@ -122,9 +122,8 @@ def _broken(e: Exception) -> str:
     return "truncated" if cut else "corrupt"
 
 
-def decode_batch(items: list[Item], start: int, max_pixels: int, ocr=None) -> Decoded:
-    """Decode items (which sit at positions start.. in the build's list). ocr: an ocr.Reader (index-time OCR
-    on): each decoded item's words join its metadata as "text" (ocr.py)."""
+def decode_batch(items: list[Item], start: int, max_pixels: int) -> Decoded:
+    """Decode items (which sit at positions start.. in the build's list)."""
     rows, pix, meta, skips = [], [], [], []
     for i, it in enumerate(items):
         r = decode_one(it, max_pixels)
@@ -133,6 +132,6 @@ def decode_batch(items: list[Item], start: int, max_pixels: int, ocr=None) -> De
         else:
             rows.append(start + i)
             pix.append(r[0])
-            meta.append({**r[1], **ocr.read(it.uri)} if ocr is not None else r[1])
+            meta.append(r[1])
     pixels = np.stack(pix) if pix else np.zeros((0, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
     return Decoded(rows, pixels, meta, skips)

@@ -61,7 +61,10 @@ class Encoder:
         self.settings = settings
         models = settings.models
         models.mkdir(parents=True, exist_ok=True)
-        self._backbone = image_backbone_session(models, threads=settings.threads)
+        # with OCR on, an OCR thread shares the cores: ONNX Runtime's spinning workers would take them from it
+        # while they wait (117 against 96 images/s with OCR on: docs/research/text_search.md)
+        spin = False if settings.ocr else None
+        self._backbone = image_backbone_session(models, threads=settings.threads, spinning=spin)
         self._torch = None
         self._head = None
         head_path = models / self.fingerprint / "image_tower.onnx"
@@ -79,7 +82,7 @@ class Encoder:
             else:
                 ensure_graphs(models, ["image_tower"], model=model, fingerprint=self.fingerprint)
         if self._torch is None:
-            self._head = session(head_path, threads=settings.threads)
+            self._head = session(head_path, threads=settings.threads, spinning=spin)
 
     def backbone(self, pixels: np.ndarray) -> np.ndarray:
         """(B, 3, 224, 224) float32 -> (B, 49, 1280) float32."""

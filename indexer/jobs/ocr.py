@@ -1,13 +1,15 @@
-"""Words in images at index time (CROSSPROBE_INDEX_OCR=true): rapidocr-onnxruntime behind a detector gate.
+"""Words in images at index time (CROSSPROBE_INDEX_OCR=true): rapidocr-onnxruntime where the text gate sees writing.
 
 Why rapidocr: on a text-in-image set it read four times the words tesseract read, with a third of the spurious
-words, at about 220 ms a photo on one thread (docs/research/text_search.md). Its PP-OCRv4 ONNX models ship in
+words, at about 200 ms a photo on one thread (docs/research/text_search.md). Its PP-OCRv4 ONNX models ship in
 its wheel: nothing is downloaded.
 
 Why a gate: most photos carry no text, and full OCR of every photo would cut indexing to a few photos a second
-per core. The gate runs the text detector alone on the photo scaled to a longer side of `ocr_gate_side` (480 px:
-about 13 ms); only a photo where it finds a text box is read in full (detection at the engine's own 736 px, then
-recognition of each box). Its recall and cost: docs/research/text_search.md.
+per core. The gate is models/text_gate.py: a probe over the backbone grid the encoder has just computed, so it
+costs nothing; it says which photos hold writing and where. Only those photos are read, and only the part the
+gate points at (the passing cells, widened by a cell), at the scale full OCR would read the whole photo at: its
+shorter side enlarged to DET_SHORT_SIDE. Threshold 0 (CROSSPROBE_INDEX_OCR_GATE_THRESHOLD=0) reads every photo
+whole. Recall and cost against rapidocr's own detector as the gate: docs/research/text_search.md.
 
 What is kept: the recognised lines joined by spaces (at most MAX_CHARS characters: an image of a page with
 10,000 words keeps its first ones), as the item's metadata "text", which the keyword index holds
@@ -20,7 +22,7 @@ import logging
 import threading
 
 import numpy as np
-from PIL import ImageOps
+from PIL import Image, ImageOps
 
 from crossprobe.models import image_formats
 
@@ -28,6 +30,10 @@ log = logging.getLogger("crossprobe.indexer")
 
 MAX_CHARS = 2000
 MAX_SIDE = 1280  # the photo OCR sees: a 50 MP or 400 MP photo is scaled to this first (draft decoding for JPEG)
+# a smaller photo is enlarged so that its shorter side is this, for detection (rapidocr's own default is 736: on
+# the dev set's gated crops 600 reads as many words, a third faster; docs/research/text_search.md)
+DET_SHORT_SIDE = 600
+DET_MAX_SIDE = 2000  # and nothing the detector sees is longer than this (rapidocr's max_side_len)
 MIN_SCORE = 0.5  # recognition confidence below this: a texture read as letters, dropped
 
 
@@ -36,45 +42,60 @@ class OcrUnavailable(RuntimeError):
 
 
 class Reader:
-    """One engine per decode thread (the engines hold per-run state); the ONNX sessions release the GIL."""
+    """One engine per thread (the engines hold per-run state); the ONNX sessions release the GIL.
+    threshold: the text gate's (None: the trained one; 0: no gate, every photo read whole). threads: ONNX Runtime
+    intra-op threads of each engine (-1: its default, one per core, as the encoder's)."""
 
-    def __init__(self, gate_side: int = 480, threads: int = 1):
+    def __init__(self, threshold: float | None = None, threads: int = 1):
         try:
             import rapidocr_onnxruntime  # noqa: F401
         except ImportError as e:
             raise OcrUnavailable("CROSSPROBE_INDEX_OCR=true needs rapidocr-onnxruntime: "
                                  "pip install 'crossprobe[ocr]'") from e
-        self.gate_side, self.threads = gate_side, threads
+        from crossprobe.models.text_gate import TextGate
+
+        self.gate = TextGate.load(threshold=threshold) if threshold != 0 else None
+        self.threads = threads
         self._local = threading.local()
 
-    def _engines(self):
-        eng = getattr(self._local, "engines", None)
+    def _engine(self):
+        eng = getattr(self._local, "engine", None)
         if eng is None:
             _share_pool_when_shared()
             from rapidocr_onnxruntime import RapidOCR
 
-            full = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1)
-            gate = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1,
-                            det_limit_side_len=self.gate_side, det_limit_type="max") if self.gate_side else None
-            eng = self._local.engines = (gate, full)
+            # the caller scales the crop (_scaled): the detector takes it as it is, up to DET_MAX_SIDE
+            eng = self._local.engine = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1,
+                                                det_limit_side_len=DET_MAX_SIDE, det_limit_type="max")
         return eng
 
-    def read(self, path: str) -> dict:
-        """A decodable image file -> {"text": words} when the gate passes and words are read, {} when not,
-        {"text_error": why} when OCR fails."""
+    def passes(self, grid: np.ndarray) -> np.ndarray:
+        """(B, 49, 1280) backbone grid -> (B, 49) the gate's cell probabilities (all 1 without a gate)."""
+        return self.gate.cells(grid) if self.gate is not None else np.ones(grid.shape[:2], np.float32)
+
+    def read(self, path: str, cells: np.ndarray) -> dict:
+        """A decodable image file, its (49,) cell probabilities -> {"text": words} where the gate passes and words
+        are read, {} where not, {"text_error": why} where OCR fails."""
+        if self.gate is not None and float(cells.max()) < self.gate.cfg.threshold:
+            return {}  # most photos: nothing decoded again
         try:
-            bgr = _pixels(path)
-            gate, full = self._engines()
-            if gate is not None:  # gate_side 0: every photo is read in full
-                boxes, _ = gate(bgr, use_det=True, use_cls=False, use_rec=False)
-                if not boxes:
-                    return {}
-            result, _ = full(bgr)
+            img = _photo(path)
+            box = self.gate.crop(cells, *img.size) if self.gate is not None else (0, 0, *img.size)
+            # no angle classifier: it only turns lines read upside down, rare in photos (same words on dev, 5% faster)
+            result, _ = self._engine()(_scaled(img, box), use_cls=False)
             words = " ".join(r[1] for r in result or [] if float(r[2]) >= MIN_SCORE and r[1].strip())
             return {"text": words[:MAX_CHARS]} if words else {}
         except Exception as e:  # noqa: BLE001 - the item keeps its vectors; its text is what is lost, and said
             log.warning("OCR failed on %s: %s: %s", path, type(e).__name__, e)
             return {"text_error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def read_batch(reader: Reader | None, uris: list[str], grid: np.ndarray, meta: list[dict]) -> list[dict]:
+    """The decoded rows' metadata with each row's OCR result merged in (reader None: OCR off, unchanged)."""
+    if reader is None or not uris:
+        return meta
+    cells = reader.passes(grid)
+    return [{**m, **reader.read(u, c)} for u, c, m in zip(uris, cells, meta)]
 
 
 _patched = threading.Lock()
@@ -104,9 +125,20 @@ def _share_pool_when_shared() -> None:
         cls._crossprobe_shared = True
 
 
-def _pixels(path: str) -> np.ndarray:
-    """(h, w, 3) uint8 BGR (the engine's OpenCV order), longer side at most MAX_SIDE, EXIF orientation applied."""
+def _photo(path: str) -> Image.Image:
+    """The photo in RGB, longer side at most MAX_SIDE, EXIF orientation applied."""
     with image_formats.open_path(path, MAX_SIDE) as pic:
         img = ImageOps.exif_transpose(pic.image).convert("RGB")
-        img.thumbnail((MAX_SIDE, MAX_SIDE))
-        return np.ascontiguousarray(np.asarray(img)[:, :, ::-1])
+    img.thumbnail((MAX_SIDE, MAX_SIDE))
+    return img
+
+
+def _scaled(img: Image.Image, box: tuple[int, int, int, int]) -> np.ndarray:
+    """The box of the photo at the scale full OCR would read the whole photo at -> (h, w, 3) uint8 BGR (the
+    engine's OpenCV order)."""
+    s = max(1.0, DET_SHORT_SIDE / min(img.size))
+    crop = img.crop(box)
+    s = min(s, DET_MAX_SIDE / max(crop.size))
+    if s != 1.0:
+        crop = crop.resize((max(1, round(crop.width * s)), max(1, round(crop.height * s))), Image.Resampling.BILINEAR)
+    return np.ascontiguousarray(np.asarray(crop)[:, :, ::-1])

@@ -25,7 +25,6 @@ initialised in this process (a test module, a notebook) is used as it is and lef
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from crossprobe.indexer.storage import codec
+from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import decode_batch
 from crossprobe.indexer.jobs.encoder import Dims, Encoder, prepare
 from crossprobe.models.runtime import StageTimer
@@ -152,7 +152,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         for row in ds.iter_rows():
             times.add("ray_wait", time.perf_counter() - t)  # the driver idle, waiting for an encoded batch
             info = json.loads(row["info"])
-            for stage in ("decode", "backbone", "head", "codec"):
+            for stage in ("decode", "backbone", "head", "codec", "ocr"):
                 times.add(stage, info["seconds"][stage])
             n = len(info["rows"])
             values = row["values"][:n]
@@ -182,8 +182,7 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
     rows = [{"b": b, "items": json.dumps([asdict(it) for it in items[b * bs:(b + 1) * bs]], ensure_ascii=False)}
             for b in todo]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels,
-                                                           "ocr_gate": settings.ocr_gate_side if settings.ocr else None},
+    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels},
                         compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
                         # Ray Data retries a task whose worker died for ever by default; a file that crashes
                         # the decoder itself (not a Python error: those are skips) must fail the job instead.
@@ -200,27 +199,19 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
                                "model": model if torch_head else None, "bert": bert if torch_head else None})
 
 
-@functools.lru_cache(maxsize=1)
-def _ocr_reader(gate_side: int):
-    """One OCR reader per Ray worker process (its models load once, not per task)."""
-    from crossprobe.indexer.jobs.ocr import Reader
-
-    return Reader(gate_side)
-
-
-def _decode(batch: dict, bs: int, max_pixels: int, ocr_gate: int | None = None) -> dict:
+def _decode(batch: dict, bs: int, max_pixels: int) -> dict:
     """Ray task: journal batches -> pixels padded to (bs, 3, 224, 224) (one shape for every row, so Ray keeps
     them as one tensor column) + a JSON column with the decoded rows, their metadata and the skips."""
     out: dict[str, list] = {"b": [], "pixels": [], "info": []}
     for b, items_json in zip(batch["b"], batch["items"]):
         t = time.perf_counter()
         its = [Item(**d) for d in json.loads(items_json)]
-        dec = decode_batch(its, int(b) * bs, max_pixels, _ocr_reader(ocr_gate) if ocr_gate else None)
+        dec = decode_batch(its, int(b) * bs, max_pixels)
         pixels = np.zeros((bs, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
         pixels[:len(dec.rows)] = dec.pixels
         out["b"].append(int(b))
         out["pixels"].append(pixels)
-        out["info"].append(json.dumps({"rows": dec.rows, "meta": dec.meta,
+        out["info"].append(json.dumps({"rows": dec.rows, "meta": dec.meta, "uris": [its[r - int(b) * bs].uri for r in dec.rows],
                                        "skips": [[r, asdict(sk)] for r, sk in dec.skips],
                                        "decode_s": time.perf_counter() - t}, ensure_ascii=False))
     return {"b": np.asarray(out["b"], np.int64), "pixels": np.stack(out["pixels"]), "info": np.asarray(out["info"])}
@@ -232,6 +223,8 @@ class _EncodeActor:
 
     def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, Dims], ckpt, model, bert):
         self.enc = Encoder(settings, ckpt, model, bert, identity=identity)
+        # index-time OCR where the text gate, on the grid the actor computes, sees writing (ocr.py)
+        self.ocr = ocr.Reader(settings.ocr_gate_threshold, settings.threads or -1) if settings.ocr else None
         self.layout, self.bs, self.d = layout, settings.batch_size, identity[1].d
         self.itemsize = layout.dtype().itemsize
 
@@ -242,7 +235,8 @@ class _EncodeActor:
             n = len(info["rows"])
             g = np.zeros((self.bs, self.d), np.float32)
             v = np.zeros((self.bs, self.itemsize), np.uint8)
-            sec = {"decode": info.pop("decode_s"), "backbone": 0.0, "head": 0.0, "codec": 0.0}
+            sec = {"decode": info.pop("decode_s"), "backbone": 0.0, "head": 0.0, "codec": 0.0, "ocr": 0.0}
+            uris = info.pop("uris")
             if n:
                 t0 = time.perf_counter()
                 grid = self.enc.backbone(np.ascontiguousarray(pixels[:n]))
@@ -250,7 +244,9 @@ class _EncodeActor:
                 e = self.enc.head(grid)
                 t2 = time.perf_counter()
                 vals = codec.encode(self.layout, e.p_v, e.b_bar, e.s_i, e.labels)
-                sec.update(backbone=t1 - t0, head=t2 - t1, codec=time.perf_counter() - t2)
+                t3 = time.perf_counter()
+                info["meta"] = ocr.read_batch(self.ocr, uris, grid, info["meta"])
+                sec.update(backbone=t1 - t0, head=t2 - t1, codec=t3 - t2, ocr=time.perf_counter() - t3)
                 g[:n] = e.g
                 v[:n] = np.frombuffer(b"".join(vals), np.uint8).reshape(n, self.itemsize)
             info["seconds"] = sec

@@ -30,8 +30,8 @@ class IndexerSettings(StorageSettings):
     max_pixels: int = Field(100_000_000, ge=1)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
-    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR, which runs in them (2 are faster with OCR
-    # and level without it on two cores: docs/research/text_search.md)
+    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (whose thread beside the encoder's leaves
+    # decode less room; 2 measured faster with OCR on two cores: docs/research/text_search.md)
     workers: int | None = Field(None, ge=1, le=8)
 
     @property
@@ -52,9 +52,10 @@ class IndexerSettings(StorageSettings):
     # as the version a job starts from was built (add, reindex, watch keep an index's OCR on), else off; off by
     # default because it costs indexing speed (docs/research/text_search.md)
     ocr: bool | None = None
-    # the text detector's input (longer side) deciding which photos are read in full; 0: no gate, every photo is
-    # read (more words found, slower: docs/research/text_search.md)
-    ocr_gate_side: int = Field(480, ge=0, le=2048)
+    # the text gate (models/text_gate.py): a photo is read where a grid cell's probability of writing reaches this.
+    # Unset: the trained gate's (chosen on dev); lower finds more words, slower; 0: no gate, every photo read whole
+    # (a library of documents and screenshots: docs/research/text_search.md)
+    ocr_gate_threshold: float | None = Field(None, ge=0, lt=1)
 
     # -- ANN backend (storage/ann/): where NEW versions keep their vectors' index -----------------------------
     # faiss: index.faiss in the version directory, searched in the service's process; milvus: a collection per

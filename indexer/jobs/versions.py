@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -225,7 +226,7 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
     if settings.ocr is None:  # unset: as the base version was built (an index keeps its OCR through add / watch)
         settings = settings.model_copy(update={"ocr": bool(base_manifest and base_manifest.get("ocr"))})
     if settings.ocr and kind != "delete":  # a resumed job reads the rest of its photos as it read the first
-        spec["ocr"] = settings.ocr_gate_side
+        spec["ocr"] = settings.ocr_gate_threshold
     spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, settings)
     if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, settings, log)) is not None:
         return done
@@ -383,18 +384,33 @@ def _encode(job: Job, items: list[Item], journal: Journal) -> int:
 
 
 def _encode_here(items: list[Item], todo: list[int], job: Job, write: Callable[[EncodedBatch], None]) -> None:
-    """The single-process engine: decode threads a few batches ahead of one encoder in this process."""
+    """The single-process engine: decode threads a few batches ahead of one encoder in this process. With OCR, a
+    batch's OCR runs in a thread of its own while the encoder works on the next batch; batches are written in order."""
     settings, times, layout = job.settings, job.times, job.layout
     bs = settings.batch_size
     with times.stage("load_model"):
         enc = Encoder(settings, job.ckpt, job.model, job.bert)
-        reader = ocr.Reader(settings.ocr_gate_side) if settings.ocr else None
+        # one OCR thread beside the encoder's: its engine takes one core (docs/research/text_search.md)
+        reader = ocr.Reader(settings.ocr_gate_threshold, 1) if settings.ocr else None
+    ocr_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr") if reader is not None else None
+    waiting: list[tuple[EncodedBatch, Future]] = []  # at most one batch whose OCR is running
+
+    def read(uris: list[str], grid: np.ndarray, meta: list[dict]) -> list[dict]:
+        with times.stage("ocr"):  # where the text gate, on the grid just computed, sees writing
+            return ocr.read_batch(reader, uris, grid, meta)
+
+    def flush() -> None:
+        while waiting:
+            batch, fut = waiting.pop(0)
+            with times.stage("ocr_wait"):  # the encoder idle, waiting for the batch before's OCR
+                batch.meta = fut.result()
+            write(batch)
 
     def produce(b: int) -> Decoded:
-        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels, reader)
+        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels)
 
     def consume(b: int, dec: Decoded) -> None:
-        g, values = np.zeros((0, enc.dims.d), np.float32), []
+        g, values, grid = np.zeros((0, enc.dims.d), np.float32), [], None
         if dec.rows:
             with times.stage("backbone"):
                 grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
@@ -403,9 +419,19 @@ def _encode_here(items: list[Item], todo: list[int], job: Job, write: Callable[[
             g = e.g
             with times.stage("write_redis"):
                 values = codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels)
-        write(EncodedBatch(b, dec.rows, dec.meta, dec.skips, values, g))
+        batch = EncodedBatch(b, dec.rows, dec.meta, dec.skips, values, g)
+        flush()
+        if ocr_pool is None or grid is None:
+            write(batch)
+        else:
+            waiting.append((batch, ocr_pool.submit(read, [items[r].uri for r in dec.rows], grid, dec.meta)))
 
-    run_overlapped(todo, produce, consume, settings.decode_workers, times)
+    try:
+        run_overlapped(todo, produce, consume, settings.decode_workers, times)
+        flush()
+    finally:
+        if ocr_pool is not None:
+            ocr_pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:

@@ -56,12 +56,12 @@ class ChunkedCache:
         _atomic_write(self.progress, json.dumps({"rows": self.done}))
 
 
-def image_backbone_session(cache_dir: Path, threads: int | None = None):
+def image_backbone_session(cache_dir: Path, threads: int | None = None, spinning: bool | None = None):
     """ONNX Runtime session for the frozen image backbone (exported once per folder: models/export.py)."""
     from crossprobe.models.export import ensure_backbone
     from crossprobe.models.runtime import session
 
-    return session(ensure_backbone(cache_dir), threads)
+    return session(ensure_backbone(cache_dir), threads, spinning)
 
 
 def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids") -> np.ndarray:

@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/text_search"))
     ap.add_argument("--f8k-captions", type=int, default=None, help="first N ordinary captions (dev default 1000)")
     ap.add_argument("--text-only", action="store_true", help="the text-in-image set alone, served with the chosen "
-                    "K, w, p (e.g. OCR without its gate: CROSSPROBE_INDEX_OCR_GATE_SIDE=0, another --workdir)")
+                    "K, w, p (e.g. OCR without its gate: CROSSPROBE_INDEX_OCR_GATE_THRESHOLD=0, another --workdir)")
     ap.add_argument("--out-key", default=None, help="the key of text_search.json written (default hybrid_<split>)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +178,7 @@ def main() -> None:
     report = summarise(per, "dev" if grid else "test", chosen)
     key = args.out_key or f"hybrid_{args.split}"
     result[key] = report
-    result[key].update(ocr_gate_side=ixs.ocr_gate_side, command="python -m research.text_search.hybrid_eval " + " ".join(sys.argv[1:]),
+    result[key].update(ocr_gate_threshold=ixs.ocr_gate_threshold, command="python -m research.text_search.hybrid_eval " + " ".join(sys.argv[1:]),
                                           machine=machine(), data={n: {"images": s["images"],
                                                                        "queries": len(s["queries"])}
                                                                    for n, s in sets.items()})

@@ -84,7 +84,7 @@ def test_each_variable_and_default_round_trips(cls, monkeypatch):
                 got = cls()
                 assert getattr(got, name) == cls.default_of(name), f"{env}={value!r} gives {getattr(got, name)!r}"
             else:  # unset by default: any valid value shows the variable is read
-                for candidate in ("1", "x", "http://x"):
+                for candidate in ("1", "0.5", "x", "http://x"):
                     monkeypatch.setenv(env, candidate)
                     try:
                         got = cls()

@@ -31,46 +31,82 @@ def sign(path: Path, words: str, size=(640, 480), font_px: int = 56) -> Path:
     return path
 
 
+ALL = np.ones(49, np.float32)  # cell probabilities of a photo the gate passes everywhere: read whole
+
+
 @pytest.fixture(scope="module")
 def reader():
     return ocr.Reader()
 
 
-def test_reads_the_words_on_a_sign(reader, tmp_path):
-    out = reader.read(str(sign(tmp_path / "s.jpg", "BAKERY")))
+@pytest.fixture(scope="module")
+def cells(models_dir):
+    """path -> (49,) the trained text gate's cell probabilities, on the real backbone's grid."""
+    from crossprobe.models import inputs
+    from crossprobe.models.data.features import image_backbone_session
+
+    sess = image_backbone_session(models_dir)
+    gate = ocr.Reader().gate
+    return lambda path: gate.cells(sess.run(None, {"pixels": inputs.load_image(path)[None]})[0])[0]
+
+
+def test_reads_the_words_on_a_sign(reader, cells, tmp_path):
+    p = str(sign(tmp_path / "s.jpg", "BAKERY"))
+    out = reader.read(p, cells(p))
     assert "BAKERY" in out["text"].upper()
 
 
-def test_a_photo_without_text_gets_no_text(reader, tmp_path):
-    rng = np.random.default_rng(1)
+def test_the_gate_reads_only_where_it_sees_writing(reader, cells, tmp_path):
+    # the sign fills the photo's middle band: the gate passes it and points there, not at the whole photo
+    p = str(sign(tmp_path / "s.jpg", "PHARMACY"))
+    c = cells(p)
+    assert c.max() >= reader.gate.cfg.threshold
+    x0, y0, x1, y1 = reader.gate.crop(c, 640, 480)
+    assert y0 > 0 and y1 < 480 and y0 <= 480 // 3 and y1 >= 480 // 3 + 112
+
+
+def test_a_photo_without_text_gets_no_text(reader, cells, tmp_path):
     arr = np.zeros((300, 400, 3), np.uint8) + np.linspace(0, 255, 400, dtype=np.uint8)[None, :, None]
     Image.fromarray(arr).save(tmp_path / "plain.png")
-    assert reader.read(str(tmp_path / "plain.png")) == {}
+    c = cells(str(tmp_path / "plain.png"))
+    assert c.max() < reader.gate.cfg.threshold  # the gate stops it: OCR never runs
+    assert reader.read(str(tmp_path / "plain.png"), c) == {}
+    assert ocr.Reader(threshold=0).read(str(tmp_path / "plain.png"), c) == {}  # read whole, still nothing
 
 
 def test_a_huge_image_is_read_at_a_bounded_size(reader, tmp_path):
-    # 20,000 x 20,000: OCR sees it at MAX_SIDE (JPEG draft decoding), so memory and time stay bounded
+    # 20,000 x 20,000: OCR sees it at MAX_SIDE (JPEG draft decoding), and the detector at most DET_MAX_SIDE
     p = tmp_path / "huge.jpg"
     Image.new("RGB", (20_000, 20_000), (200, 200, 200)).save(p, quality=50)
-    bgr = ocr._pixels(str(p))
-    assert max(bgr.shape[:2]) <= ocr.MAX_SIDE
-    assert "text_error" not in reader.read(str(p))
+    img = ocr._photo(str(p))
+    assert max(img.size) <= ocr.MAX_SIDE
+    assert max(ocr._scaled(img, (0, 0, *img.size)).shape[:2]) <= ocr.DET_MAX_SIDE
+    assert "text_error" not in reader.read(str(p), ALL)
 
 
-def test_a_page_of_words_keeps_a_bounded_text(reader, tmp_path):
+def test_a_small_photo_is_enlarged_as_full_ocr_would(tmp_path):
+    img = Image.new("RGB", (224, 224), "white")
+    s = ocr.DET_SHORT_SIDE / 224
+    assert ocr._scaled(img, (0, 0, 224, 224)).shape[:2] == (ocr.DET_SHORT_SIDE,) * 2
+    assert ocr._scaled(img, (32, 64, 96, 160)).shape[:2] == (round(96 * s), round(64 * s))  # a crop at that scale
+    big = Image.new("RGB", (1280, 960), "white")
+    assert ocr._scaled(big, (0, 0, 640, 480)).shape[:2] == (480, 640)  # large enough already: as it is
+
+
+def test_a_page_of_words_keeps_a_bounded_text(tmp_path):
     img = Image.new("RGB", (1200, 1600), "white")
     d = ImageDraw.Draw(img)
     f = ImageFont.truetype(FONT, 22)
     for row in range(60):  # a dense page: many lines of words
         d.text((20, 10 + row * 26), " ".join(f"word{row}x{c}" for c in range(12)), font=f, fill="black")
     img.save(tmp_path / "page.png")
-    out = reader.read(str(tmp_path / "page.png"))
+    out = ocr.Reader(threshold=0).read(str(tmp_path / "page.png"), ALL)
     assert 0 < len(out["text"]) <= ocr.MAX_CHARS
 
 
 def test_a_file_ocr_cannot_read_is_said_not_raised(reader, tmp_path):
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    assert "text_error" in reader.read(str(tmp_path / "bad.jpg"))
+    assert "text_error" in reader.read(str(tmp_path / "bad.jpg"), ALL)
 
 
 def _meta(settings, name):
@@ -136,13 +172,13 @@ def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt
 def test_an_item_whose_ocr_fails_is_indexed_and_counted(settings, ckpt, tmp_path, monkeypatch):
     sign(tmp_path / "p" / "good.jpg", "BAKERY")
     sign(tmp_path / "p" / "bad.jpg", "MUSEUM")
-    real = ocr._pixels
+    real = ocr._photo
 
-    def pixels(path: str):
+    def photo(path: str):
         if path.endswith("bad.jpg"):
             raise OSError("simulated: the file went away between decode and OCR")
         return real(path)
-    monkeypatch.setattr(ocr, "_pixels", pixels)
+    monkeypatch.setattr(ocr, "_photo", photo)
     res = build("f", images=tmp_path / "p", settings=settings.model_copy(update={"ocr": True}), ckpt=ckpt,
                 log=lambda *_: None)
     assert res.count == 2 and res.extra["ocr_failed"] == 1 and "OCR failed on 1 items" in res.summary()
@@ -153,6 +189,8 @@ def test_an_item_whose_ocr_fails_is_indexed_and_counted(settings, ckpt, tmp_path
 
 
 def test_without_the_gate_every_photo_is_read(tmp_path):
-    r = ocr.Reader(gate_side=0)
-    assert "GARAGE" in r.read(str(sign(tmp_path / "g.jpg", "GARAGE")))["text"].upper()
-    assert r._engines()[0] is None  # no detector pass first
+    r = ocr.Reader(threshold=0)
+    assert r.gate is None
+    low = np.zeros(49, np.float32)  # cells the trained gate would stop
+    assert "GARAGE" in r.read(str(sign(tmp_path / "g.jpg", "GARAGE")), low)["text"].upper()
+    assert ocr.Reader().read(str(sign(tmp_path / "g.jpg", "GARAGE")), low) == {}

@@ -101,6 +101,22 @@ def test_ray_build_equals_the_single_process_build(local_ray, settings, folder, 
     assert ray.is_initialized()  # the module's instance: the engine used it and left it running
 
 
+def test_ray_build_reads_the_words_the_single_process_build_reads(local_ray, settings, folder, ckpt, bert):
+    # OCR runs in the encoder actor, on the grid it computes (the text gate): the same words in the metadata
+    from tests.indexer.jobs.test_ocr import sign
+
+    sign(folder / "shop.jpg", "PHARMACY")
+    on = settings.model_copy(update={"ocr": True})
+    build("one", images=folder, settings=on, ckpt=ckpt, bert=bert, **QUIET)
+    build("ray", images=folder, settings=on.model_copy(update={"engine": "ray"}), ckpt=ckpt, bert=bert, **QUIET)
+    metas = {}
+    for name in ("one", "ray"):
+        rd = open_index(name, None, settings)
+        metas[name] = dict(zip(rd.ids, rd.metadata(rd.ids)))
+    assert "PHARMACY" in metas["ray"]["shop.jpg"]["text"].upper()
+    assert {i: m.get("text") for i, m in metas["ray"].items()} == {i: m.get("text") for i, m in metas["one"].items()}
+
+
 def test_ray_reindex_equals_the_single_process_reindex(local_ray, settings, folder, ckpt, bert):
     """Two equal indexes, one reindexed in this process and one on Ray: the same new versions."""
     for name in ("a", "b"):
