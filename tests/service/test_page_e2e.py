@@ -621,8 +621,8 @@ def teardown_module(_module):
 
 
 def test_a_keyword_only_hit_shows_the_words_it_matched(page):
-    """A word printed in page.jpg (read by OCR at index time, run together with the word before it: "Region-
-    basedsegmentation") finds it with "words only", and the card marks the word in the photo's text."""
+    """A word printed in page.jpg (read by OCR at index time, where the text gate sees writing) finds it with
+    "words only", and the card marks the word in the photo's text."""
     page.goto("/")
     page.select_option("#mode", "keyword")
     body = search(page, "segmentation")
