@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,17 +38,16 @@ from typing import Callable
 import numpy as np
 
 from crossprobe.indexer.storage import ann, codec, faiss_io, keyword
-from crossprobe.indexer.jobs import ocr, report
-from crossprobe.indexer.jobs.decode import Decoded, decode_batch
-from crossprobe.indexer.jobs.encoder import Dims, Encoder, identify
+from crossprobe.indexer.jobs import local_engine, report
+from crossprobe.indexer.jobs.encoder import Dims, identify
 from crossprobe.indexer.jobs.journal import Journal
-from crossprobe.indexer.jobs.overlap import progress, run_overlapped
+from crossprobe.indexer.jobs.overlap import progress
 from crossprobe.models.runtime import StageTimer
 from crossprobe.indexer.jobs.push import JOB_NAMES, JobMetrics
 from crossprobe.indexer.storage.reader import FingerprintMismatch
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.jobs.sink import BatchWriter, EncodedBatch
+from crossprobe.indexer.jobs.sink import BatchWriter
 from crossprobe.indexer.jobs.sources import Item, Skip, read_source, recorded_items
 from crossprobe.indexer.storage.store import KeyLayout, Store, atomic_write, check_name, new_version
 
@@ -226,7 +224,7 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
     if settings.ocr is None:  # unset: as the base version was built (an index keeps its OCR through add / watch)
         settings = settings.model_copy(update={"ocr": bool(base_manifest and base_manifest.get("ocr"))})
     if settings.ocr and kind != "delete":  # a resumed job reads the rest of its photos as it read the first
-        spec["ocr"] = settings.ocr_gate_threshold
+        spec["ocr"] = {"gate_threshold": settings.ocr_gate_threshold}  # None: the trained gate
     spec["key_buckets"] = _key_buckets(kind, store, name, base_manifest, settings)
     if base is not None and (done := _finish_activated(store, name, base, spec, kind, t0, settings, log)) is not None:
         return done
@@ -377,61 +375,10 @@ def _encode(job: Job, items: list[Item], journal: Journal) -> int:
             ray_engine.encode(items, todo, job.layout, settings, times, job.ckpt, job.model, job.bert, writer.write,
                               say=job.log)
         else:
-            _encode_here(items, todo, job, writer.write)
+            local_engine.encode(items, todo, job.layout, settings, times, job.ckpt, job.model, job.bert, writer.write)
     finally:
         bar.close()
     return writer.encoded
-
-
-def _encode_here(items: list[Item], todo: list[int], job: Job, write: Callable[[EncodedBatch], None]) -> None:
-    """The single-process engine: decode threads a few batches ahead of one encoder in this process. With OCR, a
-    batch's OCR runs in a thread of its own while the encoder works on the next batch; batches are written in order."""
-    settings, times, layout = job.settings, job.times, job.layout
-    bs = settings.batch_size
-    with times.stage("load_model"):
-        enc = Encoder(settings, job.ckpt, job.model, job.bert)
-        # one OCR thread beside the encoder's: its engine takes one core (docs/research/text_search.md)
-        reader = ocr.Reader(settings.ocr_gate_threshold, 1) if settings.ocr else None
-    ocr_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr") if reader is not None else None
-    waiting: list[tuple[EncodedBatch, Future]] = []  # at most one batch whose OCR is running
-
-    def read(uris: list[str], grid: np.ndarray, meta: list[dict]) -> list[dict]:
-        with times.stage("ocr"):  # where the text gate, on the grid just computed, sees writing
-            return ocr.read_batch(reader, uris, grid, meta)
-
-    def flush() -> None:
-        while waiting:
-            batch, fut = waiting.pop(0)
-            with times.stage("ocr_wait"):  # the encoder idle, waiting for the batch before's OCR
-                batch.meta = fut.result()
-            write(batch)
-
-    def produce(b: int) -> Decoded:
-        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels)
-
-    def consume(b: int, dec: Decoded) -> None:
-        g, values, grid = np.zeros((0, enc.dims.d), np.float32), [], None
-        if dec.rows:
-            with times.stage("backbone"):
-                grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
-            with times.stage("head"):
-                e = enc.head(grid)
-            g = e.g
-            with times.stage("write_redis"):
-                values = codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels)
-        batch = EncodedBatch(b, dec.rows, dec.meta, dec.skips, values, g)
-        flush()
-        if ocr_pool is None or grid is None:
-            write(batch)
-        else:
-            waiting.append((batch, ocr_pool.submit(read, [items[r].uri for r in dec.rows], grid, dec.meta)))
-
-    try:
-        run_overlapped(todo, produce, consume, settings.decode_workers, times)
-        flush()
-    finally:
-        if ocr_pool is not None:
-            ocr_pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:
