@@ -69,7 +69,7 @@ class Reader:
                                                 det_limit_side_len=DET_MAX_SIDE, det_limit_type="max")
         return eng
 
-    def passes(self, grid: np.ndarray) -> np.ndarray:
+    def cells(self, grid: np.ndarray) -> np.ndarray:
         """(B, 49, 1280) backbone grid -> (B, 49) the gate's cell probabilities (all 1 without a gate)."""
         return self.gate.cells(grid) if self.gate is not None else np.ones(grid.shape[:2], np.float32)
 
@@ -94,7 +94,7 @@ def read_batch(reader: Reader | None, uris: list[str], grid: np.ndarray, meta: l
     """The decoded rows' metadata with each row's OCR result merged in (reader None: OCR off, unchanged)."""
     if reader is None or not uris:
         return meta
-    cells = reader.passes(grid)
+    cells = reader.cells(grid)
     return [{**m, **reader.read(u, c)} for u, c, m in zip(uris, cells, meta)]
 
 

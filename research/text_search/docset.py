@@ -12,7 +12,6 @@ those of the split's captions, so no word crosses splits.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from crossprobe.models.data.flickr8k import Flickr8k
-from research.text_search.textset import font
+from research.text_search.textset import font, split_cli
 
 KINDS = ("page", "receipt", "slide", "screenshot")
 
@@ -102,14 +101,7 @@ def make(split: str, n: int, out: Path, seed: int = 0) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    out = args.out or Path("artifacts/docset") / args.split
-    truth = make(args.split, args.n, out, args.seed)
+    out, truth = split_cli(__doc__, make, 100, "documents and screens", "artifacts/docset")
     print(f"{out}: {len(truth)} documents")
 
 

@@ -1,23 +1,24 @@
-"""A text gate on the backbone's own grid: which of a photo's 7 x 7 cells carry writing (issue 31).
+"""The text gate on the backbone's own grid (models/text_gate.py): train it, choose its threshold, compare it with
+the detector gate it replaces (issue 31).
 
 The detector gate (rapidocr's detector at 480 px) costs about 13 ms a photo, and with the encoder's 16 ms it
 leaves no room for 100 images/s on two cores. The indexer already computes every photo's (49, 1280) backbone
-grid; a linear probe over each cell costs nothing beside it. This script asks whether such a probe finds the
-photos with text as well as the detector does, and where in the photo the text is: OCR can then read only that
-part of the photo.
+grid; a linear probe over each cell costs nothing beside it, and says where in the photo the text is, so OCR can
+read only that part.
 
-- Training: text-in-image photos made from Flickr8k *train* photos (textset.py, boxes.json says where each patch
-  is). A cell is positive where the patch covers at least MIN_COVER of it, negative where it covers none (and
-  every cell of the photos left plain); cells in between are left out.
-- A logistic regression per cell (features standardised, L2), fitted with L-BFGS.
-- A photo's score is its best cell's probability. On the dev set: the recall on photos with text, on the photos
-  full OCR reads a word of (from the no-gate dev index, built by hybrid_eval.py with CROSSPROBE_INDEX_OCR_GATE_SIDE=0),
-  and on the *real* writing in Flickr8k dev photos that full OCR read (shirts, shop signs: nothing synthetic); and
-  the pass rate on the plain photos. The threshold is chosen on dev, then the test set is reported.
+- Training, Flickr8k train photos only: the text-in-image set (textset.py; boxes.json says where each sign is: a
+  cell covered >= MIN_COVER is positive, an uncovered one negative, every cell of a plain photo negative); the
+  real writing full OCR reads in --real other train photos and the lines of docset.py's documents and screens
+  (a cell a line crosses by >= LINE_COVER positive). A logistic regression per cell (features standardised, L2,
+  classes balanced), fitted with L-BFGS.
+- A photo's score is its best cell's probability. Dev: the no-gate dev index's 1,000 photos (built by hybrid_eval.py
+  with CROSSPROBE_INDEX_OCR_GATE_THRESHOLD=0) with what full OCR read in each; test: the text-in-image test set,
+  read by full OCR here; both also docset.py's documents. Reported: recall on the synthetic signs, on those full
+  OCR reads, on real writing full OCR reads, on documents; pass rate on the real Flickr8k photos. The threshold
+  is chosen on dev (as many real photos passed as the detector gate passes), then test is reported.
 
-    python -m research.text_search.textset --split train --n 500 --out artifacts/textset-boxes/train  (and dev, test)
-    python -m research.text_search.feature_gate            # about 3 minutes on 2 cores
-        -> artifacts/feature_gate/probe.npz, docs/research/results/text_search.json ("feature_gate")
+    python -m research.text_search.feature_gate [--write-checkpoint]   # ~4 minutes the first time, then ~1
+        -> docs/research/results/text_search.json ("feature_gate") [, models/checkpoints/text_gate/]
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ DOCS = Path("artifacts/docset")
 NOGATE = Path("artifacts/text_search_nogate")
 OUT = Path("artifacts/feature_gate")
 MIN_COVER = 0.3
-REAL_COVER = 0.1  # an OCR line is thin: a cell it crosses is covered less than by a whole patch
+LINE_COVER = 0.1  # a line of text is thin: a cell it crosses is covered less than by a whole sign
 G = inputs.GRID
 
 
@@ -63,8 +64,11 @@ def grids(paths: list[Path], name: str) -> np.ndarray:
     return np.asarray(cache_images(paths, OUT / f"{name}.npy", desc=name), np.float32)
 
 
-def _ocr_boxes(path: str) -> list[list[float]]:
-    """Full OCR (no gate) of one photo -> [x0, y0, x1, y1] of each line it reads (score >= 0.5, 2+ characters)."""
+_ENGINE = None
+
+
+def _ocr(path: str) -> list[tuple[list, str]]:
+    """Full OCR (no gate, rapidocr's defaults) of one photo -> (quad, text) of each line read with score >= 0.5."""
     global _ENGINE
     if _ENGINE is None:
         from rapidocr_onnxruntime import RapidOCR
@@ -73,57 +77,46 @@ def _ocr_boxes(path: str) -> list[list[float]]:
     from PIL import Image
 
     result, _ = _ENGINE(np.ascontiguousarray(np.asarray(Image.open(path).convert("RGB"))[:, :, ::-1]))
-    out = []
-    for quad, text, score in result or []:
-        if float(score) >= 0.5 and len(text.strip()) >= 2:
-            q = np.asarray(quad, float)
-            out.append([*q.min(0).tolist(), *q.max(0).tolist()])
-    return out
+    return [(quad, text) for quad, text, score in result or [] if float(score) >= 0.5 and text.strip()]
 
 
-_ENGINE = None
+def _ocr_boxes(path: str) -> list[list[float]]:
+    """-> [x0, y0, x1, y1] of each line of 2+ characters full OCR reads."""
+    return [[*np.min(q, 0).tolist(), *np.max(q, 0).tolist()] for q, text in _ocr(path) if len(text.strip()) >= 2]
+
+
+def _ocr_text(path: str) -> str:
+    return " ".join(text for _, text in _ocr(path))
+
+
+def lines_cover(path: Path, boxes: list[list[float]]) -> np.ndarray:
+    """A picture's text lines [x0, y0, x1, y1] -> (49,) each cell's largest share covered by one of them."""
+    from PIL import Image
+
+    W, H = Image.open(path).size
+    cover = np.zeros(G * G)
+    for x0, y0, x1, y1 in boxes:
+        cover = np.maximum(cover, cell_cover([x0, y0, x1 - x0, y1 - y0, W, H]))
+    return cover
 
 
 def real_writing(n: int, exclude: set[str]) -> tuple[list[Path], np.ndarray]:
     """n Flickr8k train photos outside the text-in-image set, read by full OCR (cached): the real writing in them
     (shirts, shop signs, banners) as cell cover of the lines OCR read -> (paths, (n, 49) cover)."""
-    from multiprocessing import Pool
-
-    from PIL import Image
-
     from crossprobe.models.data.flickr8k import Flickr8k
 
-    cache = OUT / f"real-train-{n}.json"
     ds = Flickr8k.load()
-    rows = [r for r in ds.splits["train"] if ds.images[r] not in exclude][:n]
-    paths = [ds.image_path(r) for r in rows]
-    if not cache.exists():
-        with Pool(2) as pool:
-            boxes = pool.map(_ocr_boxes, [str(p) for p in paths], chunksize=8)
-        OUT.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({p.name: b for p, b in zip(paths, boxes)}))
-    boxes = json.loads(cache.read_text())
-    cover = np.zeros((len(paths), G * G))
-    for i, p in enumerate(paths):
-        W, H = Image.open(p).size
-        for x0, y0, x1, y1 in boxes[p.name]:
-            cover[i] = np.maximum(cover[i], cell_cover([x0, y0, x1 - x0, y1 - y0, W, H]))
-    return paths, cover
+    paths = [ds.image_path(r) for r in ds.splits["train"] if ds.images[r] not in exclude][:n]
+    boxes = _cached(OUT / f"real-train-{n}.json", [str(p) for p in paths], _ocr_boxes)
+    return paths, np.stack([lines_cover(p, boxes[str(p)]) for p in paths])
 
 
 def docset(split: str):
     """The documents and screens of docset.py -> (paths, (n, 49) cover of their lines)."""
-    from PIL import Image
-
     d = DOCS / split
     boxes = json.loads((d / "boxes.json").read_text())
-    names = sorted(boxes)
-    cover = np.zeros((len(names), G * G))
-    for i, n in enumerate(names):
-        W, H = Image.open(d / "images" / n).size
-        for x0, y0, x1, y1 in boxes[n]:
-            cover[i] = np.maximum(cover[i], cell_cover([x0, y0, x1 - x0, y1 - y0, W, H]))
-    return [d / "images" / n for n in names], cover
+    paths = [d / "images" / n for n in sorted(boxes)]
+    return paths, np.stack([lines_cover(p, boxes[p.name]) for p in paths])
 
 
 def textset(split: str):
@@ -133,6 +126,13 @@ def textset(split: str):
     names = sorted(truth)
     cover = np.stack([cell_cover(boxes[n]) if n in boxes else np.zeros(G * G) for n in names])
     return names, [d / "images" / n for n in names], np.asarray([bool(truth[n]) for n in names]), cover
+
+
+def _cells(feats: np.ndarray, cover: np.ndarray, positive: float) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 49, 1280) grids, (n, 49) cover -> the cells to train on and their labels."""
+    x, c = feats.reshape(-1, inputs.IMAGE_FEAT_DIM), cover.reshape(-1)
+    keep = (c >= positive) | (c == 0)
+    return x[keep], c[keep] >= positive
 
 
 def fit(x: np.ndarray, y: np.ndarray, l2: float) -> dict:
@@ -158,21 +158,12 @@ def fit(x: np.ndarray, y: np.ndarray, l2: float) -> dict:
     return {"mu": mu, "sd": sd, "w": w.detach().numpy(), "b": float(b.detach())}
 
 
-def cell_probs(probe: dict, grid: np.ndarray) -> np.ndarray:
-    """(B, 49, 1280) -> (B, 49) probability of writing per cell."""
-    z = ((grid - probe["mu"]) / probe["sd"]) @ probe["w"] + probe["b"]
-    return 1 / (1 + np.exp(-z))
-
-
 def nogate_text() -> dict[str, str]:
     """id -> the words full OCR (no gate) read, from the no-gate dev index's keyword index."""
     from crossprobe.indexer.storage.keyword import KeywordIndex
 
     vdir = sorted((NOGATE / "indexes" / "text-dev").glob("v*"))[-1]
-    ids = json.loads((vdir / "ids").read_text()) if (vdir / "ids").is_file() else None
-    if ids is None:
-        ids = [json.loads(l)["id"] for l in (NOGATE / "text-dev.jsonl").read_text().splitlines()]
-    docs = KeywordIndex(vdir / "text").documents(ids)
+    docs = KeywordIndex(vdir / "text").documents(json.loads((vdir / "ids").read_text()))
     return {i: d.get("text", "") for i, d in docs.items()}
 
 
@@ -191,42 +182,26 @@ def main() -> None:
     sets = {s: textset(s) for s in ("train", "dev", "test")}
     feats = {s: grids(sets[s][1], f"textset-{s}") for s in sets}
 
-    # training cells: covered >= MIN_COVER positive, uncovered negative
-    cover = sets["train"][3].reshape(-1)
-    x = feats["train"].reshape(-1, inputs.IMAGE_FEAT_DIM)
-    keep = (cover >= MIN_COVER) | (cover == 0)
-    x, y = x[keep], cover[keep] >= MIN_COVER
+    # training cells: covered >= the source's cover positive, uncovered negative, in between left out
+    parts = [(feats["train"], sets["train"][3], MIN_COVER)]
     if args.real:
-        used = {n.split("_", 1)[1] for n in sets["train"][0]}
-        rpaths, rcover = real_writing(args.real, used)
-        rx = grids(rpaths, f"real-train-{args.real}").reshape(-1, inputs.IMAGE_FEAT_DIM)
-        rc = rcover.reshape(-1)
-        rkeep = (rc >= REAL_COVER) | (rc == 0)
-        x, y = np.concatenate([x, rx[rkeep]]), np.concatenate([y, rc[rkeep] >= REAL_COVER])
-        print(f"real writing: {int((rcover.max(1) > 0).sum())} of {args.real} train photos, "
-              f"{int((rc >= REAL_COVER).sum())} cells")
+        rpaths, rcover = real_writing(args.real, {n.split("_", 1)[1] for n in sets["train"][0]})
+        parts.append((grids(rpaths, f"real-train-{args.real}"), rcover, LINE_COVER))
+        print(f"real writing: {int((rcover.max(1) > 0).sum())} of {args.real} train photos")
     if args.docs:
         dpaths, dcover = docset("train")
-        dx = grids(dpaths, "docset-train").reshape(-1, inputs.IMAGE_FEAT_DIM)
-        dc = dcover.reshape(-1)
-        dkeep = (dc >= REAL_COVER) | (dc == 0)
-        x, y = np.concatenate([x, dx[dkeep]]), np.concatenate([y, dc[dkeep] >= REAL_COVER])
-        print(f"documents: {len(dpaths)} train pictures, {int((dc >= REAL_COVER).sum())} cells")
+        parts.append((grids(dpaths, "docset-train"), dcover, LINE_COVER))
+    x, y = map(np.concatenate, zip(*(_cells(f, c, m) for f, c, m in parts)))
     probe = fit(x, y, args.l2)
-    OUT.mkdir(parents=True, exist_ok=True)
-    np.savez(OUT / "probe.npz", **{k: np.asarray(v, np.float32) for k, v in probe.items()})
 
     gate = TextGate.from_standardised(probe["w"], probe["b"], probe["mu"], probe["sd"], TextGateConfig(0.5))
 
     # dev: the no-gate index's 1,000 photos (the text-in-image set and 600 more Flickr8k dev photos), with the
     # words full OCR read in each; test: the text-in-image test set, read by full OCR here
     read = nogate_text()
-    uri = {json.loads(l)["id"]: Path(json.loads(l)["uri"]) for f in ("text-dev.jsonl",)
-           for l in (NOGATE / f).read_text().splitlines()}
-    for l in (Path("artifacts/text_search") / "f8k-dev.jsonl").read_text().splitlines():
-        d = json.loads(l)
-        if d["id"] in read:
-            uri[d["id"]] = Path(d["uri"])
+    lines = [json.loads(line) for f in (NOGATE / "text-dev.jsonl", Path("artifacts/text_search") / "f8k-dev.jsonl")
+             for line in f.read_text().splitlines()]
+    uri = {d["id"]: Path(d["uri"]) for d in lines if d["id"] in read}
     ids = sorted(read)
     truth = json.loads((SETS / "dev" / "truth.json").read_text())
     dev = _photos(ids, [uri[i] for i in ids], [read[i] for i in ids], truth, "dev", gate)
@@ -242,7 +217,7 @@ def main() -> None:
     q7 = float(np.quantile(dev["score"][real], 0.93))
     t = at_detector if args.pass_pct is None else float(np.quantile(dev["score"][real], 1 - args.pass_pct / 100))
     out = {"command": "python -m research.text_search.feature_gate" + (f" --real {args.real}" if args.real != 2000 else ""),
-           "l2": args.l2, "min_cover": MIN_COVER, "real_cover": REAL_COVER, "train_cells": int(len(y)),
+           "l2": args.l2, "min_cover": MIN_COVER, "real_cover": LINE_COVER, "train_cells": int(len(y)),
            "train_positive_cells": int(y.sum()), "threshold": round(t, 4),
            "threshold_rule": "the probe passes as many of the dev set's real Flickr8k photos as the detector gate"
                              if args.pass_pct is None else f"the probe passes {args.pass_pct:g}% of the dev set's real Flickr8k photos",
@@ -257,29 +232,14 @@ def main() -> None:
     if args.write_checkpoint:
         TextGate(gate.w, gate.b, TextGateConfig(round(t, 4))).save(DEFAULT_GATE, {
             "trained_by": out["command"] + " --write-checkpoint", "on": "Flickr8k train photos: text-in-image set "
-            "(textset.py --split train --n 500) and the real writing full OCR reads in other train photos",
+            f"(textset.py --split train --n 500), the real writing full OCR reads in {args.real} other train photos, "
+            "and 400 documents and screens (docset.py --split train --n 400)",
             "dev": out["dev"], "test": out["test"]})
     if not args.no_write:
         path = Path("docs/research/results/text_search.json")
         res = json.loads(path.read_text())
         res["feature_gate"] = out
         path.write_text(json.dumps(res, indent=1) + "\n")
-
-
-def _ocr_text(path: str) -> str:
-    return " ".join(_read(path))
-
-
-def _read(path: str) -> list[str]:
-    global _ENGINE
-    if _ENGINE is None:
-        from rapidocr_onnxruntime import RapidOCR
-
-        _ENGINE = RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)
-    from PIL import Image
-
-    result, _ = _ENGINE(np.ascontiguousarray(np.asarray(Image.open(path).convert("RGB"))[:, :, ::-1]))
-    return [r[1] for r in result or [] if float(r[2]) >= 0.5 and r[1].strip()]
 
 
 _DETECTOR = None

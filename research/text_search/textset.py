@@ -118,15 +118,20 @@ def make(split: str, n: int, out: Path, seed: int = 0) -> dict:
     return truth
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def split_cli(doc: str, make, n: int, n_help: str, folder: str) -> tuple[Path, dict]:
+    """The command line of a generated set (this one, docset.py): --split, --n, --seed, --out -> (out, truth)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    ap.add_argument("--n", type=int, default=200, help="photos with text (and as many without)")
+    ap.add_argument("--n", type=int, default=n, help=n_help)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    out = args.out or Path("artifacts/textset") / args.split
-    truth = make(args.split, args.n, out, args.seed)
+    out = args.out or Path(folder) / args.split
+    return out, make(args.split, args.n, out, args.seed)
+
+
+def main() -> None:
+    out, truth = split_cli(__doc__, make, 200, "photos with text (and as many without)", "artifacts/textset")
     print(f"{out}: {sum(bool(w) for w in truth.values())} photos with text, {sum(not w for w in truth.values())} without")
 
 
