@@ -62,7 +62,7 @@ class Encoder:
         models = settings.models
         models.mkdir(parents=True, exist_ok=True)
         # with OCR on, an OCR thread shares the cores: ONNX Runtime's spinning workers would take them from it
-        # while they wait (117 against 96 images/s with OCR on: docs/research/text_search.md)
+        # while they wait (measured: docs/research/text_search.md, "Indexing with OCR on")
         spin = False if settings.ocr else None
         self._backbone = image_backbone_session(models, threads=settings.threads, spinning=spin)
         self._torch = None

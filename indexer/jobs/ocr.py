@@ -30,8 +30,8 @@ log = logging.getLogger("crossprobe.indexer")
 
 MAX_CHARS = 2000
 MAX_SIDE = 1280  # the photo OCR sees: a 50 MP or 400 MP photo is scaled to this first (draft decoding for JPEG)
-# a smaller photo is enlarged so that its shorter side is this, for detection (rapidocr's own default is 736: on
-# the dev set's gated crops 600 reads as many words, a third faster; docs/research/text_search.md)
+# a smaller photo is enlarged so that its shorter side is this, for detection (rapidocr's own default is 736; 600
+# reads as many words of the gate's crops, faster: docs/research/text_search.md, "Reading the crop")
 DET_SHORT_SIDE = 600
 DET_MAX_SIDE = 2000  # and nothing the detector sees is longer than this (rapidocr's max_side_len)
 MIN_SCORE = 0.5  # recognition confidence below this: a texture read as letters, dropped
@@ -81,7 +81,7 @@ class Reader:
         try:
             img = _photo(path)
             box = self.gate.crop(cells, *img.size) if self.gate is not None else (0, 0, *img.size)
-            # no angle classifier: it only turns lines read upside down, rare in photos (same words on dev, 5% faster)
+            # no angle classifier: it only turns lines read upside down, rare in photos (as many words read on dev)
             result, _ = self._engine()(_scaled(img, box), use_cls=False)
             words = " ".join(r[1] for r in result or [] if float(r[2]) >= MIN_SCORE and r[1].strip())
             return {"text": words[:MAX_CHARS]} if words else {}

@@ -30,8 +30,8 @@ class IndexerSettings(StorageSettings):
     max_pixels: int = Field(100_000_000, ge=1)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
-    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (whose thread beside the encoder's leaves
-    # decode less room; 2 measured faster with OCR on two cores: docs/research/text_search.md)
+    # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (as before OCR moved out of the decode
+    # threads; with OCR one and two are about level on two cores: docs/research/text_search.md)
     workers: int | None = Field(None, ge=1, le=8)
 
     @property
