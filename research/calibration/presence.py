@@ -11,6 +11,9 @@ find no cell whose label is near it. Per query, over the 1,080 photos of ood-dev
   region_max the largest s_region (mean of the 3 best cells, the served term) over its top 100
   minus_vocabulary_gap  cell_max minus the query's largest cosine with any of the 1,000 classes: 0 when the
              class the query is nearest to labels some cell of its shortlist, below 0 when the library lacks it
+  class_presence_top3   the head's probabilities instead of each cell's one label: for each of the query's 3
+             nearest classes, the largest probability any cell of its top 100 gives it; the max over the 3
+  class_presence_soft3  the same 3, weighted by softmax(20 x their cosines with the query)
 
 Present queries: the f8k-dev and coco-mini-dev captions whose photo is in the two-tower top 10 (the calibration
 rule's "found in the top 10"). Absent: calibration's 50 queries. For each feature, the cutoff that keeps 90% of the
@@ -36,12 +39,14 @@ from crossprobe.models.region_labels import region_score
 
 from research.bridge.sweep import dev_views, require_dev_sets
 from research.calibration.fit import ABSENT
+from research.region_labels.sweep import cell_probs
 
 K = 100
 
 
-def features(g_q: torch.Tensor, g_i: torch.Tensor, labels: torch.Tensor, class_sims) -> dict[str, np.ndarray]:
-    """(Q, d) queries, (I, d) photos, (I, 49) cell labels -> per query {feature: value} over its two-tower top K."""
+def features(g_q: torch.Tensor, g_i: torch.Tensor, labels: torch.Tensor, class_sims, p_img: torch.Tensor) -> dict[str, np.ndarray]:
+    """(Q, d) queries, (I, d) photos, (I, 49) cell labels, (I, 1000) each class's largest cell probability per photo
+    -> per query {feature: value} over its two-tower top K."""
     S = (g_q @ g_i.T).numpy()
     cand = torch.from_numpy(M.topk(S, K))
     sim = class_sims(g_q)  # (Q, 1000)
@@ -50,8 +55,12 @@ def features(g_q: torch.Tensor, g_i: torch.Tensor, labels: torch.Tensor, class_s
     # short object phrases are near some class name whatever the library holds; long scene captions are near none:
     # the raw cosine measures the query's style. Against the query's best class in the whole vocabulary, a library
     # that lacks the concept leaves a gap (higher = more present, as the other features)
+    near, classes = sim.topk(3, dim=1)  # (Q, 3) the query's nearest classes
+    seen = torch.stack([p_img[cand[q]][:, classes[q]].amax(0) for q in range(len(g_q))])  # (Q, 3) best photo's prob
     return {"cell_max": cell_max.numpy(), "region_max": region_score(sim, labels[cand], 3).amax(1).numpy(),
-            "minus_vocabulary_gap": (cell_max - sim.amax(1)).numpy()}, S
+            "minus_vocabulary_gap": (cell_max - sim.amax(1)).numpy(),
+            "class_presence_top3": seen.amax(1).numpy(),
+            "class_presence_soft3": (seen * torch.softmax(20 * near, 1)).sum(1).numpy()}, S
 
 
 def auc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -73,14 +82,15 @@ def main() -> None:
     grids = views.grids()
     g_i = encode_images(model, grids.half().numpy(), np.arange(len(grids))).g
     labels = model.bridge.cell_labels(grids)
+    p_img = cell_probs(grids, 1.0).amax(1)  # (1080, 1000)
     present = []  # both caption sets over all 1,080 photos (the f8k-dev photos after the 80 COCO ones)
     for text, gold in ((views.q_dev, views.dev_gold + views.n_coco), (views.q_ood, views.ood.gold)):
-        f, S = features(text, g_i, labels, model.bridge.class_sims)
+        f, S = features(text, g_i, labels, model.bridge.class_sims, p_img)
         found = M.t2i_ranks(S, gold) < 10
         present.append({k: v[found] for k, v in f.items()})
     present = {k: np.concatenate([p[k] for p in present]) for k in present[0]}
     ids, mask = inputs.tokenize(inputs.load_tokenizer(), ABSENT)
-    absent, _ = features(model.text(torch.from_numpy(ids), torch.from_numpy(mask)).g, g_i, labels, model.bridge.class_sims)
+    absent, _ = features(model.text(torch.from_numpy(ids), torch.from_numpy(mask)).g, g_i, labels, model.bridge.class_sims, p_img)
     out = {"checkpoint": meta["fingerprint"], "present_queries": int(len(present["cell_max"])), "absent_queries": len(ABSENT),
            "features": {}}
     for k in present:
