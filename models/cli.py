@@ -37,6 +37,7 @@ def train(
     run_dir: Path = typer.Option(Path("runs/default"), help="resumable training state; run again to continue"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k"), help="frozen-backbone feature cache"),
     tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
+    gray: float = typer.Option(0.0, min=0.0, max=1.0, help="share of training images the towers see as their grayscale copy"),
     methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
     reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
     reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
@@ -69,7 +70,7 @@ def train(
         typer.echo(f"--region {region!r}: expected METHOD=W,... with W >= 0 ({e})", err=True)
         raise typer.Exit(2) from e
     cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                      out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs),
+                      out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs, gray=gray),
                       model=ModelConfig(region=region_cfg),
                       methods=tuple(m for m in methods.split(",") if m), refit_fusion=tuple(m for m in refit_fusion.split(",") if m))
     run_train(cfg, log=typer.echo)

@@ -48,24 +48,31 @@ def tokenize(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-def load_image(path_or_img, size: int = IMAGE_SIZE) -> np.ndarray:
+def load_image(path_or_img, size: int = IMAGE_SIZE, gray: bool = False) -> np.ndarray:
     """Open an image file (or PIL image) -> (3, size, size) float32 normalised for Lite.
 
     Every format of models/image_formats.py (HEIC, AVIF and camera RAW besides Pillow's own). draft() asks
     for reduced decoding: libjpeg decodes a JPEG at 1/2, 1/4 or 1/8 scale, so a 4000 px photo is not decoded
     at full size only to be shrunk, and a HEIC decodes its embedded thumbnail when one is at least size x size
     (a no-op for other formats, and when the caller drafted already); EXIF orientation is honoured.
-    Aspect ratio is squashed, as in the Flickr8k copy we train on.
+    Aspect ratio is squashed, as in the Flickr8k copy we train on. gray: the photo's grayscale copy instead
+    (grayscale()), for the towers' grayscale augmentation.
     """
     if not isinstance(path_or_img, Image.Image):
         with image_formats.open_path(path_or_img, size) as pic:
-            return load_image(pic.image, size)
+            return load_image(pic.image, size, gray)
     img = path_or_img
     img.draft("RGB", (size, size))
-    img = ImageOps.exif_transpose(img).convert("RGB")
+    img = ImageOps.exif_transpose(img)
+    img = grayscale(img) if gray else img.convert("RGB")
     if img.size != (size, size):
         img = img.resize((size, size), Image.BILINEAR)
     return preprocess_array(np.asarray(img))
+
+
+def grayscale(img: Image.Image) -> Image.Image:
+    """A grayscale copy in three channels (Pillow's ITU-R 601 luma): a black-and-white photo as the backbone sees it."""
+    return img.convert("L").convert("RGB")
 
 
 def preprocess_array(rgb: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Frozen-backbone feature cache: computed once, resumable, read by training and eval.
 
 - images.npy  (N_img, 49, 1280) float16: EfficientNet-Lite0 grids, through ONNX
-  Runtime (measured ~3-10x faster than PyTorch eager on 2 CPU cores).
+  Runtime (measured ~3-10x faster than PyTorch eager on 2 CPU cores);
+  images_gray.npy, the same for the images' grayscale copies, when training asks for them.
 - text.npy    (N_cap, 40, 384) float16: MiniLM hidden states after the frozen
   bottom layers; text_mask.npy (N_cap, 40) uint8.
 
@@ -64,8 +65,9 @@ def image_backbone_session(cache_dir: Path, threads: int | None = None, spinning
     return session(ensure_backbone(cache_dir), threads, spinning)
 
 
-def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids") -> np.ndarray:
-    """Encode every image to its (49, 1280) grid; decode of the next batch overlaps encode."""
+def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids", gray: bool = False) -> np.ndarray:
+    """Encode every image to its (49, 1280) grid; decode of the next batch overlaps encode.
+    gray: the grids of the images' grayscale copies (the towers' grayscale augmentation)."""
     cache = ChunkedCache(out, (len(paths), inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM), np.float16)
     if cache.complete:
         return np.load(out, mmap_mode="r")
@@ -73,7 +75,7 @@ def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "ima
     starts = list(range(cache.done, len(paths), batch))
 
     def decode(s: int) -> np.ndarray:
-        return np.stack([inputs.load_image(p) for p in paths[s : s + batch]])
+        return np.stack([inputs.load_image(p, gray=gray) for p in paths[s : s + batch]])
 
     with ThreadPoolExecutor(max_workers=1) as pool, tqdm(total=len(paths), initial=cache.done, desc=desc, unit="img") as bar:
         nxt = pool.submit(decode, starts[0]) if starts else None

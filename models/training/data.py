@@ -18,6 +18,7 @@ class CachedData:
     states: np.ndarray  # (N_cap, 40, 384) float16, MiniLM after the frozen layers
     masks: np.ndarray  # (N_cap, 40) uint8
     image_captions: list[list[int]]  # image row -> its caption rows
+    gray_grids: np.ndarray | None = None  # (N_img, 49, 1280) float16, the grayscale copies' grids (with_gray)
 
     @classmethod
     def build(cls, cache_dir: Path, frozen_layers: int, root: Path | None = None, in_memory: bool = True) -> "CachedData":
@@ -31,6 +32,14 @@ class CachedData:
         for j, i in enumerate(ds.caption_image):
             caps[i].append(j)
         return cls(ds, grids, states, masks, caps)
+
+    def with_gray(self, cache_dir: Path) -> "CachedData":
+        """Load (and cache once, ~75 s) the grids of every image's grayscale copy: the towers' grayscale augmentation."""
+        if self.gray_grids is None:
+            paths = [self.ds.image_path(i) for i in range(len(self.ds.images))]
+            cache_images(paths, Path(cache_dir) / "images_gray.npy", desc="grayscale grids", gray=True)
+            self.gray_grids = np.load(Path(cache_dir) / "images_gray.npy")
+        return self
 
     def split_images(self, split: str) -> list[int]:
         return self.ds.splits[split]

@@ -151,6 +151,9 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
     if data is None:
         with timings.timer("cache"):
             data = CachedData.build(cfg.cache_dir, cfg.model.text.frozen_layers)
+    if cfg.towers.gray > 0 and not (run / "towers.done.pt").exists():
+        with timings.timer("cache_gray"):
+            data.with_gray(cfg.cache_dir)
     model = SearchModel(cfg.model)
     report: dict = {"train_config": _jsonable(cfg)}
 

@@ -2,7 +2,8 @@
 
 One epoch = every training image once, paired with one of its 5 captions drawn
 at random (so images in a batch are distinct and in-batch negatives are true
-negatives). Feature-level augmentation: horizontal flip of the 7x7 grid.
+negatives). Feature-level augmentation: horizontal flip of the 7x7 grid, and (gray > 0)
+the grid of the photo's grayscale copy in place of its own for that share of the images.
 The best epoch on the dev split (rsum of TT) is kept.
 """
 from __future__ import annotations
@@ -34,6 +35,9 @@ class TowerTrainConfig:
     vsepp_weight: float = 1.0
     order_weight: float = 1.0  # SEAM's order-embedding hinge, when "order" is in `loss`
     hflip: float = 0.5
+    # share of training images seen as their grayscale copy (cached grids, CachedData.with_gray): the towers were
+    # found to read colour where captions do not name it (docs/research/grayscale.md)
+    gray: float = 0.0
     pool_penalty: float = 0.1  # SEAM diversity penalty weight (only active with pool_hops > 1)
 
     def __post_init__(self):
@@ -116,6 +120,9 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
         for imgs, caps in tqdm(batches, desc=f"towers epoch {epoch + 1}/{cfg.epochs}", leave=False):
             states, mask = data.text_batch(caps)
             grid = torch.from_numpy(data.grids[imgs]).float()
+            if cfg.gray > 0:  # drawn only when on, so runs without it keep their random stream
+                g = (torch.rand(len(imgs)) < cfg.gray).numpy()
+                grid[g] = torch.from_numpy(data.gray_grids[imgs[g]]).float()
             flip = torch.rand(len(imgs)) < cfg.hflip
             grid[flip] = hflip_grid(grid[flip])
             loss = tower_loss(model, cfg, states, mask, grid)

@@ -5,7 +5,7 @@ demo gallery's misses are grayscale (moon, coins, clock, camera). Issue 32, item
 
 Two measurements, no training:
   1. the Flickr8k dev photos (5,000 captions over 1,000 photos) and coco-mini-dev's 80 among them, once in colour
-     and once as grayscale copies (Pillow's ITU-R 601 luma, back to 3 channels): text->image R@1 / R@10 of the
+     and once as grayscale copies (inputs.grayscale: Pillow's ITU-R 601 luma, back to 3 channels): text->image R@1 / R@10 of the
      two-tower order and of each reranker at 100, with a paired bootstrap interval of gray - colour. A large loss
      says the towers read colour where captions do not name it, and that grayscale augmentation in training is
      worth a run; a small one says the demo's grayscale misses have other causes;
@@ -35,10 +35,6 @@ from research.bridge.sweep import dev_views, require_dev_sets
 
 K = 100
 METHODS = ("TT", "CP@100", "TEMDE@100")
-
-
-def gray(img: Image.Image) -> Image.Image:
-    return img.convert("L").convert("RGB")
 
 
 @torch.inference_mode()
@@ -80,7 +76,7 @@ def main() -> None:
     coco_paths = [ood.folder.image_path(i) for i in range(len(ood.folder.images))]
     colour = views.grids().half().numpy()  # (1080, 49, 1280): 80 COCO, then the 1,000 dev photos
     print("grayscale grids of the 1,080 dev photos ...", flush=True)
-    grey = grids_of([gray(Image.open(p).convert("RGB")) for p in coco_paths + dev_paths])
+    grey = grids_of([inputs.grayscale(Image.open(p).convert("RGB")) for p in coco_paths + dev_paths])
     n = views.n_coco
     sets = {"f8k-dev": (views.t_dev, slice(n, None), views.dev_gold), "coco-mini-dev+f8k-dev": (views.t_ood, slice(None), ood.gold)}
     result = {}
@@ -100,7 +96,7 @@ def main() -> None:
     text = TextBank(t.tokens.half(), t.mask, t.g, t.states.half() if t.states is not None else None)
     gold = np.array([names.index(EXPECTED[q]) for q in queries])
     demo = {}
-    for kind, ims in (("colour", [photos[k] for k in names]), ("grayscale", [gray(photos[k]) for k in names])):
+    for kind, ims in (("colour", [photos[k] for k in names]), ("grayscale", [inputs.grayscale(photos[k]) for k in names])):
         r = ranks_by_method(model, text, grids_of(ims), gold)
         demo[kind] = {m: {q: int(r[m][i]) + 1 for i, q in enumerate(queries)} for m in METHODS}
         demo[kind]["first"] = {m: int((r[m] == 0).sum()) for m in METHODS}

@@ -209,3 +209,24 @@ def test_region_term_inside_the_training_logit_and_the_fusion_fit(tiny_data, sma
     off = reranked(PairScorer(model, "cp", text, images, region=False), S, gold, 5, [5])[5]["t2i"]["R@1"]
     assert on == rep["fusion_dev_t2i_R@1@5"]
     assert on != off
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_tower_grayscale_augmentation_swaps_in_that_share_of_grids(tiny_data, small_cfg, bert, tmp_path, monkeypatch, share):
+    from crossprobe.models.training import towers
+
+    data = copy.copy(tiny_data)
+    data.gray_grids = (tiny_data.grids.astype(np.float32) + 1000).astype(np.float16)  # marked: every value > 900
+    seen = []
+    real = towers.tower_loss
+    monkeypatch.setattr(towers, "tower_loss", lambda m, c, s, k, grid: seen.append(grid.clone()) or real(m, c, s, k, grid))
+    model = SearchModel(copy.deepcopy(small_cfg), bert)
+    cfg = TowerTrainConfig(epochs=4, batch=8, warmup_steps=2, hflip=0.0, gray=share)
+    train_towers(model, data, cfg, tmp_path / "towers.pt", seed=0, log=lambda *_: None)
+    rows = torch.cat(seen)
+    gray_rows = (rows.mean((1, 2)) > 900).float().mean().item()
+    assert len(rows) == 4 * 32
+    if share == 0:
+        assert gray_rows == 0
+    else:
+        assert 0.35 < gray_rows < 0.65, gray_rows
