@@ -36,7 +36,7 @@ class TowerTrainConfig:
     order_weight: float = 1.0  # SEAM's order-embedding hinge, when "order" is in `loss`
     hflip: float = 0.5
     # share of training images seen as their grayscale copy (cached grids, CachedData.with_gray): the towers were
-    # found to read colour where captions do not name it (docs/research/region_labels.md, section 4)
+    # found to read colour where captions do not name it; measured, not adopted (docs/research/region_labels.md, section 4)
     gray: float = 0.0
     pool_penalty: float = 0.1  # SEAM diversity penalty weight (only active with pool_hops > 1)
 
