@@ -34,11 +34,10 @@ class CachedData:
         return cls(ds, grids, states, masks, caps)
 
     def with_gray(self, cache_dir: Path) -> "CachedData":
-        """Load (and cache once, ~75 s) the grids of every image's grayscale copy: the towers' grayscale augmentation."""
+        """Load (and cache once) the grids of every image's grayscale copy, into memory: the towers' grayscale augmentation."""
         if self.gray_grids is None:
             paths = [self.ds.image_path(i) for i in range(len(self.ds.images))]
-            cache_images(paths, Path(cache_dir) / "images_gray.npy", desc="grayscale grids", gray=True)
-            self.gray_grids = np.load(Path(cache_dir) / "images_gray.npy")
+            self.gray_grids = np.array(cache_images(paths, Path(cache_dir) / "images_gray.npy", desc="grayscale grids", gray=True))
         return self
 
     def split_images(self, split: str) -> list[int]:
