@@ -72,17 +72,16 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     """The image-tower head on the same grids: PyTorch eager vs ONNX Runtime, median of 5 passes."""
     import torch
 
-    from crossprobe.models.data.features import image_backbone_session
     from crossprobe.models.graphs import ImageGraph
     from crossprobe.models.runtime import session
-    from crossprobe.indexer.jobs.encoder import Encoder
+    from crossprobe.indexer.jobs.encoder import job_backend
     from crossprobe.models import inputs
 
-    Encoder(IndexerSettings(model_dir=models, threads=threads), ckpt)  # make sure the head graph is exported
+    backend = job_backend(IndexerSettings(model_dir=models, threads=threads), ckpt)
+    backend.prepare()  # make sure the head graph is exported
     model, meta = checkpoint.load(ckpt)
     px = np.stack([inputs.load_image(p) for p in images])
-    sess = image_backbone_session(models, threads=threads)
-    grid = np.concatenate([sess.run(None, {"pixels": px[i:i + 32]})[0] for i in range(0, len(px), 32)])
+    grid = np.concatenate([backend.image_grid(px[i:i + 32]) for i in range(0, len(px), 32)])
     ort_head = session(models / meta["fingerprint"] / "image_tower.onnx", threads=threads)
     graph = ImageGraph(model).eval()
     if threads:

@@ -10,7 +10,7 @@ requests. This replays that sequence (tokenizer + query tower, CP over 100 candi
   own pools, no spinning   CROSSPROBE_ORT_SHARED_POOL=false CROSSPROBE_ORT_SPINNING=false
   shared pool              the default: one process-wide pool (models/runtime.py)
 
-Sessions are made exactly as the service makes them (crossprobe.service.inference.Models).
+Sessions are made exactly as the service makes them (crossprobe.service.state.load_model).
 Writes docs/research/ort_threading.md and docs/research/results/ort_threading.json.
 Run: .venv/bin/python -m benchmarks.ort_threading   (CPU otherwise idle)
 """
@@ -32,25 +32,24 @@ CAPTION = "a black dog is running through the grass with a ball in its mouth"
 
 
 def measure(rounds: int = 300, warmup: int = 30, pause_s: float = 0.003) -> dict:
-    """In this process: Models() from the environment's settings -> median ms per graph."""
+    """In this process: the service's model from the environment's settings -> median ms per graph."""
     import statistics
     import time
 
     import numpy as np
 
-    from crossprobe.service.inference import Models
     from crossprobe.service.settings import Settings
+    from crossprobe.service.state import load_model
 
-    models = Models(Settings())
+    models = load_model(Settings())
     rng = np.random.default_rng(0)
-    cp_in = {n: i.shape for n, i in ((i.name, i) for i in models.scorers["cp"].get_inputs())}
-    K, n, d = 100, cp_in["p_v"][1], cp_in["p_v"][2]
+    K, n, d = 100, models.dims.item.n, models.dims.item.dc
     feats = {"p_v": rng.standard_normal((K, n, d), np.float32), "b_bar": rng.standard_normal((K, d), np.float32)}
     s_tt = rng.standard_normal(K).astype(np.float32)
     enc, cp = [], []
     for i in range(warmup + rounds):
         t0 = time.perf_counter()
-        q = models.encode([CAPTION])[0]
+        q = models.encode_texts([CAPTION])[0]
         t1 = time.perf_counter()
         models.rerank("cp", q, feats, s_tt)
         t2 = time.perf_counter()
@@ -84,7 +83,7 @@ def main() -> None:
         f"`{res['command']}`. Machine: {res['machine']}.", "",
         "Per query, as the service does it: tokenizer + query tower (the served precision), then the CP scorer over "
         "100 candidates, then 3 ms of other work; 300 rounds after 30 warm-up ones, medians, a fresh process per "
-        "setting. Sessions are the service's own (`Models`).", "",
+        "setting. Sessions are the service's own (`load_model`).", "",
         "| setting | encode ms | CP rerank of 100 ms | encode + rerank ms | environment |", "|---|---|---|---|---|",
         *rows, "",
         "With a pool per graph and spinning workers, the pool that just finished keeps spinning on the two cores "

@@ -58,7 +58,7 @@ def machine() -> str:
 def values(n: int, seed: int = 0) -> tuple[list[bytes], int]:
     """n codec values of the committed checkpoint's layout (float16)."""
     _, dims = identify()
-    layout = codec.Layout("float16", dims.n, dims.dc, dims.nk, dims.cells)
+    layout = codec.Layout("float16", dims.item)
     rng = np.random.default_rng(seed)
     out: list[bytes] = []
     for i in range(0, n, 1000):

@@ -175,13 +175,13 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
 
 
 def text_vectors(texts: list[str]) -> np.ndarray:
-    """The served query tower's g_q (the service's own Models: the committed checkpoint, int8 ONNX graph, the
+    """The served query tower's g_q (the service's own model: the committed checkpoint, int8 ONNX graph, the
     shipped settings) for these texts -> (N, d) float32: ANN queries as the service makes them."""
-    from crossprobe.service.inference import Models
     from crossprobe.service.settings import Settings as ServiceSettings
+    from crossprobe.service.state import load_model
 
-    models = Models(ServiceSettings(redis_url=None))
-    return np.stack([v.g_q for v in models.encode(list(texts))]).astype(np.float32)
+    model = load_model(ServiceSettings(redis_url=None))
+    return np.stack([v.g_q for v in model.encode_texts(list(texts))]).astype(np.float32)
 
 
 def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp32", threads: int | None = None) -> dict:

@@ -1,7 +1,7 @@
 """The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo, and
 `checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py).
 
-Part of the one `crossprobe` command, which service/cli.py composes with `index` and `serve`."""
+Part of the one `crossprobe` command, which service/cli/ composes with `index` and `serve`."""
 from __future__ import annotations
 
 import os
@@ -118,9 +118,9 @@ def evaluate(
 
 def _served() -> str:
     """The service's reranker for requests that name none: what the demo and the out-of-domain rows report."""
-    from crossprobe.service.settings import Settings
+    from crossprobe.models import SERVED_RERANK
 
-    return Settings.model_fields["default_rerank"].default
+    return SERVED_RERANK
 
 
 def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, cache: Path) -> dict | None:

@@ -50,6 +50,16 @@ def sample_gallery() -> dict[str, Image.Image]:
     return out
 
 
+def write_sample_gallery(folder: Path) -> Path:
+    """sample_gallery() as JPEGs in `folder` (the demo's, the tests' and the deploy test's gallery)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, img in sample_gallery().items():
+        p = folder / f"{name}.jpg"
+        if not p.exists():  # same bytes every run: the indexer's ids and the files stay stable
+            img.save(p, "JPEG", quality=90)
+    return folder
+
+
 def folder_gallery(folder: Path) -> dict[str, Image.Image]:
     out = {}
     for p in sorted(Path(folder).rglob("*")):

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import Overloaded
-from crossprobe.service.inference import QueryVectors
+from crossprobe.models.inference import QueryVectors
 
 
 class Limiter:

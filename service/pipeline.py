@@ -52,7 +52,7 @@ from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.indexer.storage.ann.base import UnsupportedFilter
 from crossprobe.indexer.storage import filter_columns
 from crossprobe.service import hybrid, metrics, query_image
-from crossprobe.service.inference import Models, QueryVectors
+from crossprobe.models.inference import Backend, QueryVectors
 from crossprobe.service.registry import IndexHandle, Registry
 from crossprobe.models.runtime import StageTimer
 from crossprobe.service.batcher import QueryBatcher
@@ -130,7 +130,7 @@ class Outcome:
 
 
 class Searcher:
-    def __init__(self, settings: Settings, models: Models, registry: Registry, batcher: QueryBatcher,
+    def __init__(self, settings: Settings, models: Backend, registry: Registry, batcher: QueryBatcher,
                  pool: Executor, feature_store: FeatureStore):
         self.settings, self.models, self.registry, self.batcher, self.pool = settings, models, registry, batcher, pool
         self.fs = feature_store
@@ -201,10 +201,11 @@ class Searcher:
         """The vector part of a query, unit norm: an image's g_I, the mean of stored vectors, or a raw vector."""
         if plan.image is not None:
             with clock.stage("decode_image"):
-                px = query_image.pixels(plan.image, self.settings.query_image_max_pixels)
-            encoder = self.models.image_encoder()  # loaded by the warm-up; the first call otherwise
+                px = query_image.pixels(plan.image, self.settings.query_image_max_pixels,
+                                        preprocess=self.models.preprocessor(), size=self.models.image_size)
+            self.models.warm("image")  # loaded by the warm-up; the first call otherwise
             with clock.stage("encode_image"):
-                return encoder.encode(px[None])[0]
+                return self.models.encode_images(px[None]).g[0]
         if plan.like:
             with clock.stage("like"):
                 vs = handle.reader.vectors(plan.like)

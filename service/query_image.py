@@ -78,21 +78,23 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
     return data
 
 
-def pixels(data: bytes, max_pixels: int, field: str = "image") -> np.ndarray:
-    """Image file bytes -> (3, 224, 224) float32, as the indexer decodes its files (every format of
-    crossprobe.models.image_formats: HEIC, AVIF and camera RAW too)."""
+def pixels(data: bytes, max_pixels: int, field: str = "image", preprocess=inputs.load_image,
+           size: int = inputs.IMAGE_SIZE) -> np.ndarray:
+    """Image file bytes -> (3, S, S) float32, as the indexer decodes its files (every format of
+    crossprobe.models.image_formats: HEIC, AVIF and camera RAW too). preprocess, size: the model's
+    (Backend.preprocessor, Backend.image_size; default crossprobe's own)."""
     if not data:
         raise InvalidImage(f"{field}: empty")
     try:
         # our pixel limit is checked on what will be decoded (after JPEG draft / a HEIC's thumbnail), before any
         # decode (no warnings filter: it is process-wide state, not thread-safe); Pillow's own
         # DecompressionBombError stays as a second guard for the formats image_formats opens through Image.open
-        with image_formats.open_picture(io.BytesIO(data), None, inputs.IMAGE_SIZE) as pic:  # lazy: header only
+        with image_formats.open_picture(io.BytesIO(data), None, size) as pic:  # lazy: header only
             dw, dh = pic.image.size
             if dw * dh > max_pixels:
                 raise TooLarge(f"{field}: {pic.width}x{pic.height} decodes at {dw}x{dh} = {dw * dh} pixels, over "
                                f"{max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
-            return inputs.load_image(pic.image)  # first frame of a GIF / page of a TIFF
+            return preprocess(pic.image)  # first frame of a GIF / page of a TIFF
     except CrossprobeError:
         raise
     except Image.DecompressionBombError as e:

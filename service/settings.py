@@ -10,6 +10,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.models import SERVED_RERANK
 
 Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
@@ -99,7 +100,7 @@ class Settings(StorageSettings):
     # -- request defaults --------------------------------------------------------
     # for requests without "rerank": cp | temde | none. T-EMDE with region labels: the best out of domain on the dev
     # sets, and faster than CP (docs/research/region_labels.md)
-    default_rerank: Rerank = "temde"
+    default_rerank: Rerank = SERVED_RERANK  # type: ignore[assignment]
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
     # hybrid search (hybrid.py): the keyword index's best this many join the vector shortlist before the rerank;
     # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w c^p/(K + keyword

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from crossprobe.models import inference
+from crossprobe.models.inference import Backend
 from crossprobe.service import metrics
-from crossprobe.service.inference import Models
+from crossprobe.service.explainer import Explainer
 from crossprobe.service.registry import Registry
 from crossprobe.service.batcher import Limiter, QueryBatcher
 from crossprobe.service.breaker import FeatureStore
@@ -33,11 +36,24 @@ def _warmup_image() -> bytes:
     return buf.getvalue()
 
 
+def load_model(settings: Settings, bert=None) -> Backend:
+    """The service's model with its parts for a search loaded: the query tower and the scorers now; the image
+    towers and the explain graph on first use (the warm-up makes the image towers), so a service never asked for
+    them pays nothing."""
+    model = inference.load(settings.ckpt, inference.RuntimeOptions(
+        graphs=settings.artifacts_dir, threads=settings.threads, spinning=settings.ort_spinning,
+        shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert))
+    model.warm("search")
+    return model
+
+
 class ServiceState:
     def __init__(self, settings: Settings, bert=None):
         self.settings = settings
         self._bert = bert  # tests pass an already loaded MiniLM, used only if the ONNX graphs must be exported
-        self.models: Models | None = None
+        self.models: Backend | None = None  # the model behind the inference seam (crossprobe.models.inference)
+        self._explainer: Explainer | None = None
+        self._explainer_lock = threading.Lock()
         self.registry: Registry | None = None
         self.batcher: QueryBatcher | None = None
         self.searcher: Searcher | None = None
@@ -76,7 +92,7 @@ class ServiceState:
         try:
             self.models, self.registry = await asyncio.to_thread(self._load)
             settings = self.settings
-            self.batcher = QueryBatcher(lambda texts: self.models.encode(texts), settings.batch_max, settings.batch_wait_ms / 1000,
+            self.batcher = QueryBatcher(lambda texts: self.models.encode_texts(texts), settings.batch_max, settings.batch_wait_ms / 1000,
                                         settings.batching, busy=lambda n: self.limiter.in_flight > n)
             self.batcher.start()
             self.searcher = Searcher(settings, self.models, self.registry, self.batcher, self.pool, self.feature_store)
@@ -93,11 +109,22 @@ class ServiceState:
         log.info("ready: model %s, indexes %s, providers %s", self.models.fingerprint,
                  {n: h.version for n, h in self.registry.handles.items()}, self.models.providers)
 
-    def _load(self) -> tuple[Models, Registry]:
-        models = Models(self.settings, bert=self._bert)
+    def _load(self) -> tuple[Backend, Registry]:
+        models = load_model(self.settings, self._bert)
         registry = Registry(self.settings, models.fingerprint)
         registry.refresh()
         return models, registry
+
+    @property
+    def explainer_loaded(self) -> bool:
+        return self._explainer is not None
+
+    def explainer(self) -> Explainer:
+        """The explain maps' parts, loaded (exported first if missing) on the first call; thread-safe."""
+        with self._explainer_lock:
+            if self._explainer is None:
+                self._explainer = Explainer(self.settings, self.models)
+            return self._explainer
 
     async def warmup(self) -> None:
         """One query per reranker through the whole path (first ORT runs allocate; first MGET connects), and one

@@ -1,7 +1,7 @@
 """The single-process engine of build / add / reindex (IndexerSettings.engine = "single", the default).
 
     decode   `workers` threads, a few journal batches ahead (overlap.run_overlapped; Pillow releases the GIL)
-    encode   this thread: the ONNX backbone + head and the codec values (encoder.py)
+    encode   this thread: the model's backbone + head (encoder.py: the inference seam) and the codec values
     ocr      with OCR on, one thread beside the encoder: the text gate on the batch's grid picks the photos and the
              part of each to read (ocr.py), while the encoder works on the next batch
     write    sink.BatchWriter, in batch order (Redis values, then the journal commit)
@@ -18,7 +18,7 @@ import numpy as np
 
 from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import Decoded, decode_batch
-from crossprobe.indexer.jobs.encoder import Encoder
+from crossprobe.indexer.jobs.encoder import job_backend
 from crossprobe.indexer.jobs.overlap import run_overlapped
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
@@ -32,9 +32,10 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
     """Decode, encode [and read the words of] the journal batches `todo`, handing each to `write` in order."""
     bs = settings.batch_size
     with times.stage("load_model"):
-        enc = Encoder(settings, ckpt, model, bert)
+        model = job_backend(settings, ckpt, model, bert)
+        model.warm("image")
         # one OCR thread beside the encoder's: its engine takes one core (docs/research/text_search.md)
-        reader = ocr.Reader(settings.ocr_gate_threshold, 1) if settings.ocr else None
+        reader = ocr.Reader(settings.ocr_gate_threshold, 1, model) if settings.ocr else None
     ocr_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ocr") if reader is not None else None
     waiting: list[tuple[EncodedBatch, Future]] = []  # at most one batch whose OCR is running
 
@@ -50,15 +51,15 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
             write(batch)
 
     def produce(b: int) -> Decoded:
-        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels)
+        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels, model.preprocess, model.image_size)
 
     def consume(b: int, dec: Decoded) -> None:
-        g, values, grid = np.zeros((0, enc.dims.d), np.float32), [], None
+        g, values, grid = np.zeros((0, model.dims.d), np.float32), [], None
         if dec.rows:
             with times.stage("backbone"):
-                grid = enc.backbone(dec.pixels)  # (b, 49, 1280)
+                grid = model.image_grid(dec.pixels)  # (b, 49, 1280)
             with times.stage("head"):
-                e = enc.head(grid)
+                e = model.image_features(grid)
             g = e.g
             with times.stage("write_redis"):
                 values = codec.encode(layout, e.p_v, e.b_bar, e.s_i, e.labels)

@@ -44,17 +44,20 @@ class OcrUnavailable(RuntimeError):
 class Reader:
     """One engine per thread (the engines hold per-run state); the ONNX sessions release the GIL.
     threshold: the text gate's (None: the trained one; 0: no gate, every photo read whole). threads: ONNX Runtime
-    intra-op threads of each engine (-1: its default, one per core, as the encoder's)."""
+    intra-op threads of each engine (-1: its default, one per core, as the encoder's). model: the job's Backend,
+    whose text gate reads its grid (default: crossprobe's own backbone's)."""
 
-    def __init__(self, threshold: float | None = None, threads: int = 1):
+    def __init__(self, threshold: float | None = None, threads: int = 1, model=None):
         try:
             import rapidocr_onnxruntime  # noqa: F401
         except ImportError as e:
             raise OcrUnavailable("CROSSPROBE_INDEX_OCR=true needs rapidocr-onnxruntime: "
                                  "pip install 'crossprobe[ocr]'") from e
-        from crossprobe.models.text_gate import TextGate
+        if model is None:
+            from crossprobe.models import inference
 
-        self.gate = TextGate.load(threshold=threshold) if threshold != 0 else None
+            model = inference.load(None, inference.RuntimeOptions())
+        self.gate = model.text_gate(threshold) if threshold != 0 else None
         self.threads = threads
         self._local = threading.local()
 

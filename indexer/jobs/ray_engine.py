@@ -38,12 +38,12 @@ import numpy as np
 from crossprobe.indexer.storage import codec
 from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import decode_batch
-from crossprobe.indexer.jobs.encoder import Dims, Encoder, prepare
+from crossprobe.indexer.jobs.encoder import job_backend
+from crossprobe.models.inference import FeatureDims
 from crossprobe.models.runtime import StageTimer
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.models import inputs
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +140,16 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         started = start(settings)
     try:
         with times.stage("load_model"):
-            identity = prepare(settings, ckpt, model, bert)  # graphs exported once, here, before any actor loads them
+            backend = job_backend(settings, ckpt, model, bert)
+            backend.prepare()  # graphs exported once, here, before any actor loads them
+            identity = (backend.fingerprint, backend.dims)
         res = plan_resources(settings, ray.cluster_resources())
         where = "1 GPU" if res["num_gpus"] else f"{res['num_cpus']:g} CPU"
         say(f"engine ray: {'cluster ' + settings.ray_address if settings.ray_address else 'local Ray'}, {len(todo)} batches, "
             f"{res['decoders']} decode tasks, {res['actors']} encoder actor(s) ({where} and "
             f"{res['threads'] or 'default'} ONNX threads each)")
-        ds = _dataset(items, todo, layout, settings, res, identity, ckpt, model, bert)
+        ds = _dataset(items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, ckpt,
+                      model, bert)
         d = identity[1].d
         t = time.perf_counter()
         for row in ds.iter_rows():
@@ -170,7 +173,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
 
 
 def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, res: dict,
-             identity: tuple[str, Dims], ckpt, model, bert):
+             identity: tuple[str, FeatureDims], preprocess, size: int, ckpt, model, bert):
     import ray
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
@@ -182,7 +185,8 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
     rows = [{"b": b, "items": json.dumps([asdict(it) for it in items[b * bs:(b + 1) * bs]], ensure_ascii=False)}
             for b in todo]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels},
+    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels,
+                                                           "preprocess": preprocess, "size": size},
                         compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
                         # Ray Data retries a task whose worker died for ever by default; a file that crashes
                         # the decoder itself (not a Python error: those are skips) must fail the job instead.
@@ -199,15 +203,15 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
                                "model": model if torch_head else None, "bert": bert if torch_head else None})
 
 
-def _decode(batch: dict, bs: int, max_pixels: int) -> dict:
+def _decode(batch: dict, bs: int, max_pixels: int, preprocess, size: int) -> dict:
     """Ray task: journal batches -> pixels padded to (bs, 3, 224, 224) (one shape for every row, so Ray keeps
     them as one tensor column) + a JSON column with the decoded rows, their metadata and the skips."""
     out: dict[str, list] = {"b": [], "pixels": [], "info": []}
     for b, items_json in zip(batch["b"], batch["items"]):
         t = time.perf_counter()
         its = [Item(**d) for d in json.loads(items_json)]
-        dec = decode_batch(its, int(b) * bs, max_pixels)
-        pixels = np.zeros((bs, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE), np.float32)
+        dec = decode_batch(its, int(b) * bs, max_pixels, preprocess, size)
+        pixels = np.zeros((bs, 3, size, size), np.float32)
         pixels[:len(dec.rows)] = dec.pixels
         out["b"].append(int(b))
         out["pixels"].append(pixels)
@@ -218,13 +222,15 @@ def _decode(batch: dict, bs: int, max_pixels: int) -> dict:
 
 
 class _EncodeActor:
-    """Ray actor: one Encoder (ONNX sessions built once per actor) -> per journal batch g padded to (bs, d) and
+    """Ray actor: the job's model (its image parts loaded once per actor) -> per journal batch g padded to (bs, d) and
     the codec values padded to (bs, itemsize) bytes, and the stage times."""
 
-    def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, Dims], ckpt, model, bert):
-        self.enc = Encoder(settings, ckpt, model, bert, identity=identity)
+    def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, FeatureDims], ckpt, model,
+                 bert):
+        self.enc = job_backend(settings, ckpt, model, bert, identity=identity)
+        self.enc.warm("image")
         # index-time OCR where the text gate, on the grid the actor computes, sees writing (ocr.py)
-        self.ocr = ocr.Reader(settings.ocr_gate_threshold, settings.threads or -1) if settings.ocr else None
+        self.ocr = ocr.Reader(settings.ocr_gate_threshold, settings.threads or -1, self.enc) if settings.ocr else None
         self.layout, self.bs, self.d = layout, settings.batch_size, identity[1].d
         self.itemsize = layout.dtype().itemsize
 
@@ -239,9 +245,9 @@ class _EncodeActor:
             uris = info.pop("uris")
             if n:
                 t0 = time.perf_counter()
-                grid = self.enc.backbone(np.ascontiguousarray(pixels[:n]))
+                grid = self.enc.image_grid(np.ascontiguousarray(pixels[:n]))
                 t1 = time.perf_counter()
-                e = self.enc.head(grid)
+                e = self.enc.image_features(grid)
                 t2 = time.perf_counter()
                 vals = codec.encode(self.layout, e.p_v, e.b_bar, e.s_i, e.labels)
                 t3 = time.perf_counter()

@@ -39,7 +39,8 @@ import numpy as np
 
 from crossprobe.indexer.storage import ann, codec, faiss_io, keyword
 from crossprobe.indexer.jobs import local_engine, report
-from crossprobe.indexer.jobs.encoder import Dims, identify
+from crossprobe.indexer.jobs.encoder import identify
+from crossprobe.models.inference import FeatureDims
 from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.overlap import progress
 from crossprobe.models.runtime import StageTimer
@@ -118,9 +119,6 @@ def reindex(name: str, settings: IndexerSettings | None = None, ckpt: Path | Non
 _CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost", "ocr_failed")
 
 
-def dims_of(manifest: dict) -> Dims:
-    m = manifest["dims"]
-    return Dims(d=m["g"], n=m["p_v"][0], dc=m["p_v"][1], nk=m["s_i"], cells=m.get("labels", 0))  # no labels before format 2
 
 
 def _source_desc(images: Path | None, manifest: Path | None) -> dict:
@@ -166,7 +164,7 @@ class Job:
     store: Store
     spec: dict  # what makes a half-done run resumable: the same spec finds it again
     layout: codec.Layout  # of the Redis values
-    dims: Dims
+    dims: FeatureDims
     fingerprint: str
     times: StageTimer
     t0: float  # perf_counter at the start, for elapsed times
@@ -197,7 +195,7 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         if base is None or (base_manifest := store.read_manifest(name, base)) is None:
             raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
     if kind == "delete":
-        fingerprint, dims = base_manifest["fingerprint"], dims_of(base_manifest)
+        fingerprint, dims = base_manifest["fingerprint"], FeatureDims.from_manifest(base_manifest["dims"])
         quant = base_manifest["layout"]["quantization"]
         spec = {"kind": kind, "name": name, "base": base, "factory": settings.factory,
                 "ids_sha": hashlib.sha256(json.dumps(sorted(set(ids))).encode()).hexdigest()[:16]}
@@ -230,7 +228,7 @@ def _run(kind: str, name: str, settings: IndexerSettings, images=None, manifest=
         return done
     if kind == "delete" and not set(ids or ()) & set(store.read_ids(name, base)):
         raise ValueError(f"none of the {len(ids or ())} ids is in {name}/{base}; nothing to delete")
-    layout = codec.Layout(quant, dims.n, dims.dc, dims.nk, dims.cells)
+    layout = codec.Layout(quant, dims.item)
     version = _find_resumable(store, name, spec)
     resumed = version is not None
     version = version or new_version()
@@ -452,7 +450,7 @@ def _finalize(job: Job, items: list[Item], reader_skips: list[Skip], del_ids: li
     done = report.write_report(vdir, kind, len(ids), reader_skips + skips, times, t0, encoded, reused, factory, extra)
     manifest = {
         "name": name, "version": version, "kind": kind, "base_version": base, "fingerprint": job.fingerprint,
-        "dims": {"g": dims.d, "p_v": [dims.n, dims.dc], "b_bar": dims.dc, "s_i": dims.nk, "labels": dims.cells},
+        "dims": dims.manifest(),
         "count": len(ids), "factory": factory, "metric": "inner_product", "ann": writer.manifest_entry(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": job.layout.header(),

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from crossprobe.models.inference.layout import ItemDims
+
 FORMAT = 2
 FORMATS = (1, 2)  # 1: before region labels (cells = 0)
 FIELDS = ("p_v", "b_bar", "s_i")
@@ -26,22 +28,22 @@ FIELDS = ("p_v", "b_bar", "s_i")
 
 @dataclass(frozen=True)
 class Layout:
+    """The bytes of one item's value: the model's item features (ItemDims: the one definition of their sizes,
+    crossprobe.models.inference.layout) stored in `quantization`."""
     quantization: str  # "float16" | "int8"
-    n: int  # vision probes
-    dc: int  # probe width
-    nk: int  # T-EMDE sketch size N*K
-    cells: int = 0  # region labels per item (49 grid cells), 0 = none (format 1)
+    item: ItemDims
 
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"p_v": (self.n, self.dc), "b_bar": (self.dc,), "s_i": (self.nk,)}
+    @property
+    def cells(self) -> int:  # region labels per item (49 grid cells), 0 = none (format 1)
+        return self.item.cells
 
     def dtype(self) -> np.dtype:
-        sh = self.shapes()
+        sh = self.item.shapes()
         labels = [("labels", "<u2", (self.cells,))] if self.cells else []
         if self.quantization == "float16":
             return np.dtype([(f, "<f2", sh[f]) for f in FIELDS] + labels)
         if self.quantization == "int8":
-            scales = [("p_v_scale", "<f4", (self.n,)), ("b_bar_scale", "<f4"), ("s_i_scale", "<f4")]
+            scales = [("p_v_scale", "<f4", (self.item.n,)), ("b_bar_scale", "<f4"), ("s_i_scale", "<f4")]
             return np.dtype(scales + [(f, "i1", sh[f]) for f in FIELDS] + labels)
         raise ValueError(f"unknown quantization {self.quantization!r} (float16 or int8)")
 
@@ -56,15 +58,16 @@ class Layout:
             sub, offset = dt.fields[name][:2]
             base, shape = (sub.subdtype if sub.subdtype else (sub, ()))
             fields.append({"name": name, "dtype": base.str, "shape": list(shape), "offset": offset})
-        head = {"format": FORMAT if self.cells else 1, "quantization": self.quantization, "n": self.n, "dc": self.dc,
-                "nk": self.nk, "itemsize": dt.itemsize, "fields": fields}
+        i = self.item
+        head = {"format": FORMAT if self.cells else 1, "quantization": self.quantization, "n": i.n, "dc": i.dc,
+                "nk": i.nk, "itemsize": dt.itemsize, "fields": fields}
         return {**head, "cells": self.cells} if self.cells else head
 
     @classmethod
     def from_header(cls, h: dict) -> "Layout":
         if h.get("format") not in FORMATS:
             raise ValueError(f"feature layout format {h.get('format')} is not supported (expected one of {FORMATS})")
-        lay = cls(h["quantization"], h["n"], h["dc"], h["nk"], int(h.get("cells", 0)))
+        lay = cls(h["quantization"], ItemDims(h["n"], h["dc"], h["nk"], int(h.get("cells", 0))))
         if lay.itemsize != h["itemsize"]:
             raise ValueError("feature layout header disagrees with its own field sizes")
         return lay
@@ -93,7 +96,7 @@ def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray,
     elif labels is not None:
         raise ValueError("labels given for a layout without region labels")
     vals = {"p_v": p_v, "b_bar": b_bar, "s_i": s_i}
-    for f, shape in layout.shapes().items():
+    for f, shape in layout.item.shapes().items():
         v = np.asarray(vals[f], np.float32)
         if v.shape != (B, *shape):
             raise ValueError(f"{f}: shape {v.shape}, layout expects {(B, *shape)}")

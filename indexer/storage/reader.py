@@ -15,6 +15,7 @@ import numpy as np
 
 from crossprobe.indexer.storage import ann
 from crossprobe.indexer.storage.codec import Layout, decode
+from crossprobe.models.inference.layout import FeatureDims
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.settings import StorageSettings
 from crossprobe.indexer.storage.store import KeyLayout, Store
@@ -31,7 +32,8 @@ class IndexReader:
         # the backend the version was built with (its manifest says; FAISS for versions older than the field)
         self.ann: ann.AnnIndex = ann.backend_for(store.settings, manifest).open(name, version, manifest, vdir)
         self.index = getattr(self.ann, "index", None)  # the faiss.Index of a FAISS version (tools, tests)
-        self.d: int = manifest["dims"]["g"]
+        self.dims = FeatureDims.from_manifest(manifest["dims"])
+        self.d: int = self.dims.d
         self.ids: list[str] = json.loads((vdir / "ids").read_text())
         self.layout = Layout.from_header(manifest["layout"])
         self.keys = KeyLayout.of(store.prefix, manifest)  # the version's own key names (tagged or not)

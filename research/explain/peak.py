@@ -21,7 +21,7 @@ from crossprobe.indexer import build
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models.demo import EXPECTED
 from crossprobe.models.evaluation.report import machine
-from crossprobe.service.demo import write_sample_gallery
+from crossprobe.models.demo import write_sample_gallery
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
 

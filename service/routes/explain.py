@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from crossprobe.service import metrics
 from crossprobe.service.deps import QUERY, read_metadata, server_timing, svc
 from crossprobe.service.exceptions import ItemNotFound
-from crossprobe.service.explainer import EXPLAIN_MODES
+from crossprobe.models.inference.explain import EXPLAIN_MODES
 from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, error_responses
 
 router = APIRouter(**QUERY)
@@ -40,9 +40,9 @@ async def explain(body: ExplainRequest, request: Request) -> Response:
         t = time.perf_counter()
         metas = await read_metadata(state, handle, ids, "explain")
         metadata_ms = (time.perf_counter() - t) * 1000
-        loading = not state.models.explainer_loaded
+        loading = not state.explainer_loaded
         t = time.perf_counter()
-        explainer = await loop.run_in_executor(state.pool, state.models.explainer)
+        explainer = await loop.run_in_executor(state.pool, state.explainer)
         load_ms = (time.perf_counter() - t) * 1000
         res = await loop.run_in_executor(state.pool, explainer.explain, handle, ids, metas, q.p_t, q.q_cls)
     timings = {"queue": info.queue_ms, "encode": info.encode_ms, "metadata": metadata_ms,

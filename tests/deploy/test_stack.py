@@ -108,7 +108,7 @@ def stack(tmp_path_factory):
         pytest.fail("podman and podman-compose are missing: `make test-deploy` installs them (scripts/container-setup.sh)")
     if sh(["podman", "image", "exists", "crossprobe:cpu"], check=False).returncode != 0:
         pytest.fail("no image crossprobe:cpu: `make image` builds it (`make test-deploy` runs it first)")
-    from crossprobe.service.demo import write_sample_gallery
+    from crossprobe.models.demo import write_sample_gallery
 
     root = tmp_path_factory.mktemp("deploy")
     gallery = write_sample_gallery(root / "gallery")

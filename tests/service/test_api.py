@@ -113,7 +113,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
 def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ckpt, artifacts):
     """The opt-in int8 query graph is quantized once beside the fp32 one (the default), says so in
     every response, and ranks like fp32 (scores within quantization noise)."""
-    from crossprobe.service.inference import Models
+    from crossprobe.service.state import load_model
     from tests.service.conftest import service_settings
 
     fp = checkpoint.read_config(svc_ckpt)["fingerprint"]
@@ -127,7 +127,8 @@ def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ck
     common = sa.keys() & sb.keys()
     assert len(common) >= 6
     assert max(abs(sa[i] - sb[i]) for i in common) < 0.05
-    g = [Models(service_settings(built, svc_ckpt, artifacts, query_precision=p)).encode([q, "two dogs"]) for p in ("int8", "fp32")]
+    g = [load_model(service_settings(built, svc_ckpt, artifacts, query_precision=p)).encode_texts([q, "two dogs"])
+         for p in ("int8", "fp32")]
     for x, y in zip(*g):
         assert float(x.g_q @ y.g_q) / float(np.linalg.norm(x.g_q) * np.linalg.norm(y.g_q)) > 0.98
 
@@ -168,14 +169,14 @@ def test_full_queue_answers_429_at_once(client, monkeypatch):
     svc = client.app.state.svc
     monkeypatch.setattr(svc.limiter, "size", 1)
     entered, release, first = threading.Event(), threading.Event(), []
-    real = svc.models.encode
+    real = svc.models.encode_texts
 
     def held(texts):
         entered.set()
         release.wait(20)
         return real(texts)
 
-    monkeypatch.setattr(svc.models, "encode", held)
+    monkeypatch.setattr(svc.models, "encode_texts", held)
     t = threading.Thread(target=lambda: first.append(_search(client, query="first")))
     t.start()
     try:

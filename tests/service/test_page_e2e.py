@@ -68,7 +68,7 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
     env: more CROSSPROBE_* settings. The server's log: <work>/server.log."""
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.service.demo import write_sample_gallery
+    from crossprobe.models.demo import write_sample_gallery
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no browser at {CHROMIUM}: run `make test-e2e` (it installs Debian's chromium)")

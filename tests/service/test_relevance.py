@@ -110,7 +110,7 @@ PRESENT = {"a cat": "cat.jpg", "a cup of coffee": "coffee.jpg", "a man riding a 
 def real_client(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtures from tests/indexer)
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.service.demo import write_sample_gallery
+    from crossprobe.models.demo import write_sample_gallery
     from crossprobe.service.settings import Settings
 
     redis_server.flushall()

@@ -54,12 +54,12 @@ def test_an_indexed_image_finds_itself_first(client, built):
 
 
 def test_image_query_vector_is_the_stored_g_i(client, built):
-    """The service's image encoder (the indexer's Encoder over the service's graphs) gives the stored vector."""
+    """The service's image encoder (the model's image parts, as the indexer runs them) gives the stored vector."""
     from crossprobe.service.query_image import pixels
 
     item_id, path = next(iter(_files(built).items()))
     state = client.app.state.svc
-    g = state.models.image_encoder().encode(pixels(path.read_bytes(), 10**8)[None])[0]
+    g = state.models.encode_images(pixels(path.read_bytes(), 10**8)[None]).g[0]
     np.testing.assert_allclose(g, _stored(built, [item_id])[0], atol=1e-5)
 
 

@@ -4,6 +4,7 @@ import pytest
 from crossprobe.indexer.storage import codec
 from crossprobe.indexer.storage.faiss_io import build_faiss, choose_factory
 from crossprobe.indexer.jobs.settings import IndexerSettings
+from crossprobe.models.inference.layout import ItemDims
 
 
 def _feats(B=5, n=4, dc=32, nk=16, seed=0):
@@ -14,7 +15,7 @@ def _feats(B=5, n=4, dc=32, nk=16, seed=0):
 
 @pytest.mark.parametrize("quant,itemsize,tol", [("float16", 2 * (4 * 32 + 32 + 16), 2e-3), ("int8", 6 * 4 + 4 * 32 + 32 + 16, 1 / 127)])
 def test_codec_roundtrip_and_header(quant, itemsize, tol):
-    lay = codec.Layout(quant, 4, 32, 16)
+    lay = codec.Layout(quant, ItemDims(4, 32, 16))
     p_v, b_bar, s_i = _feats()
     vals = codec.encode(lay, p_v, b_bar, s_i)
     assert all(len(v) == itemsize for v in vals) and lay.itemsize == itemsize
@@ -32,7 +33,7 @@ def test_codec_roundtrip_and_header(quant, itemsize, tol):
 @pytest.mark.parametrize("quant", ["float16", "int8"])
 def test_region_labels_ride_along_exactly(quant):
     """Format 2 adds 49 class ids (uint16, 98 bytes) after the float fields; format 1 headers still decode."""
-    plain, lay = codec.Layout(quant, 4, 32, 16), codec.Layout(quant, 4, 32, 16, cells=49)
+    plain, lay = codec.Layout(quant, ItemDims(4, 32, 16)), codec.Layout(quant, ItemDims(4, 32, 16, cells=49))
     assert lay.itemsize == plain.itemsize + 98
     p_v, b_bar, s_i = _feats()
     labels = np.random.default_rng(3).integers(0, 1000, (5, 49))

@@ -1,15 +1,16 @@
-"""The service's Models: one shared ONNX Runtime pool by default (models/runtime.py)."""
+"""The service's model (service/state.py load_model): one shared ONNX Runtime pool by default (models/runtime.py)."""
 import pytest
 
 from tests.models.test_runtime import run_fresh
 
 BODY = """
     from crossprobe.models import runtime
-    from crossprobe.service.inference import Models
     from crossprobe.service.settings import Settings
-    m = Models(Settings(query_precision="fp32", threads=2))
-    print(runtime.shared_pool_threads(), m.query.get_session_options().use_per_session_threads,
-          m.scorers["cp"].get_session_options().use_per_session_threads)
+    from crossprobe.service.state import load_model
+    m = load_model(Settings(query_precision="fp32", threads=2))
+    s = m.sessions()
+    print(runtime.shared_pool_threads(), s["query"].get_session_options().use_per_session_threads,
+          s["cp"].get_session_options().use_per_session_threads)
 """
 
 
@@ -24,11 +25,11 @@ def test_models_share_one_pool_unless_told_otherwise(svc_ckpt, artifacts, tmp_pa
 DEFAULT_THREADS = """
     import faiss
     from crossprobe.models import runtime
-    from crossprobe.service.inference import Models
     from crossprobe.service.registry import Registry
     from crossprobe.service.settings import Settings
+    from crossprobe.service.state import load_model
     s = Settings(query_precision="fp32")
-    m = Models(s)
+    m = load_model(s)
     Registry(s, m.fingerprint)
     print(s.threads, runtime.shared_pool_threads(), faiss.omp_get_max_threads())
 """

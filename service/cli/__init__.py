@@ -1,4 +1,6 @@
-"""The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
+"""The command line: the layer above the batch jobs and the service (the only code that imports both).
+
+The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
 train, eval, frontier, ablate, promote, export, demo, and `crossprobe checkpoint ...`), the indexer's (`crossprobe index ...`,
 indexer/jobs/cli.py) and the service's own (serve, demo-service), defined here."""
 from __future__ import annotations
@@ -41,7 +43,7 @@ def demo_service(
     workdir: Path = typer.Option(Path("artifacts/demo-service"), help="gallery, index and embedded Redis go here"),
 ):
     """Index a gallery, start the HTTP service with an embedded Redis, query it over HTTP, stop it."""
-    from crossprobe.service.demo import run_service_demo
+    from crossprobe.service.cli.demo import run_service_demo
 
     try:
         run_service_demo(images, query or None, top, ckpt, rerank, workdir, echo=typer.echo)

@@ -1,5 +1,7 @@
 """`make demo` / `crossprobe demo-service`: index a gallery, serve it, query it over HTTP, stop.
 
+Part of the command line (the layer above both the batch jobs and the service: it runs one, then the other).
+
 1. the gallery: scikit-image's bundled photos (crossprobe.models.demo.sample_gallery) written
    as JPEGs under <workdir>/gallery, or IMAGES=dir;
 2. `crossprobe index build` of it into <workdir>/indexes (older demo versions gc'ed);
@@ -23,17 +25,6 @@ DEFAULT_WORKDIR = Path("artifacts/demo-service")
 INDEX = "demo"
 
 
-def write_sample_gallery(folder: Path) -> Path:
-    from crossprobe.models.demo import sample_gallery
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, img in sample_gallery().items():
-        p = folder / f"{name}.jpg"
-        if not p.exists():  # same bytes every run: the indexer's ids and the files stay stable
-            img.save(p, "JPEG", quality=90)
-    return folder
-
-
 def words(http, echo: Callable[[str], None], text: str = "segmentation") -> None:
     """A words search (mode hybrid): page.jpg holds the word in print, read by OCR at index time."""
     body = http.post("/v1/search", json={"query": text, "k": 3}).json()
@@ -51,7 +42,7 @@ def run_service_demo(images: Path | None = None, queries: list[str] | None = Non
     """rerank: cp | temde | none; None: the service's default reranker."""
     import httpx
 
-    from crossprobe.models.demo import QUERIES
+    from crossprobe.models.demo import QUERIES, write_sample_gallery
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.indexer.storage.redis_conn import close_embedded, connect

@@ -1,0 +1,51 @@
+"""The layers hold (docs/architecture.md, "Layers"): models -> storage -> (jobs | service) -> the command line.
+
+import-linter (the dev extra) checks the contract in .importlinter; these tests run it on the tree, show that it
+catches a planted violation, and check the rule the contract cannot state: only the command line imports the
+command line."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"models": "models", "indexer": "indexer", "service": "service"}  # crossprobe.<name> -> folder
+
+
+def lint(root: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+    return subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--config", str(ROOT / ".importlinter"),
+                           "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_tree_keeps_its_layers():
+    out = lint(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+def test_a_planted_import_of_the_jobs_from_the_service_breaks_the_contract(tmp_path):
+    """A copy of the packages with one service module importing the batch jobs: the contract must fail, naming
+    the import."""
+    pkg = tmp_path / "crossprobe"  # a namespace, as installed
+    for name, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "static", "checkpoints"))
+    planted = pkg / "service" / "hybrid.py"
+    planted.write_text(planted.read_text() + "\nfrom crossprobe.indexer.jobs import sources  # planted\n")
+    out = lint(tmp_path, pythonpath=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "BROKEN" in out.stdout
+    assert "crossprobe.service.hybrid -> crossprobe.indexer.jobs.sources" in out.stdout
+
+
+def test_only_the_command_line_imports_the_command_line():
+    import grimp
+
+    graph = grimp.build_graph("crossprobe.models", "crossprobe.indexer", "crossprobe.service")
+    cli = {"crossprobe.service.cli"} | graph.find_descendants("crossprobe.service.cli")
+    importers = set().union(*(graph.find_modules_that_directly_import(m) for m in cli))
+    assert importers <= cli, f"imports of the command line from below it: {sorted(importers - cli)}"
