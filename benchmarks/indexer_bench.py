@@ -81,7 +81,7 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     backend.prepare()  # make sure the head graph is exported
     model, meta = checkpoint.load(ckpt)
     px = np.stack([inputs.load_image(p) for p in images])
-    grid = np.concatenate([backend.image_grid(px[i:i + 32]) for i in range(0, len(px), 32)])
+    grid = np.concatenate([backend.image_grid(px[i:i + 32]).cells for i in range(0, len(px), 32)])
     ort_head = session(models / meta["fingerprint"] / "image_tower.onnx", threads=threads)
     graph = ImageGraph(model).eval()
     if threads:

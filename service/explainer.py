@@ -52,7 +52,7 @@ class Explainer:
         timings["decode"] = (time.perf_counter() - t) * 1000
         if todo:
             t = time.perf_counter()
-            out = self.model.image_grid(np.stack([px for _, px in todo]))
+            out = self.model.image_grid(np.stack([px for _, px in todo])).cells
             timings["backbone"] = (time.perf_counter() - t) * 1000
             for (item_id, _), g in zip(todo, out):
                 grids[item_id] = g

@@ -57,7 +57,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         g, values, grid = np.zeros((0, model.dims.d), np.float32), [], None
         if dec.rows:
             with times.stage("backbone"):
-                grid = model.image_grid(dec.pixels)  # (b, 49, 1280)
+                grid = model.image_grid(dec.pixels)  # cells (b, 49, 1280) for crossprobe's own model
             with times.stage("head"):
                 e = model.image_features(grid)
             g = e.g
@@ -68,7 +68,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         if ocr_pool is None or grid is None:
             write(batch)
         else:
-            waiting.append((batch, ocr_pool.submit(read, [items[r].uri for r in dec.rows], grid, dec.meta)))
+            waiting.append((batch, ocr_pool.submit(read, [items[r].uri for r in dec.rows], grid.cells, dec.meta)))
 
     try:
         run_overlapped(todo, produce, consume, settings.decode_workers, times)

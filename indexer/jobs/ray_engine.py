@@ -251,7 +251,7 @@ class _EncodeActor:
                 t2 = time.perf_counter()
                 vals = codec.encode(self.layout, e.p_v, e.b_bar, e.s_i, e.labels)
                 t3 = time.perf_counter()
-                info["meta"] = ocr.read_batch(self.ocr, uris, grid, info["meta"])
+                info["meta"] = ocr.read_batch(self.ocr, uris, grid.cells, info["meta"])
                 sec.update(backbone=t1 - t0, head=t2 - t1, codec=t3 - t2, ocr=time.perf_counter() - t3)
                 g[:n] = e.g
                 v[:n] = np.frombuffer(b"".join(vals), np.uint8).reshape(n, self.itemsize)

@@ -1,23 +1,56 @@
 """The inference seam (base.py): one interface through which the indexer, the service, the explainer and the
-text gate reach a model, whatever its family and runtime; image decoding for it (decode.py) and the one
-definition of the features it gives (layout.py). Implementations: crossprobe.py (a crossprobe checkpoint's
-graphs over ONNX Runtime).
+text gate reach a model, whatever its family and runtime; image decoding for it (decode.py), the one definition of
+the features it gives (layout.py), and what names a model (spec.py). Implementations: crossprobe.py (a crossprobe
+checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported graphs: open_clip, Hugging Face).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from crossprobe.models.inference.base import (Backend, ImageFeatures, QueryVectors, RerankerUnavailable,
+from crossprobe.models.inference.base import (Backend, ImageFeatures, ImageGrid, QueryVectors, RerankerUnavailable,
                                               RuntimeOptions)
 from crossprobe.models.inference.layout import FeatureDims, ItemDims
+from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
 
-__all__ = ["Backend", "FeatureDims", "ImageFeatures", "ItemDims", "QueryVectors", "RerankerUnavailable",
-           "RuntimeOptions", "load"]
+__all__ = ["Backend", "BadSpec", "FeatureDims", "ImageFeatures", "ImageGrid", "ItemDims", "ModelSpec", "QueryVectors",
+           "RerankerUnavailable", "RuntimeOptions", "load", "parse"]
 
 
-def load(ckpt: Path | None, opts: RuntimeOptions, identity: tuple[str, FeatureDims] | None = None) -> Backend:
-    """The model at `ckpt` (a crossprobe checkpoint directory; None: the committed one), parts loaded on first use.
-    identity: its (fingerprint, dims) where the caller knows them (crossprobe.py CrossprobeBackend)."""
-    from crossprobe.models.inference.crossprobe import CrossprobeBackend
+class ModelUnavailable(RuntimeError):
+    """The spec names a model whose graphs are not exported here, and this environment cannot export them."""
 
-    return CrossprobeBackend(Path(ckpt) if ckpt is not None else None, opts, identity)
+
+def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
+         identity: tuple[str, FeatureDims] | None = None) -> Backend:
+    """The model a spec names (spec.py; a bare path or None: a crossprobe checkpoint, None the committed one), its
+    parts loaded on first use. identity: its (fingerprint, dims) where the caller knows them (crossprobe.py)."""
+    spec = model if isinstance(model, ModelSpec) else parse(model)
+    if spec.family == "crossprobe":
+        from crossprobe.models.inference.crossprobe import CrossprobeBackend
+
+        return CrossprobeBackend(spec.path, opts, identity)
+    if spec.family in ("open_clip", "hf"):
+        from crossprobe.models.inference.exported import ExportedBackend
+
+        return ExportedBackend(exported_folder(spec, opts.graphs), opts)
+    raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
+
+
+def exported_folder(spec: ModelSpec, root: Path | None) -> Path:
+    """The folder of `spec`'s exported graphs under `root`, exporting them now where this environment can."""
+    from crossprobe.models.inference.exported import find_exported
+
+    if root is None:
+        raise ModelUnavailable(f"model {spec}: no graphs folder given to find or export its graphs in")
+    found = find_exported(root, str(spec))
+    if found is not None:
+        return found
+    try:
+        from crossprobe.models import families
+    except ImportError as e:  # torch or the family's library is missing: the container image, a torch-free venv
+        raise ModelUnavailable(
+            f"model {spec} is not exported under {root}, and this environment cannot export it ({e}). Export it where "
+            f"PyTorch and the family's library are installed: `crossprobe models export {spec} --out DIR` (open_clip "
+            f"models: in the environment scripts/openclip-env.sh makes), then point CROSSPROBE_ARTIFACTS_DIR (the "
+            f"service) and CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR") from None
+    return families.export(spec, Path(root))

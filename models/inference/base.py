@@ -4,9 +4,11 @@ The indexer, the service, the explainer and the text gate reach models only thro
 text-embeddings-inference's Backend and Immich's InferenceModel: load once, then predict):
 
     preprocess(image)        PIL image -> (3, S, S) float32        the model's own resize, crop and scaling
-    image_grid(pixels)       (B, 3, S, S) -> (B, P, W) float32       the frozen trunk: local features per
-                                                                     region or patch ("backbone" stage)
-    image_features(grid)     (B, P, W) -> ImageFeatures              g, and the rerankers' item features
+    image_grid(pixels)       (B, 3, S, S) -> ImageGrid               the frozen trunk: local features per
+                                                                     region or patch, (B, P, W), and the pooled
+                                                                     embedding where the trunk makes it
+                                                                     ("backbone" stage)
+    image_features(grid)     ImageGrid -> ImageFeatures              g, and the rerankers' item features
                                                                      ("head" stage)
     encode_texts(texts)      [str] -> [QueryVectors]                 g_q, and the rerankers' query features
     rerank(kind, q, feats, s_tt)  one query against K candidates -> (K,) fused logits
@@ -39,6 +41,16 @@ class QueryVectors:
     w_bar: np.ndarray | None  # (dc,) mean text token (Cross-probe)
     s_q: np.ndarray | None  # (nk,) T-EMDE sketch
     q_cls: np.ndarray | None = None  # (1000,) cosines with the class table, with region labels
+
+
+@dataclass
+class ImageGrid:
+    """What a model's frozen trunk gives for a batch of images."""
+    cells: np.ndarray  # (B, P, W) float32: local features (EfficientNet's 7 x 7 cells, a ViT's patch tokens)
+    pooled: np.ndarray | None = None  # (B, d) the trunk's own pooled embedding (CLIP families), not yet unit norm
+
+    def __len__(self) -> int:
+        return len(self.cells)
 
 
 @dataclass
@@ -96,12 +108,12 @@ class Backend(ABC):
         """Fetch or export what the image parts need, without loading them (a driver before its workers start)."""
 
     @abstractmethod
-    def image_grid(self, pixels: np.ndarray) -> np.ndarray:
-        """(B, 3, S, S) float32 -> (B, P, W) float32: the trunk's local features."""
+    def image_grid(self, pixels: np.ndarray) -> ImageGrid:
+        """(B, 3, S, S) float32 -> the trunk's local features (and pooled embedding)."""
 
     @abstractmethod
-    def image_features(self, grid: np.ndarray) -> ImageFeatures:
-        """(B, P, W) -> g and the item features the rerankers read."""
+    def image_features(self, grid: ImageGrid) -> ImageFeatures:
+        """The trunk's output -> g and the item features the rerankers read."""
 
     def encode_images(self, pixels: np.ndarray) -> ImageFeatures:
         return self.image_features(self.image_grid(np.ascontiguousarray(pixels, np.float32)))

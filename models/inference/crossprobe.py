@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.models import DEFAULT_CHECKPOINT, export, inputs, read_config, runtime
-from crossprobe.models.inference.base import Backend, ImageFeatures, QueryVectors, RuntimeOptions
+from crossprobe.models.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.models.inference.layout import FeatureDims, ItemDims
 
 # the graphs a service needs to answer a search, and what it exports beside them while the model is loaded
@@ -117,20 +117,20 @@ class CrossprobeBackend(Backend):
         if self.opts.image_head == "onnx":
             self._export(("image_tower",))
 
-    def image_grid(self, pixels: np.ndarray) -> np.ndarray:
-        """(B, 3, 224, 224) float32 -> (B, 49, 1280) float32."""
-        return self._backbone().run(None, {"pixels": np.ascontiguousarray(pixels, np.float32)})[0]
+    def image_grid(self, pixels: np.ndarray) -> ImageGrid:
+        """(B, 3, 224, 224) float32 -> cells (B, 49, 1280) float32 (the image tower makes g from them)."""
+        return ImageGrid(self._backbone().run(None, {"pixels": np.ascontiguousarray(pixels, np.float32)})[0])
 
-    def image_features(self, grid: np.ndarray) -> ImageFeatures:
-        """(B, 49, 1280) -> g (B, d), p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) [, labels (B, 49)]."""
-        head = self._head()
+    def image_features(self, grid: ImageGrid) -> ImageFeatures:
+        """cells (B, 49, 1280) -> g (B, d), p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) [, labels (B, 49)]."""
+        head, cells = self._head(), grid.cells
         if self.opts.image_head == "torch":
             import torch
 
             with torch.inference_mode():
-                out = [o.numpy() for o in head(torch.from_numpy(np.asarray(grid, np.float32)))]
+                out = [o.numpy() for o in head(torch.from_numpy(np.asarray(cells, np.float32)))]
         else:
-            out = head.run(None, {"grid": grid})
+            out = head.run(None, {"grid": cells})
         g, p_v, b_bar, s_i, *labels = out
         return ImageFeatures(np.ascontiguousarray(g, np.float32), p_v, b_bar, s_i, labels[0] if labels else None)
 

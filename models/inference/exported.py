@@ -1,0 +1,224 @@
+"""A model family's exported graphs behind the inference seam (open_clip, Hugging Face CLIP / SigLIP), torch-free.
+
+`crossprobe models export SPEC` (models/families/) writes a folder <root>/<fingerprint>/ once, where torch and the
+family's library are installed; serving it needs ONNX Runtime, Pillow and `tokenizers` only:
+
+    model.json       what the model is and how it reads its inputs (family, spec, dims, "image", "text" below)
+    image.onnx       pixels (B, 3, S, S) -> embedding (B, d), tokens (B, P, W)    the library's own image embedding
+                                                                                  and the trunk's final token states
+    text.onnx        input_ids, attention_mask (B, T) -> embedding (B, d), tokens (B, T, W_t)
+    tokenizer.json   a `tokenizers` file giving the family tokenizer's own ids (checked id for id at export)
+
+image_grid gives ImageGrid(cells = the patch tokens, pooled = the embedding); g is the embedding at unit norm. Such
+a model is two-tower only: rerankers are trained for it separately (heads.py), so dims.item is all zeros here.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from crossprobe.models import runtime
+from crossprobe.models.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
+from crossprobe.models.inference.layout import FeatureDims, ItemDims
+
+MODEL_JSON = "model.json"
+FORMAT = 1
+_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
+            "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """A PIL image -> (3, size, size) float32, as the family's own preprocessing makes it. Picklable (Ray's decode
+    tasks get it). The two resize modes are torchvision's / HF's: "shortest" scales the shorter side to `size`
+    (the longer to int(size * long / short)) and crops the centre; "squash" resizes to size x size."""
+    size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    resize: str = "shortest"  # shortest | squash
+    interpolation: str = "bicubic"
+    crop: bool = True
+    crop_rounding: str = "round"  # torchvision: round((H - S) / 2); Hugging Face: (H - S) // 2
+
+    def __post_init__(self):
+        if self.resize not in ("shortest", "squash") or self.interpolation not in _FILTERS \
+                or self.crop_rounding not in ("round", "floor"):
+            raise ValueError(f"unsupported image preprocessing {self}")
+
+    def __call__(self, img: Image.Image) -> np.ndarray:
+        img = ImageOps.exif_transpose(img).convert("RGB")
+        s, flt = self.size, _FILTERS[self.interpolation]
+        if self.resize == "squash":
+            img = img.resize((s, s), flt)
+        else:
+            w, h = img.size
+            short, long = (w, h) if w <= h else (h, w)
+            new_long = int(s * long / short)
+            img = img.resize((s, new_long) if w <= h else (new_long, s), flt)
+            if self.crop:
+                img = img.crop(self._box(*img.size))
+        x = np.asarray(img, np.float32) / 255.0
+        return ((x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)).transpose(2, 0, 1)
+
+    def _box(self, w: int, h: int) -> tuple[int, int, int, int]:
+        s = self.size
+        off = (lambda d: int(round(d / 2.0))) if self.crop_rounding == "round" else (lambda d: d // 2)
+        left, top = off(w - s), off(h - s)
+        return left, top, left + s, top + s
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ImagePreprocess":
+        return cls(int(d["size"]), tuple(d["mean"]), tuple(d["std"]), d.get("resize", "shortest"),
+                   d.get("interpolation", "bicubic"), bool(d.get("crop", True)), d.get("crop_rounding", "round"))
+
+
+_WHITESPACE = re.compile(r"\s+")
+_PUNCTUATION = str.maketrans("", "", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def clean_text(text: str, how: str) -> str:
+    """The family tokenizer's own text cleaning, before `tokenizers` sees the text:
+    none; whitespace (runs of whitespace -> one space, stripped); open_clip (its basic_clean's HTML unescaping, then
+    whitespace); canonicalize (whitespace, then punctuation removed and lower case: open_clip's SigLIP)."""
+    if how == "none":
+        return text
+    if how == "open_clip":
+        text = html.unescape(html.unescape(text))
+    text = _WHITESPACE.sub(" ", text).strip()
+    if how == "canonicalize":
+        text = text.translate(_PUNCTUATION).lower()
+    return text
+
+
+class ExportedBackend(Backend):
+    """An exported folder (module docstring) run by ONNX Runtime."""
+
+    def __init__(self, folder: Path, opts: RuntimeOptions):
+        super().__init__()
+        self.folder, self.opts = Path(folder), opts
+        self.meta = read_model_json(self.folder)
+        self.family, self.fingerprint = self.meta["family"], self.meta["fingerprint"]
+        self.spec = self.meta.get("spec")
+        self._preprocess = ImagePreprocess.from_json(self.meta["image"])
+        self.image_size = self._preprocess.size
+        self.dims = FeatureDims(int(self.meta["dims"]["d"]), ItemDims(0, 0, 0, 0))
+        self.rerankers = ()
+        self.calibration = None  # relevance curves are fitted per model: none for a family model yet
+
+    def _session(self, name: str):
+        return self._part(name, lambda: runtime.session(self.folder / self.meta["graphs"][name], self.opts.threads,
+                                                         self.opts.spinning))
+
+    def warm(self, *parts: str) -> None:
+        for p in parts:
+            if p in ("search", "text"):
+                self._session("text"), self._tokenizer()
+            elif p == "image":
+                self._session("image")
+            elif p != "explain":  # no explain maps for a family model
+                raise ValueError(f"unknown part {p!r} (search, image)")
+
+    def sessions(self) -> dict[str, object]:
+        return {k: v for k, v in self._parts.items() if hasattr(v, "get_providers")}
+
+    @property
+    def providers(self) -> list[str]:
+        s = next(iter(self.sessions().values()), None)
+        return s.get_providers() if s is not None else []
+
+    # ---- images ----------------------------------------------------------------------------------------
+    def preprocessor(self) -> ImagePreprocess:
+        return self._preprocess
+
+    def image_grid(self, pixels: np.ndarray) -> ImageGrid:
+        emb, tokens = self._session("image").run(["embedding", "tokens"],
+                                                 {"pixels": np.ascontiguousarray(pixels, np.float32)})
+        return ImageGrid(tokens, emb)
+
+    def image_features(self, grid: ImageGrid) -> ImageFeatures:
+        g = unit(grid.pooled)
+        B = len(g)
+        return ImageFeatures(g, np.zeros((B, 0, 0), np.float32), np.zeros((B, 0), np.float32),
+                             np.zeros((B, 0), np.float32), None)
+
+    # ---- texts -----------------------------------------------------------------------------------------
+    def _tokenizer(self):
+        def make():
+            from tokenizers import Tokenizer
+
+            t = self.meta["text"]
+            tok = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+            tok.enable_truncation(max_length=int(t["context_length"]))
+            tok.enable_padding(pad_id=int(t["pad_id"]), pad_token=t.get("pad_token", "<pad>"),
+                               length=int(t["context_length"]) if t.get("pad_to_context") else None)
+            return tok
+        return self._part("tokenizer", make)
+
+    def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """-> input_ids, attention_mask (B, T) int64, as the family's tokenizer gives them."""
+        how = self.meta["text"].get("clean", "none")
+        enc = self._tokenizer().encode_batch([clean_text(t, how) for t in texts])
+        return (np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64))
+
+    def text_tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """-> embedding (B, d) (not unit norm), tokens (B, T, W_t), attention_mask (B, T): what heads read."""
+        ids, mask = self.tokenize(texts)
+        session = self._session("text")
+        feed = {"input_ids": ids, "attention_mask": mask}
+        emb, tokens = session.run(["embedding", "tokens"], {i.name: feed[i.name] for i in session.get_inputs()})
+        return emb, tokens, mask
+
+    def encode_texts(self, texts: list[str]) -> list[QueryVectors]:
+        emb, _, _ = self.text_tokens(texts)
+        return [QueryVectors(g, None, None, None) for g in unit(emb)]
+
+    # ---- scoring ---------------------------------------------------------------------------------------
+    def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
+        self.require_reranker(kind)  # raises: a family model has no trained reranker
+        raise AssertionError("unreachable")
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows at unit norm, float32 (an all-zero row stays zero)."""
+    x = np.asarray(x, np.float32)
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(n > 0, n, 1.0)
+
+
+def read_model_json(folder: Path) -> dict:
+    meta = json.loads((Path(folder) / MODEL_JSON).read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder / MODEL_JSON}: format {meta.get('format')} (this crossprobe reads {FORMAT})")
+    return meta
+
+
+def find_exported(root: Path, spec: str) -> Path | None:
+    """The folder under `root` exported from `spec` (model.json's "spec"), newest first; None: not exported."""
+    root = Path(root)
+    found = []
+    for mj in root.glob(f"*/{MODEL_JSON}") if root.is_dir() else []:
+        try:
+            meta = json.loads(mj.read_text())
+        except (OSError, ValueError):
+            continue  # a folder being written (its model.json appears last) or a foreign one
+        if meta.get("spec") == spec and meta.get("format") == FORMAT and _source_unchanged(meta.get("source") or {}):
+            found.append((mj.stat().st_mtime_ns, mj.parent))
+    return max(found)[1] if found else None
+
+
+def _source_unchanged(source: dict) -> bool:
+    """A spec naming a weights file still names the bytes that were exported (same size and mtime)."""
+    path = source.get("path")
+    if not path:
+        return True
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return True  # the weights moved away after export: the exported graphs still serve what they were made of
+    return st.st_size == source.get("size") and st.st_mtime_ns == source.get("mtime_ns")
