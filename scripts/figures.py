@@ -28,6 +28,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -162,8 +163,9 @@ class Results:
         return entry.show(*values) if callable(entry.show) else entry.show.format(*values)
 
 
+@lru_cache(maxsize=1)
 def registry():
-    """scripts/figures_registry.py, imported from its path (scripts/ is not a package)."""
+    """scripts/figures_registry.py, imported once from its path (scripts/ is not a package)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("figures_registry", Path(__file__).with_name("figures_registry.py"))
     module = importlib.util.module_from_spec(spec)
