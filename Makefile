@@ -1,25 +1,36 @@
 # crossprobe: every target sets itself up from nothing (a virtualenv in .venv).
+# Python 3.11 exactly (pyproject.toml: >=3.11,<3.12); PY names it when it is not python3.11 on PATH.
 PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
-TORCH   ?= torch==2.13.0
+# torch first, pinned, its CPU build: a plain `torch` requirement resolved on PyPI pulls the multi-GB CUDA build.
+# A local wheel source pip is configured with (find-links: PIP_FIND_LINKS or pip.conf, as on machines with no
+# route to PyTorch's index) is used when it holds the pin; otherwise PyTorch's CPU index, or a mirror of it named
+# by TORCH_INDEX_URL. Never PyPI's plain index: there torch==2.13.0 is the CUDA build.
+TORCH           ?= torch==2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: venv system demo test test-e2e test-chaos test-fuzz test-milvus milvus-server image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) (set PY=python3.x)"; exit 1; }
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): pyproject.toml requires 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "$(PY) is Python $$($(PY) -c 'import platform; print(platform.python_version())'); crossprobe needs 3.11: make ... PY=/path/to/python3.11 (docs/getting-started.md#what-you-need)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
+	@# --no-deps: a local source may hold torch alone; its dependencies come with the project's install below
+	@if $(BIN)/pip install -q --no-index --no-deps '$(TORCH)' 2>/dev/null; then \
+	  echo "$(TORCH): already installed, or from the local wheels pip is configured with"; \
+	else \
+	  echo "$(TORCH): the CPU build from $(TORCH_INDEX_URL)"; $(BIN)/pip install -q --index-url '$(TORCH_INDEX_URL)' '$(TORCH)'; \
+	fi
 	$(BIN)/pip install -q -e '.[dev,ocr]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-## make system: the real components the tests use, from Debian's packages when missing
-## (prometheus + promtool, prometheus-pushgateway, docker-compose): scripts/system-deps.sh
+## make system: the real components the tests use, from Debian's packages when missing (scripts/system-deps.sh
+## lists them with why, prints what it installs before it does, and runs nothing when all are there)
 system:
 	scripts/system-deps.sh
 

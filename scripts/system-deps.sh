@@ -1,26 +1,53 @@
 #!/usr/bin/env bash
-# The real components the tests run against, from Debian's packages (make test installs them when missing):
-#   prometheus (+ promtool)      dashboards' and alert rules' PromQL checked against a live service
-#   prometheus-pushgateway       the batch jobs' (reindex, index) metrics
-#   docker-compose               `docker-compose config` validates docker-compose.yml (no engine needed)
-#   chromium                     the web page's browser test (make test-e2e; Playwright drives it)
+# The real components the tests run against, from Debian's packages (`make test` runs this; `make test-e2e` with
+# WITH_BROWSER=1). A tool whose command is already there is left alone: with all of them present this installs
+# nothing and runs neither apt-get nor sudo. Otherwise it prints what it will install and why, then installs it
+# with apt-get, through sudo when not root; without root or sudo it stops with the command to run as root.
 set -euo pipefail
-need=()
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-command -v prometheus-pushgateway >/dev/null 2>&1 || need+=(prometheus-pushgateway)
-command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
-if [ "${WITH_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null 2>&1 || need+=(chromium); fi
+
+# one tool per line: the command that shows it is there | the Debian package | why the tests need it
+TOOLS=(
+  "promtool|prometheus|the dashboards' and alert rules' PromQL, checked against a live service (prometheus + promtool)"
+  "prometheus-pushgateway|prometheus-pushgateway|the batch jobs' (index build, reindex) metrics"
+  "docker-compose|docker-compose|\`docker-compose config\` validates docker-compose.yml (no container engine needed)"
+)
+BROWSER_TOOLS=(
+  "chromium|chromium|the web page's browser test (make test-e2e; Playwright drives it)"
+)
+
+wanted=("${TOOLS[@]}")
+[ "${WITH_BROWSER:-0}" = 1 ] && wanted+=("${BROWSER_TOOLS[@]}")
+need=() why=()
+for entry in "${wanted[@]}"; do
+  IFS='|' read -r cmd pkg reason <<<"$entry"
+  command -v "$cmd" >/dev/null 2>&1 && continue
+  need+=("$pkg")
+  why+=("  $pkg: $reason ($cmd not found)")
+done
 [ ${#need[@]} -eq 0 ] && exit 0
-SUDO=""
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "missing Debian packages: ${need[*]} (install them as root)" >&2; exit 1; }
-  SUDO=sudo
+
+install=(apt-get install -y -qq --no-install-recommends "${need[@]}")
+echo "The tests need these Debian packages, which are not installed:"
+printf '%s\n' "${why[@]}"
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "No apt-get here: install the programs above with this system's package manager, then run make again." >&2
+  exit 1
 fi
-echo "installing Debian packages: ${need[*]}"
+SUDO=()
+if [ "$(id -u)" != 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "Not root and no sudo here: as root, run" >&2
+    echo "  apt-get update && ${install[*]}" >&2
+    echo "then run make again." >&2
+    exit 1
+  fi
+  SUDO=(sudo)
+fi
+echo "Installing them: ${SUDO[*]:+${SUDO[*]} }${install[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null || true  # a stale list still installs from the configured mirror
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+"${SUDO[@]}" apt-get update -qq >/dev/null || true  # a stale list still installs from the configured mirror
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null
 # Debian's packages start their daemons on install where an init system runs; the tests start their own
 for svc in prometheus prometheus-pushgateway prometheus-node-exporter; do
-  $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  "${SUDO[@]}" systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
