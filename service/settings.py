@@ -100,7 +100,7 @@ class Settings(StorageSettings):
     # -- request defaults --------------------------------------------------------
     # for requests without "rerank": cp | temde | none. T-EMDE with region labels: the best out of domain on the dev
     # sets, and faster than CP (docs/research/region_labels.md)
-    default_rerank: Rerank = SERVED_RERANK  # type: ignore[assignment]
+    default_rerank: Rerank = SERVED_RERANK
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
     # hybrid search (hybrid.py): the keyword index's best this many join the vector shortlist before the rerank;
     # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w c^p/(K + keyword
