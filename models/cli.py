@@ -87,12 +87,18 @@ def evaluate(
     card: bool = typer.Option(True, help="rewrite the committed checkpoint's MODEL_CARD.md from these results"),
     flickr: bool = typer.Option(True, help="the Flickr8k test protocol (--no-flickr: only the out-of-domain part)"),
     ood: bool = typer.Option(True, help="out-of-domain: coco-mini-dev among the Flickr8k dev images -> DOCS/ood.md"),
-    baseline: Path = typer.Option(Path(__file__).resolve().parent / "checkpoints" / "pre-bridge",
-                                  help="checkpoint the out-of-domain rows compare with (measured in the same run)"),
+    baseline: Path = typer.Option(Path("artifacts/checkpoints/pre-bridge"),
+                                  help="checkpoint the out-of-domain rows compare with (measured in the same run; the "
+                                  "default, the model before the label bridge, is restored from git history by "
+                                  "scripts/restore-checkpoint.sh pre-bridge)"),
     threads: int = 2,
 ):
     """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text) and out of domain (coco-mini-dev)."""
     _need_flickr()
+    if ood and not (baseline / "config.json").exists():
+        typer.echo(f"error: no baseline checkpoint at {baseline} for the out-of-domain rows: restore the default one "
+                   f"with scripts/restore-checkpoint.sh pre-bridge, pass --baseline CKPT, or run with --no-ood", err=True)
+        raise typer.Exit(2)
     import torch
 
     from crossprobe.models import checkpoint
