@@ -46,8 +46,9 @@ def shared_pool_threads() -> int | None:
     return _shared_threads
 
 
-def session(path: Path, threads: int | None = None, spinning: bool | None = None):
-    """ONNX Runtime session, CUDA provider when present, CPU otherwise.
+def session(path: Path, threads: int | None = None, spinning: bool | None = None, device: str = "cpu"):
+    """ONNX Runtime session on the CPU, or with device "cuda[:N]" on ONNX Runtime's CUDA provider (onnxruntime-gpu;
+    the CPU provider stays behind it for the operators CUDA lacks).
 
     threads / spinning apply to a session's own pool; under the shared pool (share_thread_pool)
     they are the pool's (its workers spin: ONNX Runtime's default, not settable from Python)."""
@@ -63,7 +64,11 @@ def session(path: Path, threads: int | None = None, spinning: bool | None = None
         opts.inter_op_num_threads = 1
         if spinning is not None:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+    providers: list = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(f"device {device}: this ONNX Runtime has no CUDA provider (install onnxruntime-gpu)")
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}))
     return ort.InferenceSession(str(path), opts, providers=providers)
 
 

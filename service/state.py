@@ -42,7 +42,8 @@ def load_model(settings: Settings, bert=None) -> Backend:
     them pays nothing."""
     model = inference.load(settings.ckpt, inference.RuntimeOptions(
         graphs=settings.artifacts_dir, threads=settings.threads, spinning=settings.ort_spinning,
-        shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert))
+        shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert,
+        device=settings.device, precision=settings.device_precision))
     model.warm("search")
     return model
 

@@ -22,7 +22,8 @@ def job_backend(settings: IndexerSettings, ckpt: Path | None = None, model=None,
     # with OCR on, an OCR thread shares the cores: ONNX Runtime's spinning workers would take them from it while
     # they wait (measured: docs/research/text_search.md, "Indexing with OCR on")
     opts = RuntimeOptions(graphs=settings.models, threads=settings.threads, spinning=False if settings.ocr else None,
-                          image_head=settings.head, model=model, bert=bert)
+                          image_head=settings.head, model=model, bert=bert, device=settings.device,
+                          precision=settings.device_precision)
     return inference.load(ckpt, opts, identity)
 
 

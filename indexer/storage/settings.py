@@ -20,9 +20,9 @@ ROLE_DEFAULTS.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -60,6 +60,16 @@ class StorageSettings(BaseSettings):
     redis_backoff_base_s: float = Field(0.1, ge=0, le=60)  # backoff before retry n: min(cap, base * 2^n)
     redis_backoff_cap_s: float = Field(2.0, ge=0, le=60)  # the longest backoff between two tries
     redis_health_check_interval_s: float = Field(30.0, ge=0)  # PING a connection idle this long before use; 0: off
+
+    # -- device: where the model and the ANN search run (the service and the batch jobs alike) ----------------
+    # cpu; cuda (cuda:N): ONNX Runtime's CUDA provider where onnxruntime-gpu is installed, else the model in PyTorch
+    # on the GPU (models/inference/torch_crossprobe.py); auto: cuda where ONNX Runtime has its CUDA provider, else
+    # cpu. A GPU asked for and not there: start-up fails, saying why (docs/deployment.md, "GPU")
+    device: str = Field("auto", validation_alias=AliasChoices("CROSSPROBE_DEVICE", "device"),
+                        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    # what the PyTorch GPU path computes in: fp32, or fp16 / bf16 (faster; parity with fp32 in docs/deployment.md)
+    device_precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", validation_alias=AliasChoices("CROSSPROBE_DEVICE_PRECISION", "device_precision"))
 
     # -- index versions ---------------------------------------------------------------------------------------
     # <index_root>/<name>/<version>/: one index version each (its FAISS files and manifest)

@@ -5,6 +5,7 @@ checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported g
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from crossprobe.models.inference.base import (Backend, ImageFeatures, ImageGrid, QueryVectors, RerankerUnavailable,
@@ -25,15 +26,32 @@ def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
     """The model a spec names (spec.py; a bare path or None: a crossprobe checkpoint, None the committed one), its
     parts loaded on first use. identity: its (fingerprint, dims) where the caller knows them (crossprobe.py)."""
     spec = model if isinstance(model, ModelSpec) else parse(model)
+    opts = replace(opts, device=resolve_device(opts.device))
     if spec.family == "crossprobe":
         from crossprobe.models.inference.crossprobe import CrossprobeBackend
+        from crossprobe.models.inference.torch_crossprobe import TorchCrossprobeBackend, onnxruntime_has_cuda
 
+        if opts.device.startswith("cuda") and not onnxruntime_has_cuda():  # the GPU machines: torch with CUDA
+            return TorchCrossprobeBackend(spec.path, opts, identity)
         return CrossprobeBackend(spec.path, opts, identity)
     if spec.family in ("open_clip", "hf"):
         from crossprobe.models.inference.exported import ExportedBackend
 
         return ExportedBackend(exported_folder(spec, opts.graphs), opts)
     raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
+
+
+def resolve_device(device: str | None) -> str:
+    """cpu | cuda[:N] as asked; auto (or unset): cuda where ONNX Runtime has its CUDA provider (onnxruntime-gpu),
+    else cpu (PyTorch is not probed: a torch-free installation never imports it to choose)."""
+    device = (device or "auto").strip().lower()
+    if device == "auto":
+        from crossprobe.models.inference.torch_crossprobe import onnxruntime_has_cuda
+
+        return "cuda" if onnxruntime_has_cuda() else "cpu"
+    if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"device {device!r}: cpu, cuda, cuda:N or auto")
+    return device
 
 
 def exported_folder(spec: ModelSpec, root: Path | None) -> Path:

@@ -71,6 +71,9 @@ class RuntimeOptions:
     spinning: bool | None = None  # idle workers spin (None: ONNX Runtime's default)
     shared_pool: bool = False  # one process-wide ONNX Runtime pool for every session (models/runtime.py)
     query_precision: str = "fp32"  # fp32 | int8: the query tower's graph
+    # cpu | cuda | cuda:N | auto (cuda where ONNX Runtime has its CUDA provider, else cpu): inference.resolve_device
+    device: str = "cpu"
+    precision: str = "fp32"  # fp32 | fp16 | bf16: what the PyTorch (GPU) path computes in (torch_crossprobe.py)
     image_head: str = "onnx"  # onnx | torch (the PyTorch module, for checking the graph)
     model: object = None  # an in-memory model (tests): its graphs are exported from it when missing
     bert: object = None  # an already loaded text backbone (tests): used only when graphs must be exported

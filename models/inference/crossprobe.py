@@ -56,7 +56,7 @@ class CrossprobeBackend(Backend):
         return Path(self.opts.graphs) / self.fingerprint
 
     def _session(self, path: Path):
-        return runtime.session(path, self.opts.threads, self.opts.spinning)
+        return runtime.session(path, self.opts.threads, self.opts.spinning, self.opts.device)
 
     def _export(self, names: tuple[str, ...], also: tuple[str, ...] = ()) -> Path:
         """<graphs>/<fingerprint>/ with `names` exported (and `also`, while the model is loaded anyway)."""

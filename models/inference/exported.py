@@ -113,7 +113,7 @@ class ExportedBackend(Backend):
 
     def _session(self, name: str):
         return self._part(name, lambda: runtime.session(self.folder / self.meta["graphs"][name], self.opts.threads,
-                                                         self.opts.spinning))
+                                                         self.opts.spinning, self.opts.device))
 
     def warm(self, *parts: str) -> None:
         for p in parts:
