@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 ## make system: the real components the tests use, from Debian's packages when missing
-## (prometheus + promtool, prometheus-pushgateway, docker-compose): scripts/system-deps.sh
+## (prometheus + promtool, prometheus-pushgateway, docker-compose, caddy): scripts/system-deps.sh
 system:
 	scripts/system-deps.sh
 
