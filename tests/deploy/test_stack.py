@@ -51,9 +51,12 @@ def name(service: str, project: str = PROJECT) -> str:
     return f"{project}_{service}_1"  # podman-compose 1.0's container names
 
 
-def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                       env={**os.environ, **(env or {})})
+def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | None = None,
+       merged: bool = False) -> subprocess.CompletedProcess:
+    """merged: stderr into stdout in the order written (p.stderr is then "")."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if merged else {"capture_output": True}
+    p = subprocess.run(cmd, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})}, **streams)
+    p.stderr = p.stderr or ""
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
@@ -61,45 +64,58 @@ def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | Non
 
 def compose(*args: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = (), **kw) -> subprocess.CompletedProcess:
     fs = [a for f in (REPO / "docker-compose.yml", *files) for a in ("-f", str(f))]
-    return sh(["podman-compose", "-p", project, *fs, *args], env=env, **kw)
+    # unbuffered: podman-compose's echo of each podman command stays before that command's own output
+    return sh(["podman-compose", "-p", project, *fs, *args], env={**env, "PYTHONUNBUFFERED": "1"}, **kw)
 
 
-def not_running(services: list[str], project: str = PROJECT) -> list[str]:
-    """What podman says of each container of `services` that does not exist or does not run: its state, exit code,
+def not_running(services: list[str], project: str = PROJECT) -> dict[str, str]:
+    """service -> what podman says of its container when it does not exist or does not run: its state, exit code,
     the runtime's error and its last log lines."""
-    bad = []
+    bad = {}
     for s in services:
         p = sh(["podman", "inspect", "--format", "{{.State.Status}}\t{{.State.ExitCode}}\t{{.State.Error}}",
                 name(s, project)], check=False, timeout=30)
         if p.returncode != 0:
-            bad.append(f"{s}: no container ({p.stderr.strip()})")
+            bad[s] = "no container"
             continue
         status, code, error = (p.stdout.strip().split("\t") + ["", ""])[:3]
         if status != "running":
             logs = sh(["podman", "logs", "--tail", "10", name(s, project)], check=False, timeout=30)
-            bad.append(f"{s}: {status}" + (f", exit code {code}" if status == "exited" else "") + (f", {error}" if error else "")
-                       + "".join(f"\n    {ln}" for ln in (logs.stdout + logs.stderr).strip().splitlines()))
+            bad[s] = (status + (f", exit code {code}" if status == "exited" else "") + (f", {error}" if error else "")
+                      + "".join(f"\n      log: {ln}" for ln in (logs.stdout + logs.stderr).strip().splitlines()))
     return bad
+
+
+def podman_errors(compose_output: str, project: str) -> dict[str, list[str]]:
+    """service -> the Error lines podman printed under podman-compose's `podman run` / `podman start` of its
+    container (podman-compose 1.0 echoes each command, then podman's own output)."""
+    said: dict[str, list[str]] = {}
+    current = ""
+    for line in compose_output.splitlines():
+        if m := re.match(rf"podman (?:run --name=|start ){re.escape(project)}_(.+?)_1\b", line):
+            current = m.group(1)
+        elif line.startswith("Error") and "no such volume" not in line:  # podman-compose probes, then makes volumes
+            said.setdefault(current, []).append(line)
+    return said
 
 
 def up(*services: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = ()) -> None:
     """`up -d`, then each container checked at once: it exists and runs. podman-compose 1.0 returns 0 when a
     `podman run` failed (no catatonit for --init, a network podman cannot make, a command not found), and every
     check after it would wait for a connection that is refused: fail here instead, quoting podman."""
-    p = compose("up", "-d", *services, env=env, project=project, files=files, timeout=300)
+    p = compose("up", "-d", *services, env=env, project=project, files=files, timeout=300, merged=True)
     bad = not_running(list(services), project)
     if bad:
-        said = [ln for ln in (p.stdout + p.stderr).splitlines()  # less podman-compose's probe for a volume it then makes
-                if ln.startswith("Error") and "no such volume" not in ln]
-        pytest.fail("containers that did not start after `podman-compose up -d` (which returned "
-                    f"{p.returncode}):\n  " + "\n  ".join(bad) + "\npodman said:\n  " + "\n  ".join(said or ["(nothing)"]),
-                    pytrace=False)
+        said = podman_errors(p.stdout, project)
+        pytest.fail(f"containers that did not start after `podman-compose up -d` (which returned {p.returncode}):\n"
+                    + "\n".join(f"  {s}: {state}" + "".join(f"\n    podman: {ln}" for ln in said.get(s, []))
+                                for s, state in bad.items()), pytrace=False)
 
 
 def alive(*services: str) -> bool:
     """For wait(): a container that stopped fails the wait at once, with podman's account of it."""
     bad = not_running(list(services))
-    assert not bad, "\n".join(bad)
+    assert not bad, "\n".join(f"{s}: {state}" for s, state in bad.items())
     return True
 
 
@@ -221,7 +237,7 @@ def test_a_container_that_cannot_start_fails_up_at_once_quoting_podman(tmp_path)
     message = str(failed.value)
     RESULT["failed_start"] = {"planted": "an override file: redis's entrypoint /no/such/entrypoint",
                               "failed_after_s": round(took, 2), "message": message}
-    assert message.count("\n  redis: ") == 1 and "/no/such/entrypoint" in message, message
+    assert message.count("\n  redis: ") == 1 and "podman: Error: " in message and "/no/such/entrypoint" in message, message
     assert took < 60, took
 
 
