@@ -45,11 +45,13 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   wait_lock=(-o DPkg::Lock::Timeout=600)  # another apt run (unattended upgrades, a second job) holds the lock
   $SUDO apt-get "${wait_lock[@]}" update -qq >/dev/null || true  # a stale list still installs from the mirror
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends \
+    "${need[@]}" >/dev/null
 fi
 
 CONF=/etc/containers/containers.conf
-MARK="# written by crossprobe's scripts/container-setup.sh (rewritten when it changes; remove this line to keep your edits)"
+BY="# written by crossprobe's scripts/container-setup.sh"
+MARK="$BY (rewritten when it changes; delete this line to keep edits)"
 WANT="$MARK
 [containers]
 default_ulimits = []
@@ -57,9 +59,12 @@ default_ulimits = []
 runtime = \"runc\"
 [network]
 network_backend = \"netavark\""
-# what an earlier version of this script wrote (no network backend: podman then kept CNI where it found it)
-OLD=$'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"'
-if [ ! -e "$CONF" ] || { [ "$(cat "$CONF")" != "$WANT" ] && { head -n1 "$CONF" | grep -qxF "$MARK" || [ "$(cat "$CONF")" = "$OLD" ]; }; }; then
+ours() {  # the file is this script's: its first line says so, or it is what the previous version wrote (without
+  # the network backend: podman then kept CNI where it found it installed)
+  local previous=$'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"'
+  head -n1 "$CONF" | grep -qF "$BY" || [ "$(cat "$CONF")" = "$previous" ]
+}
+if [ ! -e "$CONF" ] || { [ "$(cat "$CONF")" != "$WANT" ] && ours; }; then
   echo "writing $CONF: runc, no default ulimits, netavark"
   $SUDO mkdir -p /etc/containers
   printf '%s\n' "$WANT" | $SUDO tee "$CONF.tmp" >/dev/null
@@ -101,12 +106,14 @@ podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'bookworm|
 net=crossprobe-setup-check
 srv=crossprobe-setup-check-server
 port=${CHECK_PORT:-18765}
+# (aardvark-dns, the network's DNS server, may print "failed to connect to syslog" as it exits: no syslog here)
 cleanup() { podman rm -f -t 0 "$srv" >/dev/null 2>&1 || true; podman network rm -f "$net" >/dev/null 2>&1 || true; }
 fail() { echo "podman check failed: $1" >&2; cleanup; exit 1; }
 cleanup
 podman network create "$net" >/dev/null || fail "podman network create $net"
 podman run -d --init --name "$srv" --network "$net" -p "127.0.0.1:$port:8000" "$PYTHON_BASE" \
-  python3 -m http.server 8000 >/dev/null || fail "podman run --init -p 127.0.0.1:$port:8000 (the compose file's init: true and ports)"
+  python3 -m http.server 8000 >/dev/null \
+  || fail "podman run --init -p 127.0.0.1:$port:8000 (the compose file's init: true and ports)"
 # PROBE URL: a GET that answers within 10 s
 PROBE='import sys, time, urllib.request
 for _ in range(50):
@@ -121,4 +128,5 @@ podman run --rm --init --network "$net" "$PYTHON_BASE" python3 -c "$PROBE" "http
   || fail "a container did not reach another by its name (DNS on the network: netavark with aardvark-dns)"
 python3 -c "$PROBE" "http://127.0.0.1:$port/" || fail "the published port 127.0.0.1:$port did not answer on the host"
 cleanup
-echo "podman check passed: --init, DNS between containers, a published port ($(podman info --format '{{.Host.OCIRuntime.Name}}, {{.Host.NetworkBackend}}'))"
+echo "podman check passed: --init, DNS between containers, a published port" \
+  "($(podman info --format '{{.Host.OCIRuntime.Name}}, {{.Host.NetworkBackend}}'))"

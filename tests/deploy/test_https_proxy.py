@@ -37,7 +37,8 @@ def proxy(built, svc_ckpt, artifacts, tmp_path_factory):
     https_port, http_port = free_port(), free_port()
     site = f"https://localhost:{https_port}"
     with serve(built, svc_ckpt, artifacts, tmp / "serve.log", CROSSPROBE_PUBLIC_URL=site) as upstream:
-        env = {**os.environ, "HOME": str(tmp), "XDG_DATA_HOME": str(tmp / "data"), "XDG_CONFIG_HOME": str(tmp / "config"),
+        env = {**os.environ, "HOME": str(tmp), "XDG_DATA_HOME": str(tmp / "data"),
+               "XDG_CONFIG_HOME": str(tmp / "config"),
                "CROSSPROBE_SITE": f"localhost:{https_port}", "CROSSPROBE_UPSTREAM": upstream.removeprefix("http://"),
                "CADDY_HTTP_PORT": str(http_port), "CADDY_ADMIN": "off", "CADDY_BIND": "127.0.0.1"}
         log = tmp / "caddy.log"

@@ -62,7 +62,8 @@ def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | Non
     return p
 
 
-def compose(*args: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = (), **kw) -> subprocess.CompletedProcess:
+def compose(*args: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = (),
+            **kw) -> subprocess.CompletedProcess:
     fs = [a for f in (REPO / "docker-compose.yml", *files) for a in ("-f", str(f))]
     # unbuffered: podman-compose's echo of each podman command stays before that command's own output
     return sh(["podman-compose", "-p", project, *fs, *args], env={**env, "PYTHONUNBUFFERED": "1"}, **kw)
@@ -513,7 +514,9 @@ def test_write_results(stack):
     latest = {}
     for b in builds:
         latest[kind(b)] = b["build_s"]
-    versions = {t: sh([t, "--version"], check=False).stdout.strip().splitlines()[-1]
+    # podman-compose 1.0 also prints podman's version and its own exit code: its line names podman-compose(r)
+    versions = {t: next(ln for ln in sh([t, "--version"], check=False).stdout.splitlines()
+                        if ln.startswith(("podman-compose", f"{t} version"))).split()[2]
                 for t in ("podman", "podman-compose", "buildah")}
     RESULT.update({
         "image_bytes": image["Size"],
@@ -526,7 +529,9 @@ def test_write_results(stack):
         "command": "make image && make test-deploy",
         "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                                  if ln.startswith("model name")), platform.processor()),
-                    "cores": os.cpu_count(), "kernel": platform.release(), **versions},
+                    "cores": os.cpu_count(), "kernel": platform.release(), **versions,
+                    # other jobs on the machine move every timing above: their load, over the last 1, 5, 15 minutes
+                    "load_average_at_end": [round(x, 1) for x in os.getloadavg()]},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
     OUT.write_text(json.dumps(RESULT, indent=2) + "\n")
