@@ -69,6 +69,12 @@ def compose(*args: str, env: dict, project: str = PROJECT, files: tuple[Path, ..
     return sh(["podman-compose", "-p", project, *fs, *args], env={**env, "PYTHONUNBUFFERED": "1"}, **kw)
 
 
+def down(env: dict, project: str = PROJECT, files: tuple[Path, ...] = ()) -> None:
+    """`down -v`, and the project's network, which podman-compose 1.0 leaves behind."""
+    compose("down", "-v", env=env, project=project, files=files, check=False, timeout=300)
+    sh(["podman", "network", "rm", "-f", f"{project}_default"], check=False, timeout=60)
+
+
 def not_running(services: list[str], project: str = PROJECT) -> dict[str, str]:
     """service -> what podman says of its container when it does not exist or does not run: its state, exit code,
     the runtime's error and its last log lines."""
@@ -184,7 +190,7 @@ def stack(tmp_path_factory):
     for p in [root, gallery, *gallery.iterdir()]:  # readable by the containers' uid 10001
         p.chmod(0o755 if p.is_dir() else 0o644)
     env = {"IMAGES": str(gallery), **GRAFANA_PASSWORD}  # the file wants it, though Grafana is left out here
-    compose("down", "-v", env=env, check=False, timeout=180)
+    down(env)
     t0 = time.monotonic()
     started = list(SERVICES)
     try:
@@ -195,7 +201,7 @@ def stack(tmp_path_factory):
         for s in started:
             logs = sh(["podman", "logs", name(s)], check=False, timeout=30)
             (root / f"{s}.log").write_text(logs.stdout + logs.stderr)
-        compose("down", "-v", env=env, check=False, timeout=300)
+        down(env)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +240,7 @@ def test_a_container_that_cannot_start_fails_up_at_once_quoting_podman(tmp_path)
             up("redis", env=env, project=project, files=(override,))
         took = time.monotonic() - t
     finally:
-        compose("down", "-v", env=env, project=project, files=(override,), check=False, timeout=180)
+        down(env, project, (override,))
     message = str(failed.value)
     RESULT["failed_start"] = {"planted": "an override file: redis's entrypoint /no/such/entrypoint",
                               "failed_after_s": round(took, 2), "message": message}
