@@ -87,8 +87,9 @@ image:
 	scripts/build-image.sh
 
 ## make test-deploy: the committed docker-compose.yml run for real (podman-compose; Grafana left out: no package
-## here) and checked against its containers: health, indexing, search, page, Prometheus, reindex, restart,
-## SIGTERM, uid, Redis stopped and started; measured -> docs/research/results/deploy.json (~5 min after make image)
+## here) and checked against its containers: each one running right after `up` (else it stops there, quoting podman),
+## health, indexing, search, page, Prometheus, reindex, restart, SIGTERM, uid, Redis stopped and started;
+## measured -> docs/research/results/deploy.json (~5 min after make image)
 test-deploy: $(STAMP) image
 	$(BIN)/python -m pytest -p no:cacheprovider -m deploy -s tests/deploy/test_stack.py
 

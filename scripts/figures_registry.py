@@ -213,10 +213,10 @@ FIGURES: dict[str, Fig | Block] = {
        for i, name in enumerate(("venv", "graphs", "base", "python"))},
     **{f"deploy.fill.{name}_mb": calc("deploy.json", (f"image_fills/{i}/kib",), lambda kib: _mb(kib * 1024))
        for i, name in ((1, "onnxruntime"), (2, "crossprobe"), (10, "tantivy"))},
-    "deploy.build_s": calc("deploy.json", ("build_s/cached",), lambda s: f"{s:.0f}"),
-    "deploy.build_cached": calc("deploy.json", ("build_s/builds",),
-                                lambda b: f"{b[-1]['cached_steps']} of {b[-1]['steps']}"),
-    "deploy.build_means": num("deploy.json", "build_s/cached_means", "{}"),
+    "deploy.build_cold_s": calc("deploy.json", ("build_s/cold",), lambda s: f"{s:.0f}"),
+    "deploy.build_unchanged_s": calc("deploy.json", ("build_s/unchanged",), lambda s: f"{s:.0f}"),
+    "deploy.failed_start_s": num("deploy.json", "failed_start/failed_after_s", "{:.1f}"),
+    "deploy.load": calc("deploy.json", ("machine/load_average_at_end",), lambda la: f"{la[0]:.0f}"),
     "deploy.rss_peak_mb": calc("deploy.json", ("api_rss_bytes/load_peak",), _mb),
     "deploy.rss_load": num("deploy.json", "api_rss_bytes/load", "{}"),
     **{f"deploy.lat.{side}.{q}": num("deploy.json", f"search_latency_ms/{side}/{q}", "{:.1f}")

@@ -41,12 +41,19 @@ def load_yaml(path: Path):
     return yaml.safe_load(path.read_text())
 
 
+# the compose file refuses to render without Grafana's admin password (no admin/admin): the tests pass this one
+GRAFANA_PASSWORD = {"GRAFANA_ADMIN_PASSWORD": "a-test-password-never-used"}
+
+
 def compose_config(env: dict[str, str], *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """`docker-compose [extra] config` in the repo (validation and interpolation; no engine needed)."""
+    """`docker-compose [extra] config` in the repo (validation and interpolation; no engine needed), with the
+    variables `env` gives and none of the file's own from this process (a GRAFANA_ADMIN_PASSWORD exported here
+    would hide a missing one)."""
     import os
 
+    own = set(re.findall(r"\$\{(\w+)", (REPO / "docker-compose.yml").read_text()))
     p = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), *extra, "config"], cwd=REPO,
-            env={**os.environ, **env})
+            env={**{k: v for k, v in os.environ.items() if k not in own}, **env})
     return p, (yaml.safe_load(p.stdout) if p.returncode == 0 and p.stdout.strip() else None)
 
 

@@ -13,7 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.deploy.conftest import DASHBOARD, DEPLOY, PROMETHEUS_YML, REPO, compose_config, load_yaml, run, tool
+from tests.deploy.conftest import (DASHBOARD, DEPLOY, GRAFANA_PASSWORD, PROMETHEUS_YML, REPO, compose_config, load_yaml,
+                                   run, tool)
 
 # Where the upstream images listen unless their command / environment says otherwise (their documented
 # defaults); the api's port comes from service/settings.py instead.
@@ -33,18 +34,18 @@ def images_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cfg(images_dir) -> dict:
     """The batch profile's view of the file (every service), as docker-compose renders it."""
-    p, out = compose_config({"IMAGES": str(images_dir)}, "--profile", "batch")
+    p, out = compose_config({"IMAGES": str(images_dir), **GRAFANA_PASSWORD}, "--profile", "batch")
     assert p.returncode == 0 and out, p.stderr
     assert "WARNING" not in p.stderr, p.stderr  # e.g. a variable without a default
     return out
 
 
 def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg):
-    p, plain = compose_config({})  # no IMAGES: its default applies
+    p, plain = compose_config(GRAFANA_PASSWORD)  # no IMAGES: its default applies
     assert p.returncode == 0 and plain, p.stderr
     assert "WARNING" not in p.stderr, p.stderr
     profiles = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config", "--profiles"],
-                   cwd=REPO)
+                   cwd=REPO, env={**os.environ, **GRAFANA_PASSWORD})
     assert profiles.returncode == 0 and sorted(profiles.stdout.split()) == ["batch", "milvus", "watch"], \
         profiles.stdout + profiles.stderr
     batch = {n for n, s in cfg["services"].items() if "batch" in s.get("profiles", [])}
@@ -262,11 +263,34 @@ def test_services_are_wired_as_documented(cfg):
     assert uids == {ds["uid"]}
 
 
+# Grafana's settings (GF_<SECTION>_<KEY>, Grafana 11's conf/defaults.ini) that send anything to grafana.com or
+# elsewhere, each off: usage reports, update checks for Grafana and its plugins, the news feed, feedback links,
+# snapshots published to Grafana's public server, Gravatar images
+GRAFANA_QUIET = {"GF_ANALYTICS_REPORTING_ENABLED": "false", "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+                 "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false", "GF_ANALYTICS_FEEDBACK_LINKS_ENABLED": "false",
+                 "GF_NEWS_NEWS_FEED_ENABLED": "false", "GF_SNAPSHOTS_EXTERNAL_ENABLED": "false",
+                 "GF_SECURITY_DISABLE_GRAVATAR": "true"}
+
+
+def test_grafana_reports_nothing_and_its_admin_password_is_required(cfg, images_dir):
+    """No admin/admin: without GRAFANA_ADMIN_PASSWORD (unset or empty) docker-compose refuses the file, saying which
+    variable to set; with it, Grafana gets that password and every setting that would call out is off."""
+    for env in ({"IMAGES": str(images_dir)}, {"IMAGES": str(images_dir), "GRAFANA_ADMIN_PASSWORD": ""}):
+        p, out = compose_config(env)
+        assert p.returncode != 0 and out is None, p.stdout
+        assert "set GRAFANA_ADMIN_PASSWORD, Grafana's admin password" in p.stderr, p.stderr
+    g = cfg["services"]["grafana"]["environment"]
+    assert g["GF_SECURITY_ADMIN_PASSWORD"] == GRAFANA_PASSWORD["GRAFANA_ADMIN_PASSWORD"]
+    assert {k: g.get(k) for k in GRAFANA_QUIET} == GRAFANA_QUIET
+    assert g["GF_USERS_ALLOW_SIGN_UP"] == "false" and g["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
 def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_dir, cfg):
     """--profile milvus adds Milvus standalone (its own etcd and minio, nothing published); the api and the batch
     jobs reach it at CROSSPROBE_MILVUS_URI, and CROSSPROBE_ANN_BACKEND (default faiss) selects it for new
     versions. Without the profile none of the three runs, and the default stays FAISS."""
-    p, m = compose_config({"IMAGES": str(images_dir), "CROSSPROBE_ANN_BACKEND": "milvus"}, "--profile", "milvus",
+    p, m = compose_config({"IMAGES": str(images_dir), "CROSSPROBE_ANN_BACKEND": "milvus", **GRAFANA_PASSWORD},
+                          "--profile", "milvus",
                           "--profile", "batch")
     assert p.returncode == 0 and m, p.stderr
     assert "WARNING" not in p.stderr, p.stderr

@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from crossprobe.models.demo import EXPECTED
-from tests.deploy.conftest import REPO, expressions
+from tests.deploy.conftest import GRAFANA_PASSWORD, REPO, expressions
 from tests.deploy.test_dockerfile import instructions
 
 pytestmark = pytest.mark.deploy
@@ -47,20 +47,83 @@ RESULT: dict = {}
 LOAD_S = 60
 
 
-def name(service: str) -> str:
-    return f"{PROJECT}_{service}_1"  # podman-compose 1.0's container names
+def name(service: str, project: str = PROJECT) -> str:
+    return f"{project}_{service}_1"  # podman-compose 1.0's container names
 
 
-def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                       env={**os.environ, **(env or {})})
+def sh(cmd: list[str], timeout: float = 600, check: bool = True, env: dict | None = None,
+       merged: bool = False) -> subprocess.CompletedProcess:
+    """merged: stderr into stdout in the order written (p.stderr is then "")."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if merged else {"capture_output": True}
+    p = subprocess.run(cmd, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})}, **streams)
+    p.stderr = p.stderr or ""
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
 
 
-def compose(*args: str, env: dict, **kw) -> subprocess.CompletedProcess:
-    return sh(["podman-compose", "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), *args], env=env, **kw)
+def compose(*args: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = (),
+            **kw) -> subprocess.CompletedProcess:
+    fs = [a for f in (REPO / "docker-compose.yml", *files) for a in ("-f", str(f))]
+    # unbuffered: podman-compose's echo of each podman command stays before that command's own output
+    return sh(["podman-compose", "-p", project, *fs, *args], env={**env, "PYTHONUNBUFFERED": "1"}, **kw)
+
+
+def down(env: dict, project: str = PROJECT, files: tuple[Path, ...] = ()) -> None:
+    """`down -v`, and the project's network, which podman-compose 1.0 leaves behind."""
+    compose("down", "-v", env=env, project=project, files=files, check=False, timeout=300)
+    sh(["podman", "network", "rm", "-f", f"{project}_default"], check=False, timeout=60)
+
+
+def not_running(services: list[str], project: str = PROJECT) -> dict[str, str]:
+    """service -> what podman says of its container when it does not exist or does not run: its state, exit code,
+    the runtime's error and its last log lines."""
+    bad = {}
+    for s in services:
+        p = sh(["podman", "inspect", "--format", "{{.State.Status}}\t{{.State.ExitCode}}\t{{.State.Error}}",
+                name(s, project)], check=False, timeout=30)
+        if p.returncode != 0:
+            bad[s] = "no container"
+            continue
+        status, code, error = (p.stdout.strip().split("\t") + ["", ""])[:3]
+        if status != "running":
+            logs = sh(["podman", "logs", "--tail", "10", name(s, project)], check=False, timeout=30)
+            bad[s] = (status + (f", exit code {code}" if status == "exited" else "") + (f", {error}" if error else "")
+                      + "".join(f"\n      log: {ln}" for ln in (logs.stdout + logs.stderr).strip().splitlines()))
+    return bad
+
+
+def podman_errors(compose_output: str, project: str) -> dict[str, list[str]]:
+    """service -> the Error lines podman printed under podman-compose's `podman run` / `podman start` of its
+    container (podman-compose 1.0 echoes each command, then podman's own output)."""
+    said: dict[str, list[str]] = {}
+    current = ""
+    for line in compose_output.splitlines():
+        if m := re.match(rf"podman (?:run --name=|start ){re.escape(project)}_(.+?)_1\b", line):
+            current = m.group(1)
+        elif line.startswith("Error") and "no such volume" not in line:  # podman-compose probes, then makes volumes
+            said.setdefault(current, []).append(line)
+    return said
+
+
+def up(*services: str, env: dict, project: str = PROJECT, files: tuple[Path, ...] = ()) -> None:
+    """`up -d`, then each container checked at once: it exists and runs. podman-compose 1.0 returns 0 when a
+    `podman run` failed (no catatonit for --init, a network podman cannot make, a command not found), and every
+    check after it would wait for a connection that is refused: fail here instead, quoting podman."""
+    p = compose("up", "-d", *services, env=env, project=project, files=files, timeout=300, merged=True)
+    bad = not_running(list(services), project)
+    if bad:
+        said = podman_errors(p.stdout, project)
+        pytest.fail(f"containers that did not start after `podman-compose up -d` (which returned {p.returncode}):\n"
+                    + "\n".join(f"  {s}: {state}" + "".join(f"\n    podman: {ln}" for ln in said.get(s, []))
+                                for s, state in bad.items()), pytrace=False)
+
+
+def alive(*services: str) -> bool:
+    """For wait(): a container that stopped fails the wait at once, with podman's account of it."""
+    bad = not_running(list(services))
+    assert not bad, "\n".join(f"{s}: {state}" for s, state in bad.items())
+    return True
 
 
 def wait(what: str, check, timeout_s: float, step: float = 0.2):
@@ -102,6 +165,18 @@ def started_at(service: str) -> str:
     return sh(["podman", "inspect", "-f", "{{.State.StartedAt}}", name(service)]).stdout.strip()
 
 
+def resolves_redis() -> None:
+    """The api finds `redis` by name on the compose network: podman's CNI fallback (netavark or aardvark-dns
+    missing) makes networks without DNS, where the api would run and wait for a Redis it cannot name."""
+    p = sh(["podman", "exec", name("api"), "python", "-c", "import socket; socket.getaddrinfo('redis', 6379)"],
+           check=False, timeout=30)
+    if p.returncode != 0:
+        backend = sh(["podman", "info", "--format", "{{.Host.NetworkBackend}}"], check=False).stdout.strip()
+        pytest.fail(f"`redis` does not resolve in the api container (podman's network backend: {backend}; "
+                    f"netavark with aardvark-dns gives DNS, scripts/container-setup.sh sets them up):\n"
+                    f"{p.stderr.strip()[-1500:]}", pytrace=False)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     if shutil.which("podman-compose") is None or shutil.which("podman") is None:
@@ -114,18 +189,19 @@ def stack(tmp_path_factory):
     gallery = write_sample_gallery(root / "gallery")
     for p in [root, gallery, *gallery.iterdir()]:  # readable by the containers' uid 10001
         p.chmod(0o755 if p.is_dir() else 0o644)
-    env = {"IMAGES": str(gallery)}
-    compose("down", "-v", env=env, check=False, timeout=180)
+    env = {"IMAGES": str(gallery), **GRAFANA_PASSWORD}  # the file wants it, though Grafana is left out here
+    down(env)
     t0 = time.monotonic()
-    compose("up", "-d", *SERVICES, env=env, timeout=300)
     started = list(SERVICES)
     try:
+        up(*SERVICES, env=env)
+        resolves_redis()
         yield {"env": env, "gallery": gallery, "root": root, "t0": t0, "started": started}
     finally:
         for s in started:
             logs = sh(["podman", "logs", name(s)], check=False, timeout=30)
             (root / f"{s}.log").write_text(logs.stdout + logs.stderr)
-        compose("down", "-v", env=env, check=False, timeout=300)
+        down(env)
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +226,32 @@ def host_service(stack):
             proc.kill()
 
 
+# ---- a container that cannot start fails `up` at once ------------------------------------------------------
+def test_a_container_that_cannot_start_fails_up_at_once_quoting_podman(tmp_path):
+    """A planted failure, in a project of its own: an override file gives redis an entrypoint that does not exist.
+    `podman run` fails (as it does without catatonit for --init, or without a network backend that works) and
+    podman-compose still returns 0; `up` must fail within seconds, with podman's own message."""
+    override = tmp_path / "broken.yml"
+    override.write_text('services:\n  redis:\n    entrypoint: ["/no/such/entrypoint"]\n')
+    project, env = f"{PROJECT}broken", {"IMAGES": str(tmp_path), **GRAFANA_PASSWORD}
+    t = time.monotonic()
+    try:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            up("redis", env=env, project=project, files=(override,))
+        took = time.monotonic() - t
+    finally:
+        down(env, project, (override,))
+    message = str(failed.value)
+    RESULT["failed_start"] = {"planted": "an override file: redis's entrypoint /no/such/entrypoint",
+                              "failed_after_s": round(took, 2), "message": message}
+    assert message.count("\n  redis: ") == 1 and "podman: Error: " in message and "/no/such/entrypoint" in message, message
+    assert took < 60, took
+
+
 # ---- the stack comes up ----------------------------------------------------------------------------------
 def test_api_becomes_healthy_and_says_no_index(stack):
-    r = wait("the api's /readyz", lambda: (x := readyz()).status_code in (200, 503) and "no index" in x.text and x,
-             120)
+    r = wait("the api's /readyz", lambda: alive("api") and (x := readyz()).status_code in (200, 503)
+             and "no index" in x.text and x, 120)
     RESULT["api_ready_s"] = {"cold": round(time.monotonic() - stack["t0"], 2),
                              "cold_means": "`up -d` of the stack (no index yet) until /readyz answers 'no index "
                                            "served yet' with the models loaded"}
@@ -239,8 +337,8 @@ def test_watcher_follows_the_mounted_folder(stack):
     """`up -d watcher` (podman-compose 1.0 starts a profile's service by its name): a photo copied into $IMAGES on
     the host is served by the api within seconds, with nothing restarted, and gone once deleted."""
     before = started_at("api")
-    compose("up", "-d", "watcher", env=stack["env"], timeout=300)
     stack["started"].append("watcher")
+    up("watcher", env=stack["env"])
 
     def item(i: str) -> int:
         return httpx.get(f"{API}/v1/items/{i}", params={"index": "photos"}, timeout=5).status_code
@@ -422,7 +520,9 @@ def test_write_results(stack):
     latest = {}
     for b in builds:
         latest[kind(b)] = b["build_s"]
-    versions = {t: sh([t, "--version"], check=False).stdout.strip().splitlines()[-1]
+    # podman-compose 1.0 also prints podman's version and its own exit code: its line names podman-compose(r)
+    versions = {t: next(ln for ln in sh([t, "--version"], check=False).stdout.splitlines()
+                        if ln.startswith(("podman-compose", f"{t} version"))).split()[2]
                 for t in ("podman", "podman-compose", "buildah")}
     RESULT.update({
         "image_bytes": image["Size"],
@@ -435,7 +535,9 @@ def test_write_results(stack):
         "command": "make image && make test-deploy",
         "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                                  if ln.startswith("model name")), platform.processor()),
-                    "cores": os.cpu_count(), "kernel": platform.release(), **versions},
+                    "cores": os.cpu_count(), "kernel": platform.release(), **versions,
+                    # other jobs on the machine move every timing above: their load, over the last 1, 5, 15 minutes
+                    "load_average_at_end": [round(x, 1) for x in os.getloadavg()]},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     })
     OUT.write_text(json.dumps(RESULT, indent=2) + "\n")
