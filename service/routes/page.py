@@ -16,7 +16,8 @@ PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 's
 
 @router.get("/", include_in_schema=False)
 async def page() -> Response:
-    """The search page: query box, reranker switch, index picker, result grid with scores and timings, and
-    the "explain" heat maps (static/app.js calls /v1/indexes, /v1/search, /v1/explain, /v1/items/{id}/image)."""
+    """The search page, photos first: query box, a status line, the result grid; filters and "Details" (reranker,
+    match mode, timings, scores, the "explain" heat maps) open on demand (static/app.js calls /v1/indexes,
+    /v1/search, /v1/search/image, /v1/explain, /v1/items/{id}/image)."""
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html; charset=utf-8",
                         headers={"Content-Security-Policy": PAGE_CSP, "Cache-Control": "no-cache"})

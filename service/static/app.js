@@ -1,13 +1,16 @@
 // crossprobe's search page: plain browser JavaScript modules, no build step, no third-party code.
 // It calls the service's own API with relative URLs: v1/indexes, v1/search, v1/search/image, v1/explain,
-// v1/items/{id}/image. This module owns the form, the search and the result cards; the others:
+// v1/items/{id}/image. This module owns the form, the search and the status line; the others:
 //   api.js      the search key (X-API-Key, when the service has keys) and every fetch
+//   cards.js    one result card: the photo first, "More like this", the scores (shown under Details)
+//   details.js  the "Details" panel: how the search ran, the reranker and match choices, the stage timings
 //   query.js    an image or "More like this" item to search with, as chips, and the text / image weight
 //   filters.js  filter chips from the results' metadata, a date range, the matching count
 //   explain.js  the heat maps over the thumbnails
-import { api, hasKey, imageUrl, isKeyError, keyChanged, ms, openWithKey, revokeImages, savedKey, showImage, sleep }
-  from "./api.js";
-import { explain, placeOverlay, view } from "./explain.js";
+import { api, hasKey, isKeyError, keyChanged, ms, revokeImages, savedKey, sleep } from "./api.js";
+import { card } from "./cards.js";
+import { createDetails } from "./details.js";
+import { explain, view } from "./explain.js";
 import { createFilters } from "./filters.js";
 import { createQuery } from "./query.js";
 
@@ -22,13 +25,8 @@ const moreButton = $("more-results");
 const explainBox = $("explain");
 const statusEl = $("status");
 const results = $("results");
-const timingsBox = $("timings");
 const keyField = $("key-field");
 const keyInput = $("api-key");
-
-const THUMB = 320; // px, the longer side asked of v1/items/{id}/image (cards are at most ~240 css px wide)
-const STAGES = ["queue", "encode", "decode_image", "encode_image", "like", "ann", "keyword", "fetch", "rerank", "dedup",
-  "metadata", "highlight", "load", "decode", "backbone", "attention"];
 
 let searchSeq = 0; // answers of superseded requests are dropped
 let searchAbort = null;
@@ -41,7 +39,7 @@ let shown = 0; // results on screen (pages appended by "More results")
 
 // ---- helpers ------------------------------------------------------------------------------------
 function rerankValue() {
-  return form.querySelector('input[name="rerank"]:checked').value;
+  return document.querySelector('input[name="rerank"]:checked').value;
 }
 
 function setStatus(text, kind) {
@@ -51,6 +49,7 @@ function setStatus(text, kind) {
 
 const query = createQuery({ onChange: () => search(), message: (t) => setStatus(t, "error"), limit: () => imageLimit });
 const filters = createFilters({ onChange: () => search(), message: (t) => setStatus(t, "error") });
+const details = createDetails();
 
 // ---- index picker -------------------------------------------------------------------------------
 async function loadIndexes() {
@@ -93,6 +92,7 @@ function fillIndexes(body) {
     opt.selected = wanted ? ix.name === wanted : ix.default;
     indexSelect.appendChild(opt);
   }
+  $("index-field").hidden = body.indexes.length < 2; // one library: nothing to choose
 }
 
 // ---- search -------------------------------------------------------------------------------------
@@ -218,18 +218,25 @@ function render(body, append) {
   const what = last.what.startsWith("more like") ? ", " + last.what : " for " + last.what;
   const count = shown < body.total ? shown + " of " + body.total + " results"
     : body.total + (body.total === 1 ? " result" : " results");
-  let text = count + what + " in " + body.index.name + ", " + how + (ORDER[body.sort] ? ", " + ORDER[body.sort] : "") +
-    ", in " + ms(body.timings_ms.total) + " ms.";
+  // the status line is for a person: what is shown, in which order, and whether something is missing; how the
+  // order was made (index, reranker, time, the degraded parts' codes) is for "Details"
+  let text = count + what + (ORDER[body.sort] ? ", " + ORDER[body.sort] : "") + ".";
   if (body.deduplicated) text += " " + body.deduplicated + " near duplicates left out.";
-  if (body.degraded) text += " Degraded: " + body.degraded_reason;
+  if (body.degraded) {
+    text += " Part of the search was unavailable, so these results may be incomplete (Details say why).";
+  }
   view.summary = text;
   view.summaryKind = body.degraded ? "warn" : "";
   setStatus(text, view.summaryKind);
-  body.results.forEach((hit, i) => results.appendChild(card(hit, first + i + 1, body.index.name, body.mode === "keyword" ? "keyword" : body.rerank)));
+  details.how("Searched " + body.index.name + ", " + how + ", in " + ms(body.timings_ms.total) + " ms." +
+    (body.degraded ? " Degraded: " + body.degraded_reason : ""));
+  const ranking = body.mode === "keyword" ? "keyword" : body.rerank;
+  const hooks = { onLike: like, onError: (t) => setStatus(t, "error") };
+  body.results.forEach((hit, i) => results.appendChild(card(hit, first + i + 1, body.index.name, ranking, hooks)));
   filters.update(last.hits, body.filtered || null);
   $("timings-explain").hidden = true;
   $("explain-spread").hidden = true;
-  showTimings($("timings-search"), "search", body.timings_ms);
+  details.showTimings($("timings-search"), "search", body.timings_ms);
   if (append && body.results.length) {
     const card1 = results.children[first];
     const link = card1 && card1.querySelector("a.thumb");
@@ -239,194 +246,14 @@ function render(body, append) {
   focusResults = false;
 }
 
-// ---- words: what a keyword match matched, and the text read in the photo ------------------------
-const FIELD_LABELS = { name: "file", caption: "caption", tags: "tags", text: "text in photo", fields: "fields" };
-const SHOWN_CHARS = 120;
-
-// text with its [start, end) spans marked: DOM nodes only, so no text is ever read as HTML
-function marked(text, spans) {
-  const frag = document.createDocumentFragment();
-  // a long text is shown from a little before its first match
-  let at = spans.length && spans[0][0] > 40 ? spans[0][0] - 30 : 0;
-  if (at) frag.appendChild(document.createTextNode("…"));
-  const stop = at + SHOWN_CHARS;
-  for (const [a, b] of spans) {
-    if (a >= stop) break;
-    if (a > at) frag.appendChild(document.createTextNode(text.slice(at, a)));
-    const m = document.createElement("mark");
-    m.textContent = text.slice(a, b);
-    frag.appendChild(m);
-    at = b;
-  }
-  const end = Math.max(at, Math.min(text.length, stop));
-  if (end > at) frag.appendChild(document.createTextNode(text.slice(at, end)));
-  if (text.length > end) frag.appendChild(document.createTextNode("…"));
-  return frag;
+// "More like this" on a card: the item's stored vector is the query (the item itself is left out of the answer)
+function like(id, index) {
+  query.setLike(id, index);
+  focusResults = true;
+  search();
 }
 
-// one line per field a keyword match matched, and the photo's own text (OCR) when it has some
-function foundText(hit) {
-  const lines = (hit.highlights || []).slice();
-  const read = hit.metadata && hit.metadata.text;
-  if (read && !lines.some((h) => h.field === "text")) lines.push({ field: "text", text: read, spans: [] });
-  if (!lines.length) return null;
-  const box = document.createElement("div");
-  box.className = "found";
-  for (const h of lines) {
-    const p = document.createElement("p");
-    p.className = "found-" + h.field;
-    const label = document.createElement("span");
-    label.className = "found-label";
-    label.textContent = (FIELD_LABELS[h.field] || h.field) + ": ";
-    p.appendChild(label);
-    p.appendChild(marked(h.text, h.spans));
-    box.appendChild(p);
-  }
-  return box;
-}
-
-function card(hit, rank, index, rerank) {
-  const li = document.createElement("li");
-  li.className = "card";
-  li.dataset.id = hit.id;
-
-  const link = document.createElement("a");
-  link.className = "thumb";
-  link.href = imageUrl(hit.id, index);
-  link.target = "_blank";
-  link.rel = "noopener";
-  link.addEventListener("click", (ev) => {
-    if (!hasKey()) return; // a plain link
-    ev.preventDefault();
-    openWithKey(link.href).catch((e) => setStatus("The image could not be opened: " + e.message + ".", "error"));
-  });
-
-  const img = document.createElement("img");
-  const caption = hit.metadata && hit.metadata.caption;
-  img.alt = "Result " + rank + ": " + (caption ? caption + " (" + hit.id + ")" : hit.id);
-  img.decoding = "async";
-  img.addEventListener("load", () => placeOverlay(li));
-  showImage(img, imageUrl(hit.id, index, THUMB));
-  link.appendChild(img);
-
-  const heat = document.createElement("canvas");
-  heat.className = "heat";
-  heat.width = 7;
-  heat.height = 7;
-  heat.hidden = true;
-  heat.setAttribute("role", "img");
-  link.appendChild(heat);
-
-  const newTab = document.createElement("span");
-  newTab.className = "visually-hidden";
-  newTab.textContent = " (full size, opens in a new tab)";
-  link.appendChild(newTab);
-  li.appendChild(link);
-
-  const meta = document.createElement("div");
-  meta.className = "meta";
-  const name = document.createElement("p");
-  name.className = "name";
-  name.title = hit.id;
-  name.textContent = rank + ". " + hit.id;
-  meta.appendChild(name);
-
-  const scores = document.createElement("p");
-  scores.className = "scores";
-  const score = document.createElement("span");
-  score.className = "score";
-  const byWords = rerank === "keyword";
-  // by words: how much of the query the photo holds (a BM25 score means little to a person, and is ~0 for a word
-  // found only inside one photo's text)
-  const cov = hit.scores.keyword_coverage;
-  score.textContent = !byWords ? "score " + hit.score.toFixed(3)
-    : cov === 1 ? "holds every word" : "holds " + Math.round(100 * cov) + "% of the words";
-  score.title = byWords ? "BM25 " + hit.score.toPrecision(3) : rerank === "none" ? "two-tower cosine"
-    : rerank + " logit fused with the two-tower score";
-  scores.appendChild(score);
-  if (hit.scores.rerank !== null) {
-    const ann = document.createElement("span");
-    ann.className = "ann";
-    ann.textContent = "two-tower " + hit.scores.ann.toFixed(3);
-    ann.title = "the first stage's cosine (before reranking)";
-    scores.appendChild(ann);
-  }
-  if (hit.relevance !== null && hit.relevance !== undefined) {
-    // muted, beside the scores: it is the chance this is the one photo a caption describes among ~1,000
-    // (docs/research/calibration.md), which reads low on small or unfamiliar galleries even when the order is right
-    const rel = document.createElement("span");
-    rel.className = "relevance";
-    rel.textContent = "relevance " + hit.relevance.toFixed(2);
-    rel.title = "calibrated on the dev captions: how often a result with this relevance was the very photo a " +
-      "caption described, among about 1,000 photos (min_relevance in the API cuts the list there)";
-    scores.appendChild(rel);
-  }
-  meta.appendChild(scores);
-  const words = foundText(hit);
-  if (words) meta.appendChild(words);
-
-  // more like this: the item's stored vector is the query (the item itself is left out of the answer)
-  const more = document.createElement("button");
-  more.type = "button";
-  more.className = "secondary more-like";
-  more.textContent = "More like this";
-  more.setAttribute("aria-label", "More like this: " + hit.id);
-  more.addEventListener("click", () => {
-    query.setLike(hit.id, index);
-    focusResults = true;
-    search();
-  });
-  meta.appendChild(more);
-
-  const note = document.createElement("p");
-  note.className = "explain-note";
-  note.hidden = true;
-  meta.appendChild(note);
-  li.appendChild(meta);
-  return li;
-}
-
-function showTimings(dl, title, timings) {
-  dl.textContent = "";
-  dl.dataset.total = ms(timings.total);
-  const dt0 = document.createElement("dt");
-  dt0.className = "group";
-  dt0.textContent = title;
-  const dd0 = document.createElement("dd");
-  dd0.className = "group";
-  dd0.textContent = ms(timings.total) + " ms in all";
-  dl.append(dt0, dd0);
-  const total = Math.max(timings.total || 0, 1e-9);
-  for (const stage of STAGES) {
-    if (!(stage in timings)) continue;
-    const dt = document.createElement("dt");
-    dt.textContent = stage;
-    const dd = document.createElement("dd");
-    const bar = document.createElement("span");
-    bar.className = "bar";
-    bar.style.width = Math.max(1, Math.round((100 * timings[stage]) / total)) + "%";
-    const val = document.createElement("span");
-    val.className = "ms";
-    val.textContent = ms(timings[stage]) + " ms";
-    dd.append(bar, val);
-    dl.append(dt, dd);
-  }
-  dl.hidden = false;
-  timingsBox.hidden = false;
-  timingsSummary();
-}
-
-// the disclosure's one line: each request's total
-function timingsSummary() {
-  const parts = [];
-  for (const [id, name] of [["timings-search", "search"], ["timings-explain", "explain"]]) {
-    const el = $(id);
-    if (!el.hidden && el.dataset.total) parts.push(name + " " + el.dataset.total + "\u00a0ms"); // no break inside "424 ms"
-  }
-  $("timings-summary").textContent = parts.length ? ": " + parts.join(", ") : "";
-}
-
-Object.assign(view, { setStatus: setStatus, showTimings: showTimings, timingsSummary: timingsSummary });
+Object.assign(view, { setStatus: setStatus, showTimings: details.showTimings, timingsSummary: details.timingsSummary });
 
 // ---- wiring -------------------------------------------------------------------------------------
 function start() {
@@ -450,7 +277,7 @@ keyInput.addEventListener("change", () => {
   else if (view.last) search();
 });
 // an option changed: show its effect at once for the query on screen
-for (const el of form.querySelectorAll('input[name="rerank"]')) {
+for (const el of document.querySelectorAll('input[name="rerank"]')) {
   el.addEventListener("change", () => view.last && search());
 }
 indexSelect.addEventListener("change", () => view.last && search());
@@ -463,13 +290,11 @@ explainBox.addEventListener("change", () => {
   explain();
 });
 
-timingsBox.open = window.matchMedia("(min-width: 700px)").matches;
-
 // restore a search from the URL (?q=...&like=...&rerank=...&k=...&sort=...&index=...&filter=...&explain=1)
 const params = new URLSearchParams(location.search);
 const r = params.get("rerank");
 if (r) {
-  const radio = form.querySelector('input[name="rerank"][value="' + CSS.escape(r) + '"]');
+  const radio = document.querySelector('input[name="rerank"][value="' + CSS.escape(r) + '"]');
   if (radio) radio.checked = true;
 }
 if (params.get("k") && kSelect.querySelector('option[value="' + CSS.escape(params.get("k")) + '"]')) {

@@ -3,9 +3,11 @@
 // removable chips, and how many items of the index pass them (the answer's "filtered.matching").
 // Several chips: AND across fields, OR within one ({"and": [{"field": "tags", "in": [...]}, ...]}), the
 // service's filter tree (docs/research/search_features.md). app.js sends filter() with each search and hands every
-// answer to update().
+// answer to update(). The chips and dates sit in a panel the "Filters" button opens (closed at first: the photos
+// come first); the filters in force and the count stay in sight above the results while it is closed.
 
 import { removeButton } from "./api.js";
+import { disclosure } from "./details.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -16,6 +18,8 @@ const MAX_CHIPS = 24; // per field: the most frequent values among the results (
 // hooks: onChange() (the filters changed: search again), message(text) (a problem, for the status line)
 export function createFilters(hooks) {
   const panel = $("refine");
+  const button = $("filters-button");
+  const inForce = $("filters-in-force");
   const facets = $("facets");
   const active = $("active-filters");
   const count = $("filter-count");
@@ -160,6 +164,7 @@ export function createFilters(hooks) {
       }));
     }
     active.hidden = !active.children.length;
+    inForce.hidden = active.hidden;
   }
 
   // filtered: the answer's "filtered" ({matching, exact, method}), or null (no filter was sent)
@@ -185,6 +190,7 @@ export function createFilters(hooks) {
   }
   from.addEventListener("change", onDate);
   to.addEventListener("change", onDate);
+  disclosure(button, panel);
 
   return {
     filter: filter,
@@ -196,13 +202,13 @@ export function createFilters(hooks) {
       renderFacets(hits);
       renderActive();
       renderCount(filter() ? filtered : null);
-      panel.hidden = false;
+      button.hidden = false;
     },
     // a failed search: the filters stay visible (and removable) over the results still on screen
     keep() {
       renderFacets(lastHits);
       renderActive();
-      panel.hidden = panel.hidden && !filter();
+      button.hidden = button.hidden && !filter();
     },
   };
 }

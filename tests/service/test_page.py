@@ -25,7 +25,7 @@ def test_page_has_every_control_labelled(client):
     html = r.text
     # the search box, its label, its button; Enter submits because it sits in a <form>
     assert re.search(r'<form id="search-form" role="search"', html)
-    assert '<label for="q">' in html and re.search(r'<input id="q" name="q" type="search"', html)
+    assert re.search(r'<label for="q"[ >]', html) and re.search(r'<input id="q" name="q" type="search"', html)
     assert '<button id="search-button" type="submit">' in html
     # the reranker switch: one radio per mode, inside a fieldset with a legend
     assert "<legend>Reranker</legend>" in html
@@ -38,6 +38,25 @@ def test_page_has_every_control_labelled(client):
     assert 'id="status"' in html and 'role="status"' in html and 'aria-live="polite"' in html
     assert 'id="timings"' in html and 'id="legend"' in html and '<ol id="results"' in html
     assert 'lang="en"' in html and 'name="viewport"' in html and 'class="skip-link" href="#results"' in html
+
+
+def test_details_holds_what_an_engineer_reads(client):
+    """Issue 46: the reranker, match mode, results per page, explain, how the search ran and its stage timings sit
+    in one panel behind a "Details" button, closed at first; the cards' scores show only while it is open. The
+    browser test (test_page_e2e.py) measures that the photos come first."""
+    html = client.get("/").text
+    assert re.search(r'<button id="details-button" class="secondary toggle" type="button" aria-controls="details"'
+                     r'\s+aria-expanded="false">Details</button>', html)
+    assert html.count('<section id="details" ') == 1
+    head, panel = html.split('<section id="details" ')[1].split(">", 1)
+    assert head.endswith("hidden")
+    panel = panel.split("</section>")[0]
+    for part in ("<legend>Reranker</legend>", '<select id="mode"', '<select id="k"', 'id="explain"',
+                 'id="timings"', 'id="how"'):
+        assert part in panel, part
+    css = (STATIC / "app.css").read_text()
+    assert re.search(r"^\.scores \{ display: none;", css, re.M)
+    assert ".results.show-scores .scores { display: flex; }" in css
 
 
 def test_page_loads_nothing_from_elsewhere(client):

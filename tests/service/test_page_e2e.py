@@ -6,7 +6,8 @@ from scikit-image's sample photos with the committed checkpoint (models/checkpoi
 manifest that gives them tags, a camera and a date taken (MANIFEST), so the page shows real rankings ("a cup
 of coffee" must find the coffee photo; an indexed photo dropped on the page finds itself first) and real
 filters. Screenshots of the results, the explain view, the phone layout, the image query, "More like this"
-and the filter chips go to artifacts/e2e/ (gitignored), printed at the end of each test (-s shows them).
+and the filter chips go to artifacts/e2e/ (gitignored), printed at the end of each test (-s shows them);
+search-1280.png and search-390.png are the ones docs/images/ keeps (looked at, then copied by hand).
 
 The ONNX graphs of the committed checkpoint are kept under artifacts/e2e/ between runs (keyed by its
 fingerprint, written atomically), so a second run starts in seconds instead of exporting them again.
@@ -198,6 +199,14 @@ def thumbnails_loaded(page) -> None:
     wait_js(page, "[...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)")
 
 
+def open_details(page) -> None:
+    """Open the "Details" panel (the reranker, match mode, explain, timings and the cards' scores live there)."""
+    button = page.get_by_role("button", name="Details", exact=True)
+    if button.get_attribute("aria-expanded") != "true":
+        button.click()
+    assert button.get_attribute("aria-expanded") == "true" and page.locator("#details").is_visible()
+
+
 def heat_maps_drawn(page) -> None:
     wait_js(page, """() => {
         const cs = [...document.querySelectorAll('#results canvas.heat')];
@@ -206,37 +215,51 @@ def heat_maps_drawn(page) -> None:
 
 
 # ---- the tests -------------------------------------------------------------------------------------
-def test_search_shows_scored_thumbnails_and_timings(page):
+def test_search_shows_photos_with_scores_and_timings_under_details(page):
     page.goto("/")
     wait_js(page, "document.querySelector('#index option') && document.querySelector('#index').value !== ''")
     assert page.locator("#index option").first.inner_text().startswith(f"{INDEX} (16 images)")
+    assert page.locator("#index").is_hidden()  # one library: nothing to choose
     body = search(page)
     thumbnails_loaded(page)
     cards = page.locator("#results li.card")
     assert cards.count() == 12 == len(body["results"])
-    names = [n.split(". ", 1)[1] for n in cards.locator(".name").all_inner_texts()]
+    names = cards.locator(".name").all_inner_texts()
     assert names == [h["id"] for h in body["results"]]
     assert "coffee.jpg" in names[:3], names  # the model card: coffee first (fp32); int8 may swap near ties
+    # the numbers wait behind "Details": no score, cosine or relevance on a card until it is opened
+    assert cards.locator(".scores").evaluate_all("els => els.length === 12 && els.every(e => !e.offsetParent)")
+    assert page.locator("#timings").is_hidden() and page.locator('input[name="rerank"]').first.is_hidden()
+    # "Strong match" exactly where the answer's calibrated relevance is high (0.3); none for a small gallery's 0.13
+    strong = cards.evaluate_all("els => els.map(e => !!e.querySelector('.strong-match'))")
+    assert strong == [(h["relevance"] or 0) >= 0.3 for h in body["results"]], (strong, body["results"])
+    open_details(page)
     scores = cards.locator(".score").all_inner_texts()
     assert scores[0] == f"score {body['results'][0]['score']:.3f}" and all(s.startswith("score ") for s in scores)
+    assert cards.locator(".relevance").first.inner_text() == f"relevance {body['results'][0]['relevance']:.2f}"
+    assert cards.locator(".score").first.is_visible() and cards.locator(".ann").first.is_visible()
     # alt text on every thumbnail; each result is a link to the full-size image
     assert cards.locator("img").first.get_attribute("alt").startswith("Result 1: ")
     assert cards.locator("img").evaluate_all("imgs => imgs.every(i => i.alt.length > 10)")
     first = body["results"][0]["id"]
     assert cards.locator("a.thumb").first.evaluate("a => a.href").startswith(f"{page.url.split('?')[0]}v1/items/{first}/image")
-    # the answer's stage timings
+    # the answer's stage timings, and how the search ran
     timings = page.locator("#timings-search")
-    assert page.locator("#timings").evaluate("d => d.open")  # open on a wide screen
     assert re.fullmatch(r": search [0-9.]+\s+ms", page.locator("#timings-summary").inner_text())
     for stage in ("encode", "ann", "fetch", "rerank", "metadata"):
         assert timings.get_by_text(stage, exact=True).is_visible(), stage
-    assert "reranked by temde" in page.locator("#status").inner_text()  # the page's default, as the server's
+    assert "reranked by temde" in page.locator("#how").inner_text()  # the page's default, as the server's
+    assert page.locator("#how").inner_text().startswith(f"Searched {INDEX}, ")
     shot(page, "results.png", full_page=True)
+    # closed again (the keyboard works it too: it is a button): the numbers go with it
+    page.get_by_role("button", name="Details", exact=True).press("Enter")
+    assert page.locator("#details").is_hidden() and cards.locator(".score").first.is_hidden()
 
 
 def test_reranker_switch_is_used_by_the_request(page):
     page.goto("/")
     search(page)
+    open_details(page)
     for mode, said in (("cp", "reranked by cp"), ("none", "ranked by the two-tower score"),
                        ("temde", "reranked by temde")):
         with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
@@ -245,7 +268,7 @@ def test_reranker_switch_is_used_by_the_request(page):
         assert req.value.post_data_json["query"] == QUERY
         resp = req.value.response().json()
         assert resp["rerank"] == mode
-        wait_js(page, "s => document.querySelector('#status').textContent.includes(s)", arg=said)
+        wait_js(page, "s => document.querySelector('#how').textContent.includes(s)", arg=said)
         assert page.locator("#timings-search").get_by_text("rerank", exact=True).count() == (mode != "none")
         assert f"rerank={mode}" in page.url  # the address says what is on screen
 
@@ -254,6 +277,7 @@ def test_explain_overlays_heat_maps(page):
     page.goto("/")
     search(page)
     thumbnails_loaded(page)
+    open_details(page)
     with page.expect_response(lambda r: r.url.endswith("/v1/explain")) as resp:
         page.get_by_label("Explain: show where the model looked").check()
     assert resp.value.status == 200
@@ -301,11 +325,15 @@ def test_keyboard_only(page):
     # every stop shows where focus is
     tab_to("#search-button")
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
+    tab_to("#details-button")  # "Details": a button, Enter opens its panel
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"
+    page.keyboard.press("Enter")
+    assert page.locator("#details-button").get_attribute("aria-expanded") == "true"
     tab_to('input[name="rerank"]')
     with page.expect_request(lambda r: r.url.endswith("/v1/search")) as req:
         page.keyboard.press("ArrowRight")  # the radio group: arrows choose (temde, the default, then cp)
     assert req.value.post_data_json["rerank"] == "cp"
-    wait_js(page, "document.querySelector('#status').textContent.includes('reranked by cp')")
+    wait_js(page, "document.querySelector('#how').textContent.includes('reranked by cp')")
     tab_to("#explain")
     with page.expect_response(lambda r: r.url.endswith("/v1/explain")):
         page.keyboard.press("Space")
@@ -340,11 +368,80 @@ def test_phone_width(browser, server):
         assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth"), wide
         cols = page.evaluate("getComputedStyle(document.querySelector('#results')).gridTemplateColumns.split(' ').length")
         assert cols == 2
-        # the timings fold into one line, so the results come first
-        assert page.locator("#timings").evaluate("d => !d.open")
-        assert page.locator("#timings summary").inner_text().startswith("Stage timings: search ")
+        # the timings wait behind "Details", so the results come first
+        assert page.locator("#details").is_hidden() and page.locator("#timings").is_hidden()
+        assert page.locator("#timings-summary").text_content().startswith(": search ")
     finally:
         ctx.close()
+
+
+# ---- the photos first (issue 46): what a person sees after a search, without scrolling ---------------------
+# the result photos whose boxes lie entirely inside the viewport, loaded, and not covered by anything else (the
+# element at each box's centre belongs to its own link): their places in the result list
+IN_VIEW = """() => [...document.querySelectorAll('#results li.card img')].map((img, i) => {
+    const r = img.getBoundingClientRect();
+    const inside = r.width > 0 && r.height > 0 && r.top >= 0 && r.left >= 0 &&
+        r.bottom <= window.innerHeight && r.right <= window.innerWidth;
+    const top = inside && document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return inside && img.complete && img.naturalWidth > 0 && top && top.closest('a.thumb') === img.closest('a.thumb')
+        ? i : -1;
+}).filter(i => i >= 0)"""
+
+
+@pytest.mark.parametrize(("width", "height", "want"), [(1280, 800, 8), (390, 844, 1)], ids=["desktop", "phone"])
+def test_photos_come_first(browser, server, width, height, want):
+    """After a search the photos fill the first screen: at 1280x800 the first 8 results' photos (at least) lie
+    entirely inside the viewport, on a 390x844 phone the first one does; nothing scrolled. The screenshots of
+    what a person sees (the viewport) are search-1280.png and search-390.png (docs/images/ keeps them)."""
+    phone = width < 600
+    ctx = browser.new_context(viewport={"width": width, "height": height}, base_url=server, is_mobile=phone,
+                              has_touch=phone)
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    try:
+        ready(page)
+        body = search(page)
+        thumbnails_loaded(page)
+        seen = page.evaluate(IN_VIEW)
+        print(f"\n{width}x{height}: {len(seen)} of {len(body['results'])} photos entirely in view: {seen}")
+        assert page.evaluate("window.scrollY") == 0
+        assert len(seen) >= want and seen[:want] == list(range(want)), seen
+        # what sits behind "Details" is out of sight: reranker, match mode, timings, scores
+        for sel in ('input[name="rerank"]', "#mode", "#timings", "#results .score", "#results .relevance"):
+            assert page.locator(sel).first.is_hidden(), sel
+        shot(page, f"search-{width}.png")
+    finally:
+        ctx.close()
+    assert not errors, errors
+
+
+def test_strong_match_marker_and_degraded_notice(page):
+    """Two answer fields the sample gallery does not produce, as the page shows them: a result whose calibrated
+    relevance is high gets "Strong match" (one just under 0.3 does not), and a degraded answer says so in the status
+    line, with the reason under Details. The answer is the live server's, with those fields changed on its way."""
+    def patch(route):
+        resp = route.fetch()
+        body = resp.json()
+        body["results"][0]["relevance"], body["results"][1]["relevance"] = 0.62, 0.29
+        body.update(degraded=True, degraded_reason="feature_store_unavailable: Redis could not be reached")
+        route.fulfill(response=resp, json=body)
+
+    page.route("**/v1/search", patch)
+    ready(page)
+    body = search(page)
+    cards = page.locator("#results li.card")
+    marked = cards.evaluate_all("els => els.map(e => !!e.querySelector('.strong-match'))")
+    assert marked[:2] == [True, False] and marked == [h["relevance"] >= 0.3 for h in body["results"]]
+    assert cards.first.locator(".strong-match").is_visible()
+    assert cards.first.locator(".strong-match").inner_text() == "Strong match"
+    status = page.locator("#status")
+    assert "may be incomplete" in status.inner_text() and "warn" in status.get_attribute("class")
+    assert "Redis" not in status.inner_text()  # the codes are for Details
+    open_details(page)
+    assert "Degraded: feature_store_unavailable: Redis could not be reached" in page.locator("#how").inner_text()
+    assert cards.first.locator(".relevance").inner_text() == "relevance 0.62"
 
 
 # ---- query by image, more like this, filters (issue 17) ------------------------------------------------
@@ -391,6 +488,7 @@ def test_image_query_finds_itself_first(page, gallery, tmp_path):
     assert chip.is_visible() and "coffee.jpg" in chip.inner_text()
     assert chip.locator("img").evaluate("i => i.src.startsWith('blob:') && i.complete && i.naturalWidth > 0")
     assert "for the image “coffee.jpg”" in page.locator("#status").inner_text()
+    open_details(page)
     assert page.locator("#timings-search").get_by_text("encode_image", exact=True).is_visible()
     # dropped on the search area: it replaces the first one
     with page.expect_response(lambda r: "/v1/search/image" in r.url) as resp:
@@ -516,7 +614,7 @@ def test_more_results_and_the_order_by_date(page):
     want = [h["id"] for h in first["results"] + second["results"]]
     wait_js(page, "n => document.querySelectorAll('#results li.card').length === n", arg=16)
     assert card_ids(page) == want and len(set(want)) == 16  # one ranking: nothing twice
-    assert page.locator("#results li.card .name").nth(12).inner_text().startswith("13. ")
+    assert page.locator("#results li.card img").nth(12).get_attribute("alt").startswith("Result 13: ")  # numbered on
     wait_js(page, "!document.querySelector('#more-results').offsetParent")  # the last page: no button
     assert page.locator("#status").inner_text().startswith("16 results")
     assert page.evaluate("document.activeElement.closest('li') && document.activeElement.closest('li').dataset.id") \
@@ -545,7 +643,9 @@ def test_filter_chips_narrow_the_results(page):
     ready(page)
     hits = search(page)["results"]
     refine = page.locator("#refine")
-    assert refine.is_visible()
+    assert refine.is_hidden()  # closed at first: the photos come first
+    page.get_by_role("button", name="Filters").click()
+    assert refine.is_visible() and page.locator("#filters-button").get_attribute("aria-expanded") == "true"
     # a chip per tag, format and camera of the results, with how many of them carry it
     space = refine.locator('button.facet-chip[data-field="tags"][data-value="space"]')
     shown = sum("space" in h["metadata"]["tags"] for h in hits)
@@ -578,6 +678,11 @@ def test_filter_chips_narrow_the_results(page):
     assert page.locator("#filter-count").inner_text() == f"{len(want)} items match"
     thumbnails_loaded(page)
     shot(page, "filter-chips.png", full_page=True)
+    # closed, the filters in force and the count stay in sight
+    page.get_by_role("button", name="Filters").click()
+    assert refine.is_hidden() and page.locator("#active-filters").is_visible()
+    assert page.locator("#filter-count").is_visible()
+    page.get_by_role("button", name="Filters").click()
     # a date range taken from / to ("to" includes its day), kept in the address
     with page.expect_response(lambda r: r.url.endswith("/v1/search")):
         page.locator("#taken-from").fill("2021-01-01")
@@ -624,6 +729,7 @@ def test_a_keyword_only_hit_shows_the_words_it_matched(page):
     """A word printed in page.jpg (read by OCR at index time, where the text gate sees writing) finds it with
     "words only", and the card marks the word in the photo's text."""
     page.goto("/")
+    open_details(page)
     page.select_option("#mode", "keyword")
     body = search(page, "segmentation")
     assert body["mode"] == "keyword" and [h["id"] for h in body["results"]] == ["page.jpg"], body

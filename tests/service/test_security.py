@@ -511,6 +511,7 @@ def test_page_works_with_keys_in_a_browser(built, svc_ckpt, artifacts):
         assert page.locator("#index option").first.inner_text().startswith("photos")
         assert page.evaluate("() => sessionStorage.getItem('crossprobe.apiKey')") == SEARCH_KEYS[0]
         assert page.evaluate("() => localStorage.length") == 0 and SEARCH_KEYS[0] not in page.url
+        page.get_by_role("button", name="Details", exact=True).click()  # explain waits behind "Details"
         with page.expect_response(lambda r: r.url.endswith("/v1/explain") and r.status == 200):
             page.get_by_label("Explain: show where the model looked").check()
         wait_js(page, "() => [...document.querySelectorAll('canvas.heat')].some(c => !c.hidden)")
