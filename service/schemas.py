@@ -244,6 +244,29 @@ class ItemResponse(BaseModel):
                                             "CROSSPROBE_EXPOSE_URI)")
 
 
+class IndexInfo(BaseModel):
+    name: str
+    version: str
+    count: int = Field(description="items in the served version")
+    fingerprint: str = Field(description="the checkpoint fingerprint the version was built with")
+    factory: str | None = Field(description="the ANN index (FAISS factory string, or the vector engine's)")
+    created: str | None = Field(description="when the version was built (ISO 8601)")
+    default: bool = Field(description="the index searched when a request names none")
+
+
+class QueryLimits(BaseModel):
+    query_image_bytes: int = Field(description="CROSSPROBE_QUERY_IMAGE_MAX_BYTES: the largest query image, bytes")
+    query_image_pixels: int = Field(description="CROSSPROBE_QUERY_IMAGE_MAX_PIXELS: the largest query image, pixels")
+
+
+class IndexesResponse(BaseModel):
+    indexes: list[IndexInfo] = Field(description="the served indexes, by name")
+    default: str | None = Field(description="the default index's name; null before one is served")
+    unavailable: dict[str, str] = Field(description="name -> why its active version is not served (an older one "
+                                        "may be)")
+    limits: QueryLimits = Field(description="what a client can check before it sends a query image")
+
+
 class ModelRef(BaseModel):
     fingerprint: str
     query_precision: str  # "fp32" | "int8": which query-tower graph encoded the query

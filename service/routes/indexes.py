@@ -6,24 +6,25 @@ from fastapi.responses import JSONResponse, Response
 
 from crossprobe.service import errors, metrics, security
 from crossprobe.service.deps import ADMIN, SEARCH, Service
-from crossprobe.service.schemas import ANY_ROUTE, POST_ROUTE, error_responses
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits,
+                                        error_responses)
 
 router = APIRouter(**SEARCH)  # a search key when keys are set: the index list
 admin = APIRouter(**ADMIN)  # X-Admin-Key: /admin/*
 ops = APIRouter()  # open: health and readiness; /metrics behind its own optional key
 
 
-@router.get("/v1/indexes", responses=error_responses(*ANY_ROUTE))
-async def indexes(state: Service) -> dict:
+@router.get("/v1/indexes", response_model=IndexesResponse, responses=error_responses(*ANY_ROUTE))
+async def indexes(state: Service) -> IndexesResponse:
     reg = state.registry
     # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
-    limits = {"query_image_bytes": state.settings.query_image_max_bytes,
-              "query_image_pixels": state.settings.query_image_max_pixels}
+    limits = QueryLimits(query_image_bytes=state.settings.query_image_max_bytes,
+                         query_image_pixels=state.settings.query_image_max_pixels)
     if reg is None:
-        return {"indexes": [], "default": None, "unavailable": {}, "limits": limits}
+        return IndexesResponse(indexes=[], default=None, unavailable={}, limits=limits)
     default = reg.default_name()
-    return {"indexes": [{**h.info(), "default": n == default} for n, h in sorted(reg.handles.items())],
-            "default": default, "unavailable": dict(reg.problems), "limits": limits}
+    return IndexesResponse(indexes=[IndexInfo(**h.info(), default=n == default) for n, h in sorted(reg.handles.items())],
+                           default=default, unavailable=dict(reg.problems), limits=limits)
 
 
 @ops.get("/healthz", responses=error_responses(503, *ANY_ROUTE, s503="startup_failed: the models or the index "
