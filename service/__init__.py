@@ -1,8 +1,8 @@
 """Online search service: FastAPI + uvicorn over the indexer's FAISS + Redis versions.
 
-    router   app.py, clip_compat.py   routes, validation, errors (errors.py), metrics (metrics.py)
-    queue    batcher.py               admission (429) and micro-batching of the query tower
-    backend  backend.py, pipeline.py  ONNX Runtime models, index versions, the timed stages
+    router   app.py, routes/, deps.py        routes, validation, errors (errors.py), metrics (metrics.py)
+    queue    batcher.py                      admission (429) and micro-batching of the query tower
+    backend  pipeline/, registry.py          the timed stages (the model behind crossprobe.models.inference), index versions
 
     from crossprobe.service import create_app, Settings
 

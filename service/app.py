@@ -3,7 +3,7 @@
     create_app(Settings()) -> FastAPI          `crossprobe serve` runs it with uvicorn
 
 Layering as in text-embeddings-inference: routes (routes/, by resource; their shared dependencies in
-deps.py) -> the request pipeline's named stages (pipeline.py: encode -> ann -> fetch -> rerank -> respond,
+deps.py) -> the request pipeline's named stages (pipeline/: encode -> ann -> fetch -> rerank -> respond,
 with the query batcher, batcher.py) -> backends (inference.py: ONNX Runtime; registry.py: the served index
 versions over crossprobe.indexer.storage; breaker.py: the feature store behind its circuit breaker).
 

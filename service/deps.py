@@ -1,19 +1,26 @@
-"""What every route shares: the route groups by who may call them, the service state, running a search
-under admission control, reading metadata through the circuit breaker, and the timing / degraded headers.
+"""What every route shares: the route groups by who may call them, the service state as a dependency, running a
+search under admission control, reading metadata through the circuit breaker, and the timing / degraded headers.
 
 Route groups (security.py: the group's dependency checks its key first): QUERY routes run the query tower
 (a search key when keys are set, and a rate-limit token), SEARCH routes read indexes and items (a search key),
 ADMIN routes need the admin key; OPEN routes (health, readiness, the page) need nothing, and /metrics takes
 its own optional key.
+
+Dependencies are declared as route parameters. `state: Service` is the service state, loading or ready. A route
+that needs it loaded gets its input through a dependency of its own (routes/*.py) that calls ready(state) AFTER
+the route's parameters and body are validated: bad input is a 422 even while the service loads, and a valid
+request is 503 not_ready until it has loaded. (A dependency that checked readiness by itself would run before
+FastAPI validates the route's own parameters, and answer 503 to bad input.)
 """
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from crossprobe.service import metrics, security
-from crossprobe.service.pipeline import Outcome
+from crossprobe.service.pipeline import Outcome, Plan
 from crossprobe.service.state import ServiceState
 
 QUERY = dict(dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
@@ -21,8 +28,17 @@ SEARCH = dict(dependencies=security.SEARCH, responses=security.SEARCH_RESPONSES)
 ADMIN = dict(dependencies=security.ADMIN, responses=security.ADMIN_RESPONSES)
 
 
-def svc(request: Request) -> ServiceState:
+def service_state(request: Request) -> ServiceState:
     return request.app.state.svc
+
+
+Service = Annotated[ServiceState, Depends(service_state)]
+
+
+def ready(state: ServiceState) -> ServiceState:
+    """The state once models, indexes and the warm-up are done; before: 503 not_ready (with Retry-After)."""
+    state.require_ready()
+    return state
 
 
 def server_timing(timings_ms: dict[str, float]) -> str:
@@ -38,9 +54,9 @@ def degraded_headers(out: Outcome) -> dict[str, str]:
     return {DEGRADED_HEADER: ",".join(out.degraded_codes)} if out.degraded else {}
 
 
-async def run_search(state: ServiceState, plan) -> Outcome:
+async def run_search(state: ServiceState, plan: Plan) -> Outcome:
     """Admission control around one search: 429 overloaded at once when the queue is full."""
-    state.require_ready()
+    ready(state)
     with state.limiter.admit():
         out = await state.searcher.search(plan)
     # labelled by the mode the search ran with (crossprobe_search_*{rerank}); warm-up searches never come here

@@ -1,4 +1,4 @@
-"""Keyword and hybrid search: the stages a search's `mode` adds to the request path (pipeline.py).
+"""Keyword and hybrid search: the stages a search's `mode` adds to the request path (pipeline/stages.py).
 
   vector   the two-tower shortlist, reranked (what crossprobe always did)
   keyword  the version's keyword index alone (indexer/storage/keyword.py: BM25 over file name, caption, tags,

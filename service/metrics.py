@@ -56,12 +56,12 @@ FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transition
 
 # -- by rerank mode (the request's mode: a degraded search that skipped its rerank keeps the mode it asked for) --
 RERANK_MODES = ("cp", "temde", "none")  # settings.Rerank
-# pipeline.py; fetch + rerank: not none. decode_image / encode_image: image queries; like: stored vectors; filter:
+# pipeline/stages.py; fetch + rerank: not none. decode_image / encode_image: image queries; like: stored vectors; filter:
 # the metadata bitmap (the first filtered search of a version also reads its metadata); dedup; keyword and
 # highlight: modes hybrid and keyword (hybrid.py)
 SEARCH_STAGES = ("queue", "encode", "decode_image", "encode_image", "like", "filter", "ann", "keyword", "fetch",
                  "rerank", "dedup", "metadata", "highlight")
-DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed", "keyword_failed")  # pipeline.py
+DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed", "keyword_failed")  # pipeline/stages.py
 SEARCH_SECONDS = Histogram("crossprobe_search_seconds", "Search latency inside the service (the pipeline from "
                            "queue to metadata: the timings_ms total) by rerank mode", ["rerank"], buckets=_BUCKETS,
                            registry=REGISTRY)

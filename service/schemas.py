@@ -185,6 +185,25 @@ class SearchRequest(BaseModel):
         return [] if self.like is None else [self.like] if isinstance(self.like, str) else list(self.like)
 
 
+class ImageSearchParams(BaseModel):
+    """POST /v1/search/image's query parameters (the body is the image itself): the same names and meanings as
+    SearchRequest's fields, so one plan is built from either (pipeline/plan.py); `filter` is the filter as JSON
+    text (parsed by the route: a query parameter is a string)."""
+
+    k: int = Field(10, ge=1, le=MAX_K, description="results to return")
+    query: QueryText | None = Field(None, description=f"a text to combine with the image: {VISIBLE_TEXT_HELP}")
+    weight: float = Field(0.5, ge=0, le=1, description="the image's weight beside query")
+    rerank: Rerank | None = Field(None, description="with query: cp | temde | none")
+    index: str | None = Field(None, min_length=1, max_length=64)
+    dedup: float | None = Field(None, gt=0, le=1, description="near-duplicate cosine")
+    filter: str | None = Field(None, max_length=16_384, description="a metadata filter as JSON text, the same as "
+                               "/v1/search's \"filter\" (not JSON, or not such a filter: 422)",
+                               json_schema_extra={"contentMediaType": "application/json",
+                                                  "x-constraints": ["JSON text of /v1/search's filter"]})
+    offset: int = Field(0, ge=0, le=MAX_SHORTLIST, description=OFFSET_HELP)
+    sort: Sort = Field("relevance", description=SORT_HELP)
+
+
 class Scores(BaseModel):
     ann: float = Field(description="two-tower cosine g_q . g_I (the FAISS inner product)")
     rerank: float | None = Field(description="reranker logit (fused with the two-tower score); null for rerank=none")
@@ -225,6 +244,29 @@ class ItemResponse(BaseModel):
                                             "CROSSPROBE_EXPOSE_URI)")
 
 
+class IndexInfo(BaseModel):
+    name: str
+    version: str
+    count: int = Field(description="items in the served version")
+    fingerprint: str = Field(description="the checkpoint fingerprint the version was built with")
+    factory: str | None = Field(description="the ANN index (FAISS factory string, or the vector engine's)")
+    created: str | None = Field(description="when the version was built (ISO 8601)")
+    default: bool = Field(description="the index searched when a request names none")
+
+
+class QueryLimits(BaseModel):
+    query_image_bytes: int = Field(description="CROSSPROBE_QUERY_IMAGE_MAX_BYTES: the largest query image, bytes")
+    query_image_pixels: int = Field(description="CROSSPROBE_QUERY_IMAGE_MAX_PIXELS: the largest query image, pixels")
+
+
+class IndexesResponse(BaseModel):
+    indexes: list[IndexInfo] = Field(description="the served indexes, by name")
+    default: str | None = Field(description="the default index's name; null before one is served")
+    unavailable: dict[str, str] = Field(description="name -> why its active version is not served (an older one "
+                                        "may be)")
+    limits: QueryLimits = Field(description="what a client can check before it sends a query image")
+
+
 class ModelRef(BaseModel):
     fingerprint: str
     query_precision: str  # "fp32" | "int8": which query-tower graph encoded the query
@@ -258,12 +300,12 @@ class SearchResponse(BaseModel):
     model: ModelRef
     query_kind: str = Field(description="what was searched for: text, image, like, or text+image / text+like")
     rerank: Rerank = Field(description="the reranker that ran: none for a query without text, and in mode keyword")
+    rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
+                                       "default) asked for a reranker: the query had no text")
     mode: Mode = Field(description="the mode that ran (see the request's mode)")
     mode_note: str | None = Field(None, description="why mode differs from the one asked for")
     keyword: KeywordInfo | None = Field(None, description="modes hybrid and keyword: the query's words as looked "
                                         "up, and how many items matched (among hybrid's candidates)")
-    rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
-                                       "default) asked for a reranker: the query had no text")
     deduplicated: int = Field(0, description="results dropped as near duplicates (dedup)")
     filtered: FilterInfo | None = Field(None, description="with a filter: how many items passed it")
     facets: dict[str, dict[str, int]] | None = Field(None, description="with facets: {\"tags\": {tag: items}}, the "

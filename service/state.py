@@ -133,8 +133,8 @@ class ServiceState:
         name = self.registry.default_name() if self.registry else None
         if self.settings.warmup and name in (self.registry.handles if self.registry else {}):
             for rerank in ("cp", "temde"):
-                await self.searcher.search(self.searcher.plan("a photo", 1, rerank, index=name))
-            await self.searcher.search(self.searcher.plan(None, 1, "none", index=name, image=_warmup_image()))
+                await self.searcher.search(self.searcher.plan(query="a photo", k=1, rerank=rerank, index=name))
+            await self.searcher.search(self.searcher.plan(k=1, rerank="none", index=name, image=_warmup_image()))
         self.warmed = True
 
     async def reload(self, force: bool = False) -> dict[str, dict]:

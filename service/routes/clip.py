@@ -40,19 +40,19 @@ Redis: 503 feature_store_unavailable with Retry-After.
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import ValidationError
 
 from crossprobe.service import query_image
-from crossprobe.service.deps import QUERY, SEARCH, degraded_headers, read_metadata, run_search, svc
+from crossprobe.service.deps import QUERY, SEARCH, Service, degraded_headers, read_metadata, ready, run_search
 from crossprobe.service.errors import validation_error
 from crossprobe.service.exceptions import InvalidRequest, Unsupported
-from crossprobe.service.pipeline import public_metadata
+from crossprobe.service.pipeline import Plan, public_metadata
+from crossprobe.service.registry import IndexHandle
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
                                         error_responses, is_invisible)
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST, Settings
@@ -105,8 +105,46 @@ def _body_doc(model) -> dict[str, Any]:
                             "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-# response_model: the document only (the route returns its JSONResponse as built)
-@query_routes.post("/knn-service", response_model=list[KnnResult], openapi_extra=_body_doc(KnnRequest),
+@dataclass
+class KnnSearch:
+    """A /knn-service request in this service's terms: the plan, and clip_back's options that are not applied."""
+    plan: Plan
+    ignored: list[str]
+
+
+async def knn_search(request: Request, state: Service) -> KnnSearch:
+    """The body parsed and checked (422 unsupported / invalid_request, 413 / 422 for the image), then the service
+    ready, then the plan: clip_back's query (embedding_input, else image, else text: its precedence) and options."""
+    req = await _parse(request, KnnRequest)
+    if req.image_url:
+        raise Unsupported("search by an image URL is not supported (nothing is fetched): send the image, "
+                          "base64, as \"image\" (clip-retrieval's front-end: the camera button)")
+    if req.modality != "image":
+        raise Unsupported("no text index here, only images: use \"modality\": \"image\" (clip-retrieval's "
+                          "front-end: \"Search over\" image)")
+    text = image = embedding = None
+    if req.embedding_input:
+        embedding = np.asarray(req.embedding_input, np.float64)  # float64: the searcher's _query_vector scales it
+    elif req.image:
+        image = query_image.b64_bytes(req.image, state.settings.query_image_max_bytes)
+    elif req.text and not is_invisible(req.text):
+        text = req.text
+    else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
+        raise InvalidRequest("invalid request: text: send a non-blank \"text\", an \"image\" "
+                             "or an \"embedding_input\"")
+    searcher = ready(state).searcher
+    k = min(req.num_images, MAX_K)
+    total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
+    # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
+    plan = searcher.plan(query=text, k=k, index=req.indice_name, tail=total - k, image=image, embedding=embedding,
+                         dedup=DEDUP_COSINE if req.deduplicate else None,
+                         mode="vector")  # clip_back's contract: a vector search
+    return KnnSearch(plan, _ignored(req))
+
+
+# response_model_exclude_unset: the results past num_images are {"id", "similarity"} alone, as clip_back's
+@query_routes.post("/knn-service", response_model=list[KnnResult], response_model_exclude_unset=True,
+                   openapi_extra=_body_doc(KnnRequest),
                    responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
                                              s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, "
                                              "or the image over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
@@ -115,42 +153,18 @@ def _body_doc(model) -> dict[str, Any]:
                                              "embedding_input of another length than the index's vectors); "
                                              "invalid_image: \"image\" is not base64 or not an image; "
                                              "unsupported: image_url, or modality \"text\""))
-async def knn_service(request: Request) -> JSONResponse:
-    state = svc(request)
-    req = await _parse(request, KnnRequest)
-    if req.image_url:
-        raise Unsupported("search by an image URL is not supported (nothing is fetched): send the image, "
-                          "base64, as \"image\" (clip-retrieval's front-end: the camera button)")
-    if req.modality != "image":
-        raise Unsupported("no text index here, only images: use \"modality\": \"image\" (clip-retrieval's "
-                          "front-end: \"Search over\" image)")
-    # clip_back's precedence: embedding_input, then image, then text
-    text = image = embedding = None
-    if req.embedding_input:
-        embedding = np.asarray(req.embedding_input, np.float64)  # float64: pipeline._query_vector scales it
-    elif req.image:
-        image = query_image.b64_bytes(req.image, state.settings.query_image_max_bytes)
-    elif req.text and not is_invisible(req.text):
-        text = req.text
-    else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
-        raise InvalidRequest("invalid request: text: send a non-blank \"text\", an \"image\" "
-                             "or an \"embedding_input\"")
-    state.require_ready()
-    k = min(req.num_images, MAX_K)
-    total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
-    # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
-    out = await run_search(state, state.searcher.plan(text, k, index=req.indice_name, tail=total - k, image=image,
-                                                      embedding=embedding,
-                                                      dedup=DEDUP_COSINE if req.deduplicate else None,
-                                                      mode="vector"))  # clip_back's contract: a vector search
+async def knn_service(knn: Annotated[KnnSearch, Depends(knn_search)], state: Service,
+                      response: Response) -> list[KnnResult]:
+    out = await run_search(state, knn.plan)
     name = out.handle.name
-    results = [{**_flat(state.settings, name, h.id, h.metadata), "id": h.id, "similarity": h.score}
-               for h in out.hits]
     # degraded (Redis down): the same list, ANN order, similarity = the two-tower cosine, no metadata fields
     # beyond url / caption ""; said by a header only, since clip_back clients read a bare list
-    ignored = _ignored(req)
-    return JSONResponse(results + [{"id": h.id, "similarity": h.score} for h in out.tail],
-                        headers={**degraded_headers(out), **({IGNORED_HEADER: ",".join(ignored)} if ignored else {})})
+    response.headers.update(degraded_headers(out))
+    if knn.ignored:
+        response.headers[IGNORED_HEADER] = ",".join(knn.ignored)
+    return ([KnnResult.model_validate({**_flat(state.settings, name, h.id, h.metadata), "id": h.id,
+                                       "similarity": h.score}) for h in out.hits]
+            + [KnnResult(id=h.id, similarity=h.score) for h in out.tail])
 
 
 def _ignored(req: KnnRequest) -> list[str]:
@@ -161,20 +175,30 @@ def _ignored(req: KnnRequest) -> list[str]:
 
 
 @read_routes.get("/indices-list", responses=error_responses(*ANY_ROUTE))
-async def indices_list(request: Request) -> list[str]:
-    reg = svc(request).registry
+async def indices_list(state: Service) -> list[str]:
+    reg = state.registry
     return sorted(reg.handles) if reg else []
+
+
+@dataclass
+class MetadataLookup:
+    """A /metadata request: its ids, and the served version they are looked up in."""
+    ids: list[str]
+    handle: IndexHandle
+
+
+async def metadata_lookup(request: Request, state: Service) -> MetadataLookup:
+    """The body parsed (422), then the service ready, then the version (404 index_not_found)."""
+    req = await _parse(request, MetadataRequest)
+    handle = ready(state).registry.get(req.indice_name)
+    return MetadataLookup([str(i) for i in req.ids], handle)
 
 
 @read_routes.post("/metadata", response_model=list[MetadataEntry], openapi_extra=_body_doc(MetadataRequest),
                   responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
-async def metadata(request: Request) -> list[dict]:
-    state = svc(request)
-    req = await _parse(request, MetadataRequest)
-    state.require_ready()
-    handle = state.registry.get(req.indice_name)
-    ids = [str(i) for i in req.ids]
+async def metadata(lookup: Annotated[MetadataLookup, Depends(metadata_lookup)], state: Service) -> list[MetadataEntry]:
+    handle, ids = lookup.handle, lookup.ids
     known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
     metas = dict(zip(known, await read_metadata(state, handle, known, "metadata"))) if known else {}
-    return [{"id": i, "metadata": _flat(state.settings, handle.name, i, metas[i])
-             if metas.get(i) is not None else None} for i in ids]
+    return [MetadataEntry(id=i, metadata=_flat(state.settings, handle.name, i, metas[i])
+                          if metas.get(i) is not None else None) for i in ids]

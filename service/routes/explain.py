@@ -4,28 +4,34 @@ from __future__ import annotations
 import asyncio
 import time
 
+from typing import Annotated
+
 import numpy as np
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Depends, Response
 
 from crossprobe.service import metrics
-from crossprobe.service.deps import QUERY, read_metadata, server_timing, svc
+from crossprobe.service.deps import QUERY, Service, read_metadata, ready, server_timing
 from crossprobe.service.exceptions import ItemNotFound
 from crossprobe.models.inference.explain import EXPLAIN_MODES
-from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, error_responses
+from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, IndexRef, error_responses
 
 router = APIRouter(**QUERY)
 
 
+async def explain_request(body: ExplainRequest, state: Service) -> ExplainRequest:
+    """The body validated, then the service ready (bad input is a 422 even while it loads)."""
+    ready(state)
+    return body
+
+
 @router.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))
-async def explain(body: ExplainRequest, request: Request) -> Response:
+async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service,
+                  response: Response) -> ExplainResponse:
     """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
 
     The grid is not stored, so each image is decoded and run through the image backbone again (explainer.py;
     the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422. An id whose
     file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
-    state = svc(request)
-    state.require_ready()
     handle = state.registry.get(body.index)
     ids = list(dict.fromkeys(body.ids))
     unknown = [i for i in ids if i not in handle.ids]
@@ -51,14 +57,9 @@ async def explain(body: ExplainRequest, request: Request) -> Response:
     # own stage names in crossprobe_stage_seconds: explain traffic must not move the search stages' percentiles
     metrics.observe_stages({f"explain_{k}": v for k, v in timings.items()})
     timings = {k: round(v, 3) for k, v in {**timings, "total": (time.perf_counter() - t0) * 1000}.items()}
-    payload = {
-        "index": {"name": handle.name, "version": handle.version},
-        "mode": explainer.mode,
-        "description": EXPLAIN_MODES[explainer.mode],
-        "grid": explainer.grid_side,
-        "maps": {i: np.round(m, 6).tolist() for i, m in res.maps.items()},
-        "probe_maps": {i: np.round(m, 6).tolist() for i, m in res.probe_maps.items()},
-        "unavailable": res.unavailable,
-        "timings_ms": timings,
-    }
-    return JSONResponse(payload, headers={"Server-Timing": server_timing(timings)})
+    response.headers["Server-Timing"] = server_timing(timings)
+    return ExplainResponse(index=IndexRef(name=handle.name, version=handle.version), mode=explainer.mode,
+                           description=EXPLAIN_MODES[explainer.mode], grid=explainer.grid_side,
+                           maps={i: np.round(m, 6).tolist() for i, m in res.maps.items()},
+                           probe_maps={i: np.round(m, 6).tolist() for i, m in res.probe_maps.items()},
+                           unavailable=res.unavailable, timings_ms=timings)

@@ -1,39 +1,38 @@
 """GET /v1/indexes, POST /admin/reload, and the operational routes: /healthz, /readyz, /metrics."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from crossprobe.service import errors, metrics, security
-from crossprobe.service.deps import ADMIN, SEARCH, svc
-from crossprobe.service.schemas import ANY_ROUTE, POST_ROUTE, error_responses
+from crossprobe.service.deps import ADMIN, SEARCH, Service
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits,
+                                        error_responses)
 
 router = APIRouter(**SEARCH)  # a search key when keys are set: the index list
 admin = APIRouter(**ADMIN)  # X-Admin-Key: /admin/*
 ops = APIRouter()  # open: health and readiness; /metrics behind its own optional key
 
 
-@router.get("/v1/indexes", responses=error_responses(*ANY_ROUTE))
-async def indexes(request: Request) -> dict:
-    state = svc(request)
+@router.get("/v1/indexes", response_model=IndexesResponse, responses=error_responses(*ANY_ROUTE))
+async def indexes(state: Service) -> IndexesResponse:
     reg = state.registry
     # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
-    limits = {"query_image_bytes": state.settings.query_image_max_bytes,
-              "query_image_pixels": state.settings.query_image_max_pixels}
+    limits = QueryLimits(query_image_bytes=state.settings.query_image_max_bytes,
+                         query_image_pixels=state.settings.query_image_max_pixels)
     if reg is None:
-        return {"indexes": [], "default": None, "unavailable": {}, "limits": limits}
+        return IndexesResponse(indexes=[], default=None, unavailable={}, limits=limits)
     default = reg.default_name()
-    return {"indexes": [{**h.info(), "default": n == default} for n, h in sorted(reg.handles.items())],
-            "default": default, "unavailable": dict(reg.problems), "limits": limits}
+    return IndexesResponse(indexes=[IndexInfo(**h.info(), default=n == default) for n, h in sorted(reg.handles.items())],
+                           default=default, unavailable=dict(reg.problems), limits=limits)
 
 
 @ops.get("/healthz", responses=error_responses(503, *ANY_ROUTE, s503="startup_failed: the models or the index "
                                                                    "registry failed to load (the message says why)"))
-async def healthz(request: Request):
+async def healthz(state: Service):
     """Liveness: the process serves HTTP and its start-up has not failed (models may still be loading, and no
     index may exist yet: see /readyz). The container image's HEALTHCHECK asks this: an api waiting for its first
     index is healthy, one whose models failed to load is not."""
-    state = svc(request)
     if state.failure:
         # not errors.answer: a health probe every few seconds is not an error to count
         return JSONResponse(errors.body("startup_failed", state.why_not_ready()), errors.STATUS["startup_failed"])
@@ -42,11 +41,10 @@ async def healthz(request: Request):
 
 @ops.get("/readyz", responses=error_responses(503, *ANY_ROUTE, s503="not_ready: still loading (Retry-After); "
                  "feature_store_unavailable: Redis is down and CROSSPROBE_READYZ_REQUIRES_REDIS is set"))
-async def readyz(request: Request) -> JSONResponse:
+async def readyz(state: Service) -> JSONResponse:
     """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
     Redis is usable (the circuit breaker's state). Redis down: still ready with "status": "degraded"
     (searches answer from the ANN stage), or 503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS."""
-    state = svc(request)
     fs = state.feature_store.health()
     if not state.ready:
         return JSONResponse(errors.body("not_ready", state.why_not_ready(), {"feature_store": fs}), 503,
@@ -73,6 +71,6 @@ async def prometheus() -> Response:
 
 
 @admin.post("/admin/reload", responses=error_responses(503, *POST_ROUTE))
-async def admin_reload(request: Request) -> dict:
+async def admin_reload(state: Service) -> dict:
     """Check every index's `active` key now and switch to new versions (also retries a refused one)."""
-    return {"indexes": await svc(request).reload(force=True)}
+    return {"indexes": await state.reload(force=True)}

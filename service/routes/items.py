@@ -2,28 +2,49 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from crossprobe.service import security
-from crossprobe.service.deps import SEARCH, read_metadata, svc
+from crossprobe.service.deps import SEARCH, Service, read_metadata, ready
 from crossprobe.service.exceptions import ImageUnavailable, ItemNotFound
 from crossprobe.service.images import resized_jpeg
 from crossprobe.service.pipeline import public_metadata
-from crossprobe.service.schemas import ANY_ROUTE, ItemResponse, error_responses
+from crossprobe.service.registry import IndexHandle
+from crossprobe.service.schemas import ANY_ROUTE, IndexRef, ItemResponse, error_responses
 from crossprobe.service.state import ServiceState
 
 router = APIRouter(**SEARCH)
 
+IndexName = Annotated[str | None, Query(max_length=64)]
+Size = Annotated[int | None, Query(ge=16, le=4096, description="max side in pixels")]
 
-def _item(state: ServiceState, item_id: str, index: str | None):
-    state.require_ready()
-    handle = state.registry.get(index)
+
+@dataclass
+class Item:
+    """An indexed item a route is asked about: its id, the served version that holds it, the image's size."""
+    id: str
+    handle: IndexHandle
+    size: int | None = None
+
+
+def _item(state: ServiceState, item_id: str, index: str | None, size: int | None = None) -> Item:
+    """The parameters validated, then the service ready (503), then the version (404) and the id in it (404)."""
+    handle = ready(state).registry.get(index)
     if item_id not in handle.ids:
         raise ItemNotFound(f"no item {item_id!r} in {handle.name}/{handle.version}")
-    return handle
+    return Item(item_id, handle, size)
+
+
+async def item_ref(item_id: str, state: Service, index: IndexName = None) -> Item:
+    return _item(state, item_id, index)
+
+
+async def item_image_ref(item_id: str, state: Service, index: IndexName = None, size: Size = None) -> Item:
+    return _item(state, item_id, index, size)
 
 
 # declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
@@ -33,18 +54,14 @@ def _item(state: ServiceState, item_id: str, index: str | None):
                                                                                      "format": "binary"}}}},
     **error_responses(404, 422, 503, *ANY_ROUTE, s404="index_not_found, item_not_found; image_unavailable: no "
                       "file is recorded for the item, or it is gone or unreadable")})
-async def item_image(request: Request, item_id: str,
-                     index: Annotated[str | None, Query(max_length=64)] = None,
-                     size: Annotated[int | None, Query(ge=16, le=4096, description="max side in pixels")] = None
-                     ) -> Response:
+async def item_image(request: Request, item: Annotated[Item, Depends(item_image_ref)], state: Service) -> Response:
     """The indexed file of an indexed item, resized to fit `size` (default CROSSPROBE_IMAGE_MAX_SIDE)."""
-    state = svc(request)
-    handle = _item(state, item_id, index)
+    handle, item_id = item.handle, item.id
     meta = (await read_metadata(state, handle, [item_id], "item"))[0]
     if not meta or not meta.get("uri"):
         raise ImageUnavailable(f"{item_id!r} has no file recorded in {handle.name}/{handle.version}")
     settings = state.settings
-    side = min(size or settings.image_max_side, settings.image_max_side)
+    side = min(item.size or settings.image_max_side, settings.image_max_side)
     try:
         data = await asyncio.to_thread(resized_jpeg, meta["uri"], side, settings.image_quality,
                                        settings.image_max_pixels)
@@ -57,10 +74,8 @@ async def item_image(request: Request, item_id: str,
 
 @router.get("/v1/items/{item_id:path}", response_model=ItemResponse,
                  responses=error_responses(404, 422, 503, *ANY_ROUTE))
-async def item(request: Request, item_id: str, index: Annotated[str | None, Query(max_length=64)] = None) -> dict:
+async def item(item: Annotated[Item, Depends(item_ref)], state: Service) -> ItemResponse:
     """Metadata of one indexed item (as the indexer stored it)."""
-    state = svc(request)
-    handle = _item(state, item_id, index)
-    meta = (await read_metadata(state, handle, [item_id], "item"))[0]
-    return {"id": item_id, "index": {"name": handle.name, "version": handle.version},
-            "metadata": public_metadata(meta, state.settings.expose_uri)}
+    meta = (await read_metadata(state, item.handle, [item.id], "item"))[0]
+    return ItemResponse(id=item.id, index=IndexRef(name=item.handle.name, version=item.handle.version),
+                        metadata=public_metadata(meta, state.settings.expose_uri))

@@ -104,7 +104,7 @@ def test_keyword_mode_without_a_text_is_422(client, hybrid_built):
 
 
 def test_a_score_cutoff_keeps_keyword_matches(client):
-    # (min_relevance takes the same path: pipeline.py exempts keyword hits from both cutoffs)
+    # (min_relevance takes the same path: pipeline/stages.py's cutoffs exempt keyword hits from both cutoffs)
     body = _search(client, query='"K7-2291"', min_score=1e9)
     assert [h["id"] for h in body["results"]] == ["receipt"] and body["total"] == 1
 

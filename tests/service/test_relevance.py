@@ -1,4 +1,4 @@
-"""Calibrated relevance in /v1/search (models/calibration.py, service/pipeline.py's _relevance): each text query's
+"""Calibrated relevance in /v1/search (models/calibration.py, service/pipeline/stages.py's relevance stage): each text query's
 result carries the checkpoint's curve of its rerank mode applied to its score, min_relevance cuts the ranked
 answer (total and pages included), and queries that are not a text alone get no relevance and refuse a cutoff.
 

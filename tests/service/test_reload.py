@@ -118,5 +118,5 @@ def test_a_version_deleted_under_the_service_degrades_then_retries(versions, bui
         assert not body["degraded"] and body["index"]["version"] == v3
         # a request that took the v2 handle before the switch: its fetch fails, it retries on v3
         q = svc.models.encode_texts(["a photo"])[0]
-        out = svc.searcher._after_encode(q, old, svc.searcher.plan("a photo", 3, "cp"), StageTimer())
+        out = svc.searcher._after_encode(q, old, svc.searcher.plan(query="a photo", k=3, rerank="cp"), StageTimer())
         assert out.handle.version == v3 and not out.degraded and all(h.rerank is not None for h in out.hits)
