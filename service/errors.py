@@ -9,6 +9,10 @@ Clients branch on `code`, never on the message. Codes:
                         body that is not UTF-8, nested deeper than 32 levels...)
   unsupported     422   a valid request for something not offered (image_url, a text index)
   invalid_image   422   a query image that is not base64 or not a readable image (query_image.py)
+  reranker_unavailable 422  the request names a reranker (cp, temde) the served model has no trained head for
+                        (a two-tower model: send rerank none, or leave it out); GET /v1/indexes' model.rerankers
+                        lists what it has
+  explain_unavailable 422   /v1/explain on a model without explain maps (GET /v1/indexes' model.explain)
   index_not_found 404   no such index here          item_not_found 404   id not in the served version
                         (also a /v1/search "like" id)
   image_unavailable 404 the indexed file is gone or unreadable
@@ -49,13 +53,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crossprobe.indexer.storage.ann import AnnUnavailable
+from crossprobe.models.inference import RerankerUnavailable
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import CrossprobeError, InvalidRequest
 
 log = logging.getLogger("crossprobe.service")
 
 STATUS = {
-    "invalid_request": 422, "unsupported": 422, "invalid_image": 422,
+    "invalid_request": 422, "unsupported": 422, "invalid_image": 422, "reranker_unavailable": 422,
+    "explain_unavailable": 422,
     "unauthorized": 401, "forbidden": 403, "admin_disabled": 403,
     "index_not_found": 404, "item_not_found": 404, "image_unavailable": 404, "not_found": 404,
     "method_not_allowed": 405, "request_timeout": 408, "too_large": 413, "bad_request": 400,
@@ -175,6 +181,11 @@ def install(app: FastAPI) -> None:
                           scope=request.scope)
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return answer(code, str(exc.detail), headers=exc.headers, status=exc.status_code, scope=request.scope)
+
+    @app.exception_handler(RerankerUnavailable)
+    async def _no_reranker(request: Request, exc: RerankerUnavailable) -> JSONResponse:
+        # the model's own refusal (Backend.require_reranker), should a path reach it past the plan's check
+        return answer("reranker_unavailable", str(exc), scope=request.scope)
 
     @app.exception_handler(AnnUnavailable)
     async def _ann_down(request: Request, exc: AnnUnavailable) -> JSONResponse:

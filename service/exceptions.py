@@ -39,6 +39,16 @@ class TooLarge(CrossprobeError):
     code = "too_large"
 
 
+class NoReranker(CrossprobeError):
+    """The request names a reranker the served model has no trained head for (a two-tower-only model)."""
+    code = "reranker_unavailable"
+
+
+class NoExplainMaps(CrossprobeError):
+    """/v1/explain on a model that has no explain maps (a family model: no Cross-probe attention to show)."""
+    code = "explain_unavailable"
+
+
 # -- what it names does not exist ---------------------------------------------------------------------------
 class IndexNotFound(CrossprobeError):
     code = "index_not_found"

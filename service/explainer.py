@@ -18,6 +18,7 @@ import numpy as np
 
 from crossprobe.models.inference import Backend
 from crossprobe.models.inference.decode import Unreadable, decode_file
+from crossprobe.service.exceptions import NoExplainMaps
 from crossprobe.service.registry import IndexHandle
 from crossprobe.service.settings import Settings
 
@@ -37,7 +38,8 @@ class Explainer:
         self.settings, self.model = settings, model
         self.head = model.explainer()  # loads (exports first if missing) the explain graph
         if self.head is None:
-            raise ValueError(f"model {model.fingerprint} has no explain maps")
+            raise NoExplainMaps(f"this server's model ({settings.model_spec} {model.fingerprint}) has no explain "
+                                f"maps", {"model": str(settings.model_spec)})
         model.warm("image")  # the backbone the grids come from
         self.mode, self.grid_side = self.head.mode, self.head.side
         self._grids: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()

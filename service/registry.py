@@ -43,14 +43,27 @@ class IndexHandle:
     def info(self) -> dict:
         m = self.reader.manifest
         return {"name": self.name, "version": self.version, "count": len(self), "fingerprint": m["fingerprint"],
-                "factory": m.get("factory"), "created": m.get("created")}
+                "model": m.get("model_spec"), "factory": m.get("factory"), "created": m.get("created")}
+
+
+def other_model(name: str, version: str, manifest: dict, spec: str, fingerprint: str) -> str:
+    """Why a version built with another model is not served, and the two ways out."""
+    built, fp = manifest.get("model_spec"), manifest["fingerprint"]
+    its = f"model {built} (fingerprint {fp})" if built else (
+        f"model fingerprint {fp} (a crossprobe checkpoint: built before versions recorded their model spec)")
+    serve = f"CROSSPROBE_MODEL={built}" if built else f"CROSSPROBE_MODEL=crossprobe:<the checkpoint of {fp}>"
+    return (f"index {name!r} version {version} was built with {its}, but this service runs model {spec} (fingerprint "
+            f"{fingerprint}); vectors of two models are not comparable. Either serve the index's model ({serve}), or "
+            f"move the index to this service's model: crossprobe index reindex {name} --model {spec} (it re-encodes "
+            f"the index's photos into a new version while this one keeps serving, then switches)")
 
 
 class Registry:
-    def __init__(self, settings: Settings, fingerprint: str):
+    def __init__(self, settings: Settings, fingerprint: str, spec: str):
+        """fingerprint, spec: the served model's (an index built with another fingerprint is refused)."""
         self.settings = settings
         self.store = Store(settings, connect(settings))
-        self.fingerprint = fingerprint
+        self.fingerprint, self.spec = fingerprint, spec
         self.handles: dict[str, IndexHandle] = {}  # replaced, never mutated: readers may hold the old dict
         self.problems: dict[str, str] = {}  # name -> why its active version is not served (old one may be)
         self._refused: dict[str, str] = {}  # name -> active version that failed to load
@@ -137,8 +150,9 @@ class Registry:
                     continue
                 try:
                     h = self.load(name, active)
-                except FingerprintMismatch as e:
-                    out[name] = self._failed(name, cur, active, str(e), "fingerprint_mismatch")
+                except FingerprintMismatch:
+                    why = other_model(name, active, self.store.read_manifest(name, active), self.spec, self.fingerprint)
+                    out[name] = self._failed(name, cur, active, why, "fingerprint_mismatch")
                     continue
                 except AnnUnavailable as e:  # the vector engine is down or starting: retried at the next poll
                     out[name] = self._failed(name, cur, None, f"{type(e).__name__}: {e}", "ann_unavailable")

@@ -144,7 +144,9 @@ class SearchRequest(BaseModel):
                          f"{MAX_FACETS} most frequent tags")
     k: int = Field(10, ge=1, le=MAX_K, strict=True, description="results to return")
     rerank: Rerank | None = Field(None, description="cp | temde | none (default: the server's "
-                                  "CROSSPROBE_DEFAULT_RERANK); without a query text: none (see rerank_skipped)")
+                                  "CROSSPROBE_DEFAULT_RERANK); without a query text: none (see rerank_skipped). "
+                                  "A reranker the served model has no trained head for (GET /v1/indexes: "
+                                  "model.rerankers) is 422 reranker_unavailable; left out, such a default runs none")
     shortlist: int | None = Field(None, ge=1, le=MAX_SHORTLIST, strict=True,
                                   description="ANN candidates to rerank; must be >= k (else 422; see "
                                   "x-constraints). Default: max(server default, k)")
@@ -193,7 +195,8 @@ class ImageSearchParams(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K, description="results to return")
     query: QueryText | None = Field(None, description=f"a text to combine with the image: {VISIBLE_TEXT_HELP}")
     weight: float = Field(0.5, ge=0, le=1, description="the image's weight beside query")
-    rerank: Rerank | None = Field(None, description="with query: cp | temde | none")
+    rerank: Rerank | None = Field(None, description="with query: cp | temde | none (one the served model has: "
+                                  "GET /v1/indexes' model.rerankers, else 422 reranker_unavailable)")
     index: str | None = Field(None, min_length=1, max_length=64)
     dedup: float | None = Field(None, gt=0, le=1, description="near-duplicate cosine")
     filter: str | None = Field(None, max_length=16_384, description="a metadata filter as JSON text, the same as "
@@ -248,7 +251,9 @@ class IndexInfo(BaseModel):
     name: str
     version: str
     count: int = Field(description="items in the served version")
-    fingerprint: str = Field(description="the checkpoint fingerprint the version was built with")
+    fingerprint: str = Field(description="the fingerprint of the model the version was built with")
+    model: str | None = Field(description="the model spec the version was built with (CROSSPROBE_MODEL's form); "
+                              "null for a version built before specs were recorded (a crossprobe checkpoint)")
     factory: str | None = Field(description="the ANN index (FAISS factory string, or the vector engine's)")
     created: str | None = Field(description="when the version was built (ISO 8601)")
     default: bool = Field(description="the index searched when a request names none")
@@ -259,7 +264,20 @@ class QueryLimits(BaseModel):
     query_image_pixels: int = Field(description="CROSSPROBE_QUERY_IMAGE_MAX_PIXELS: the largest query image, pixels")
 
 
+class ServedModel(BaseModel):
+    spec: str = Field(description="the model this service runs (CROSSPROBE_MODEL): crossprobe:<checkpoint>, "
+                      "open_clip:..., hf:..., immich:...")
+    fingerprint: str = Field(description="its fingerprint: an index is served only when built with this one")
+    rerankers: list[Literal["cp", "temde"]] = Field(description="the rerankers it has trained heads for; [] for a "
+                                                    "two-tower model (searches then rank by the two-tower score)")
+    default_rerank: Rerank = Field(description="the reranker a search that names none runs: the server's "
+                                   "CROSSPROBE_DEFAULT_RERANK where the model has it, else none")
+    explain: bool = Field(description="POST /v1/explain has maps for this model (else 422 explain_unavailable)")
+    relevance: bool = Field(description="results carry a calibrated relevance and min_relevance is accepted")
+
+
 class IndexesResponse(BaseModel):
+    model: ServedModel | None = Field(description="the served model and what it offers; null while it loads")
     indexes: list[IndexInfo] = Field(description="the served indexes, by name")
     default: str | None = Field(description="the default index's name; null before one is served")
     unavailable: dict[str, str] = Field(description="name -> why its active version is not served (an older one "
@@ -301,7 +319,8 @@ class SearchResponse(BaseModel):
     query_kind: str = Field(description="what was searched for: text, image, like, or text+image / text+like")
     rerank: Rerank = Field(description="the reranker that ran: none for a query without text, and in mode keyword")
     rerank_skipped: str | None = Field(None, description="why rerank is none although the request (or the server's "
-                                       "default) asked for a reranker: the query had no text")
+                                       "default) asked for a reranker: the query had no text, mode keyword, or "
+                                       "the server's default reranker is not trained for the served model")
     mode: Mode = Field(description="the mode that ran (see the request's mode)")
     mode_note: str | None = Field(None, description="why mode differs from the one asked for")
     keyword: KeywordInfo | None = Field(None, description="modes hybrid and keyword: the query's words as looked "
@@ -372,7 +391,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     422: "invalid_request: the body or a parameter fails validation (not JSON, not UTF-8, nested deeper than 32 "
          "levels, a field out of range or unknown...)",
     503: "not_ready: models or indexes still loading (Retry-After); index_unavailable: the index cannot be "
-         "served; feature_store_unavailable: Redis is down (Retry-After)",
+         "served (e.g. built with another model: the message names both models and what to do); "
+         "feature_store_unavailable: Redis is down (Retry-After)",
 }
 
 

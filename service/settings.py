@@ -64,7 +64,7 @@ class Settings(StorageSettings):
     rate_limit_max_clients: int = Field(10_000, ge=1, le=10_000_000)
 
     # -- model -----------------------------------------------------------------
-    ckpt: Path | None = None  # checkpoint directory; default: the committed one
+    # which model: CROSSPROBE_MODEL (or the older CROSSPROBE_CKPT), StorageSettings' (the batch jobs read the same)
     artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
     # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
     # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own

@@ -40,7 +40,7 @@ def load_model(settings: Settings, bert=None) -> Backend:
     """The service's model with its parts for a search loaded: the query tower and the scorers now; the image
     towers and the explain graph on first use (the warm-up makes the image towers), so a service never asked for
     them pays nothing."""
-    model = inference.load(settings.ckpt, inference.RuntimeOptions(
+    model = inference.load(settings.model_spec, inference.RuntimeOptions(
         graphs=settings.artifacts_dir, threads=settings.threads, spinning=settings.ort_spinning,
         shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert,
         device=settings.device, precision=settings.device_precision))
@@ -79,7 +79,7 @@ class ServiceState:
             return "loading models"
         if self.registry is None or not self.registry.handles:
             where = self.settings.index_names or f"under {self.settings.index_root}"
-            probs = self.registry.problems if self.registry else {}
+            probs = "; ".join(f"{n}: {why}" for n, why in (self.registry.problems if self.registry else {}).items())
             return f"no index served yet ({where}){f': {probs}' if probs else ''}"
         return "warming up"
 
@@ -112,9 +112,15 @@ class ServiceState:
 
     def _load(self) -> tuple[Backend, Registry]:
         models = load_model(self.settings, self._bert)
-        registry = Registry(self.settings, models.fingerprint)
+        registry = Registry(self.settings, models.fingerprint, str(self.settings.model_spec))
         registry.refresh()
         return models, registry
+
+    @property
+    def explain_offered(self) -> bool:
+        """Whether the model has explain maps, known without loading them: its backend makes an explainer (a family
+        model's does not; one that makes none after all is refused when the explainer loads)."""
+        return self.models is not None and type(self.models).explainer is not Backend.explainer
 
     @property
     def explainer_loaded(self) -> bool:
@@ -132,7 +138,7 @@ class ServiceState:
         image query (loads the image backbone and tower: query by image's first request pays no load)."""
         name = self.registry.default_name() if self.registry else None
         if self.settings.warmup and name in (self.registry.handles if self.registry else {}):
-            for rerank in ("cp", "temde"):
+            for rerank in self.models.rerankers or ("none",):
                 await self.searcher.search(self.searcher.plan(query="a photo", k=1, rerank=rerank, index=name))
             await self.searcher.search(self.searcher.plan(k=1, rerank="none", index=name, image=_warmup_image()))
         self.warmed = True

@@ -25,12 +25,34 @@ from typing import Any, ClassVar, Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from crossprobe.models import DEFAULT_CHECKPOINT
+from crossprobe.models.inference.spec import ModelSpec, parse
+
 
 def check_cluster_url(cluster: bool, url: str | None) -> None:
     """Cluster mode has no embedded server: it needs the startup nodes."""
     if cluster and not url:
         raise ValueError("CROSSPROBE_REDIS_CLUSTER=1 needs REDIS_URL: the cluster's startup nodes "
                          "(redis://host:port, comma separated)")
+
+
+def model_spec(model: str | None, ckpt: Path | None) -> ModelSpec:
+    """CROSSPROBE_MODEL and CROSSPROBE_CKPT -> the one spec they name. Both set: they must name the same crossprobe
+    checkpoint (a ValueError otherwise: which model runs must never depend on which variable wins)."""
+    if not model:
+        return parse(str(ckpt) if ckpt else None)
+    spec = parse(model)
+    if ckpt is None:
+        return spec
+    same = spec.family == "crossprobe" and _checkpoint_dir(spec.path) == _checkpoint_dir(Path(ckpt))
+    if not same:
+        raise ValueError(f"CROSSPROBE_MODEL={model} and CROSSPROBE_CKPT={ckpt} name different models; set one of "
+                         f"them (CROSSPROBE_MODEL=crossprobe:{ckpt} is CROSSPROBE_CKPT's checkpoint), or make them agree")
+    return spec
+
+
+def _checkpoint_dir(path: Path | None) -> Path:
+    return Path(path or DEFAULT_CHECKPOINT).expanduser().resolve()
 
 
 class StorageSettings(BaseSettings):
@@ -70,6 +92,16 @@ class StorageSettings(BaseSettings):
     # what the PyTorch GPU path computes in: fp32, or fp16 / bf16 (faster; parity with fp32 in docs/deployment.md)
     device_precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", validation_alias=AliasChoices("CROSSPROBE_DEVICE_PRECISION", "device_precision"))
+
+    # -- the model: what encodes photos and queries (the service and the batch jobs read the same variables) -----
+    # a model spec (models/inference/spec.py, docs/models.md): crossprobe:DIR (a checkpoint folder; crossprobe:
+    # alone is the committed one), open_clip:ARCH/TAG (or /WEIGHTS-FILE), hf:REPO (or a local folder),
+    # immich:FOLDER. Every index version records the spec and fingerprint it was built with, and the service
+    # serves only versions of its own model. Unset: CROSSPROBE_CKPT's checkpoint, else the committed one
+    model: str | None = Field(None, validation_alias="CROSSPROBE_MODEL")
+    # the older way to name a crossprobe checkpoint folder (CROSSPROBE_MODEL=crossprobe:DIR says the same); set
+    # together with CROSSPROBE_MODEL, both must name the same checkpoint, else the settings are refused
+    ckpt: Path | None = Field(None, validation_alias="CROSSPROBE_CKPT")
 
     # -- index versions ---------------------------------------------------------------------------------------
     # <index_root>/<name>/<version>/: one index version each (its FAISS files and manifest)
@@ -132,6 +164,16 @@ class StorageSettings(BaseSettings):
     def _cluster_needs_url(self):
         check_cluster_url(self.redis_cluster, self.redis_url)
         return self
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        model_spec(self.model, self.ckpt)  # a bad spec, or CROSSPROBE_MODEL and CROSSPROBE_CKPT at odds: refused now
+        return self
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The model this role runs: CROSSPROBE_MODEL, else CROSSPROBE_CKPT's checkpoint, else the committed one."""
+        return model_spec(self.model, self.ckpt)
 
     @classmethod
     def default_of(cls, name: str) -> Any:

@@ -22,15 +22,29 @@ app.add_typer(index_app, name="index")
 def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
     port: int = typer.Option(None, help="port (default 8000, env CROSSPROBE_PORT)"),
-    ckpt: Path = typer.Option(None, help="checkpoint directory (env CROSSPROBE_CKPT; default: the committed one)"),
+    model: str = typer.Option(None, help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, "
+                              "hf:<repo or dir>, immich:<folder> (env CROSSPROBE_MODEL; default: the committed "
+                              "checkpoint); it must be the model the served indexes were built with"),
+    ckpt: Path = typer.Option(None, help="a crossprobe checkpoint directory: the older form of --model "
+                              "crossprobe:<dir> (env CROSSPROBE_CKPT)"),
     index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
 ):
     """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
+    from pydantic import ValidationError
+
     from crossprobe.service.server import serve as run_server
     from crossprobe.service.settings import Settings
 
-    over = {"host": host, "port": port, "ckpt": ckpt, "indexes": index}
-    run_server(Settings(**{k: v for k, v in over.items() if v is not None}))
+    over = {k: v for k, v in {"host": host, "port": port, "indexes": index}.items() if v is not None}
+    if model is not None or ckpt is not None:  # a flag names the model: the environment's model variables do not
+        over.update(model=model, ckpt=ckpt)
+    try:
+        settings = Settings(**over)
+    except ValidationError as e:  # a bad spec, --model and CROSSPROBE_CKPT at odds: a usage error, not a traceback
+        typer.echo("error: " + "; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}"
+                                         for er in e.errors()), err=True)
+        raise typer.Exit(2)
+    run_server(settings)
 
 
 @app.command("demo-service")

@@ -3,8 +3,8 @@
 The request models (schemas.py: SearchRequest, the upload's ImageSearchParams) are validated by FastAPI; a plan
 takes the fields it shares with them BY NAME, so a field is written once in the model and once here, and
 what a route must translate (an upload's bytes, a filter sent as JSON text, clip_back's options) it passes
-as keywords. The server's defaults are filled in here, and what the schema cannot know (whether this
-checkpoint has calibration curves).
+as keywords. The server's defaults are filled in here, and what the schema cannot know: what the served model
+offers (its trained rerankers, its calibration curves).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from crossprobe.service import query_image
-from crossprobe.service.exceptions import InvalidRequest
+from crossprobe.service.exceptions import InvalidRequest, NoReranker
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
@@ -35,7 +35,7 @@ class Plan:
     dedup: float | None = None  # drop results with cosine >= this to a result ranked above them
     facets: bool = False  # count items per tag among those passing the filter (stage facets)
     filter: object | None = None  # filter_model.FilterNode: only rows whose metadata passes (filter_columns.py)
-    rerank_skipped: str | None = None  # why rerank is "none" when the request asked for another (no text)
+    rerank_skipped: str | None = None  # why rerank is "none" when another was wanted (no text, not trained)
     offset: int = 0  # the page: ranked results skipped before the k returned
     sort: str = "relevance"  # relevance | date_taken | -date_taken | date_added | -date_added (stage sort)
     min_relevance: float | None = None  # drop results whose calibrated relevance is lower (text queries only)
@@ -50,11 +50,13 @@ class Plan:
         return "+".join(parts)
 
     @classmethod
-    def from_request(cls, req: BaseModel | None, settings: Settings, calibration: Any, **given: Any) -> "Plan":
+    def from_request(cls, req: BaseModel | None, settings: Settings, model: Any, **given: Any) -> "Plan":
         """The plan of a request: `req`'s fields that are the plan's (same name, same meaning), then `given`
         (the route's translations; they win), then the server's defaults. `image` may still be base64 text
         (SearchRequest's): decoded here (422 invalid_image, 413 too_large). Validation already happened in the
-        request model; calibration: the checkpoint's curves (None: it has none, so min_relevance is a 422)."""
+        request model; what it cannot know is the served model's (a Backend: its `rerankers`, its `calibration`):
+        a reranker it lacks, named, is a 422 reranker_unavailable; the server's default it lacks runs "none",
+        said in rerank_skipped; min_relevance without calibration is a 422."""
         names = {f.name for f in fields(cls)}
         values = {n: getattr(req, n) for n in type(req).model_fields if n in names} if req is not None else {}
         values.update(given)
@@ -63,17 +65,40 @@ class Plan:
         values["like"] = list(dict.fromkeys([like] if isinstance(like, str) else like))
         if isinstance(values.get("image"), str):
             values["image"] = query_image.b64_bytes(values["image"], settings.query_image_max_bytes)
-        # (a text alone is SearchRequest's rule; what the schema cannot know is whether this checkpoint has curves)
-        if values.get("min_relevance") is not None and calibration is None:
-            raise InvalidRequest("invalid request: min_relevance: this server's checkpoint has no "
-                                 "calibration.json (research/calibration/fit.py makes one)")
-        rerank = values.get("rerank") or settings.default_rerank
-        if values["query"] is None and rerank != "none":  # nothing to rerank with: the rerankers score a text
-            values["rerank_skipped"] = (f"rerank {rerank} needs a text query; a query without one ranks by the ANN "
-                                        f"cosine of its vector (send \"query\" too to rerank)")
-            rerank = "none"
-        values["rerank"] = rerank
+        # (a text alone is SearchRequest's rule; what the schema cannot know is whether this model has curves)
+        if values.get("min_relevance") is not None and model.calibration is None:
+            raise InvalidRequest(f"invalid request: min_relevance: this server's model ({served(settings, model)}) "
+                                 f"has no relevance calibration (a crossprobe checkpoint's calibration.json, made by "
+                                 f"research/calibration/fit.py); results carry no relevance: use min_score")
+        values["rerank"], values["rerank_skipped"] = _reranker(values.get("rerank"), values["query"] is not None,
+                                                               settings, model)
         if values.get("shortlist") is None:
             values["shortlist"] = min(max(settings.default_shortlist, values["k"] + values.get("tail", 0)),
                                       MAX_SHORTLIST)
         return cls(**values)
+
+
+def _reranker(asked: str | None, has_text: bool, settings: Settings, model: Any) -> tuple[str, str | None]:
+    """(the reranker that runs, why it is "none" when another was wanted). A reranker the model has no trained head
+    for: named by the request, a 422 (the client asked for something this server cannot do); the server's
+    default, "none" with the reason (a two-tower model serves every search that does not insist)."""
+    if asked not in (None, "none") and asked not in model.rerankers:
+        have = ", ".join(model.rerankers) or "none: two-tower only"
+        raise NoReranker(f"rerank {asked}: this server's model ({served(settings, model)}) has no trained {asked} "
+                         f"reranker (it has: {have}); send rerank \"none\" or leave rerank out to rank by the "
+                         f"two-tower score, or serve a model with trained heads (crossprobe train --backbone SPEC)",
+                         {"rerank": asked, "rerankers": list(model.rerankers)})
+    rerank = asked or settings.default_rerank
+    if rerank != "none" and rerank not in model.rerankers:
+        return "none", (f"the server's default reranker {rerank} is not trained for this model "
+                        f"({served(settings, model)}: {', '.join(model.rerankers) or 'two-tower only'}); "
+                        f"ranked by the two-tower score")
+    if not has_text and rerank != "none":  # nothing to rerank with: the rerankers score a text
+        return "none", (f"rerank {rerank} needs a text query; a query without one ranks by the ANN cosine of its "
+                        f"vector (send \"query\" too to rerank)")
+    return rerank, None
+
+
+def served(settings: Settings, model: Any) -> str:
+    """The served model in words: its spec and fingerprint."""
+    return f"{settings.model_spec} {model.fingerprint}"

@@ -34,8 +34,8 @@ class Searcher:
 
     def plan(self, req: BaseModel | None = None, **given: Any) -> Plan:
         """The plan of a request model (SearchRequest, ImageSearchParams) and a route's translations: Plan.from_request
-        with this server's settings and the checkpoint's calibration."""
-        return Plan.from_request(req, self.settings, self.models.calibration, **given)
+        with this server's settings and model (its rerankers and calibration)."""
+        return Plan.from_request(req, self.settings, self.models, **given)
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Response
 
 from crossprobe.service import metrics
 from crossprobe.service.deps import QUERY, Service, read_metadata, ready, server_timing
-from crossprobe.service.exceptions import ItemNotFound
+from crossprobe.service.exceptions import ItemNotFound, NoExplainMaps
 from crossprobe.models.inference.explain import EXPLAIN_MODES
 from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, IndexRef, error_responses
 
@@ -21,16 +21,25 @@ router = APIRouter(**QUERY)
 async def explain_request(body: ExplainRequest, state: Service) -> ExplainRequest:
     """The body validated, then the service ready (bad input is a 422 even while it loads)."""
     ready(state)
+    if not state.explain_offered:  # before any work: the query tower, the metadata
+        raise NoExplainMaps(f"this server's model ({state.settings.model_spec} {state.models.fingerprint}) has no "
+                            f"explain maps: they show where crossprobe's own Cross-probe reranker looks, and this "
+                            f"model has {', '.join(state.models.rerankers) or 'no trained reranker'}",
+                            {"model": str(state.settings.model_spec)})
     return body
 
 
-@router.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))
+@router.post("/v1/explain", response_model=ExplainResponse,
+             responses=error_responses(404, 503, *POST_ROUTE, s422="invalid_request: the body fails validation; "
+                                       "explain_unavailable: the served model has no explain maps (GET /v1/indexes: "
+                                       "model.explain)"))
 async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service,
                   response: Response) -> ExplainResponse:
     """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
 
     The grid is not stored, so each image is decoded and run through the image backbone again (explainer.py;
-    the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422. An id whose
+    the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422; a model
+    without explain maps (a family model): 422 explain_unavailable. An id whose
     file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
     handle = state.registry.get(body.index)
     ids = list(dict.fromkeys(body.ids))

@@ -6,7 +6,7 @@ from fastapi.responses import JSONResponse, Response
 
 from crossprobe.service import errors, metrics, security
 from crossprobe.service.deps import ADMIN, SEARCH, Service
-from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits,
+from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits, ServedModel,
                                         error_responses)
 
 router = APIRouter(**SEARCH)  # a search key when keys are set: the index list
@@ -20,11 +20,24 @@ async def indexes(state: Service) -> IndexesResponse:
     # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
     limits = QueryLimits(query_image_bytes=state.settings.query_image_max_bytes,
                          query_image_pixels=state.settings.query_image_max_pixels)
+    model = served_model(state)
     if reg is None:
-        return IndexesResponse(indexes=[], default=None, unavailable={}, limits=limits)
+        return IndexesResponse(model=model, indexes=[], default=None, unavailable={}, limits=limits)
     default = reg.default_name()
-    return IndexesResponse(indexes=[IndexInfo(**h.info(), default=n == default) for n, h in sorted(reg.handles.items())],
+    return IndexesResponse(model=model,
+                           indexes=[IndexInfo(**h.info(), default=n == default) for n, h in sorted(reg.handles.items())],
                            default=default, unavailable=dict(reg.problems), limits=limits)
+
+
+def served_model(state) -> ServedModel | None:
+    """The served model and what it offers (the page shows only these rerankers); None while it loads."""
+    m = state.models
+    if m is None:
+        return None
+    default = state.settings.default_rerank
+    return ServedModel(spec=str(state.settings.model_spec), fingerprint=m.fingerprint, rerankers=list(m.rerankers),
+                       default_rerank=default if default in m.rerankers else "none", explain=state.explain_offered,
+                       relevance=m.calibration is not None)
 
 
 @ops.get("/healthz", responses=error_responses(503, *ANY_ROUTE, s503="startup_failed: the models or the index "
@@ -43,7 +56,8 @@ async def healthz(state: Service):
                  "feature_store_unavailable: Redis is down and CROSSPROBE_READYZ_REQUIRES_REDIS is set"))
 async def readyz(state: Service) -> JSONResponse:
     """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
-    Redis is usable (the circuit breaker's state). Redis down: still ready with "status": "degraded"
+    Redis is usable (the circuit breaker's state); `model_spec` and `rerankers`: the served model and the
+    rerankers it has; `unavailable`: indexes not served and why (e.g. built with another model). Redis down: still ready with "status": "degraded"
     (searches answer from the ANN stage), or 503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS."""
     fs = state.feature_store.health()
     if not state.ready:
@@ -54,9 +68,11 @@ async def readyz(state: Service) -> JSONResponse:
                                         {"feature_store": fs}), 503,
                             headers={"Retry-After": str(state.feature_store.retry_after_s)})
     return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
+                         "model_spec": str(state.settings.model_spec), "rerankers": list(state.models.rerankers),
                          "query_precision": state.models.query_precision,
                          "indexes": {n: h.version for n, h in state.registry.handles.items()},
-                         "feature_store": fs})
+                         # indexes whose active version is not served (another model's: what to do), if any
+                         "unavailable": dict(state.registry.problems), "feature_store": fs})
 
 
 # Prometheus' text format: the 200 is declared as text/plain. response_class=Response (no media type of its own):

@@ -31,7 +31,9 @@ async def search_plan(body: SearchRequest, state: Service) -> Plan:
                                              "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
                                              "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
                                              s422="invalid_request: the body fails validation; invalid_image: "
-                                             "\"image\" is not base64 or not a readable image"))
+                                             "\"image\" is not base64 or not a readable image; "
+                                             "reranker_unavailable: rerank names a reranker the served model "
+                                             "has not (GET /v1/indexes: model.rerankers)"))
 async def search(plan: Annotated[Plan, Depends(search_plan)], state: Service, response: Response) -> SearchResponse:
     """Images for a text, an image, indexed items (more like this), or a text with an image / items: encode,
     ANN shortlist, rerank (cp | temde | none; a query without text is not reranked), top k with metadata."""
@@ -117,7 +119,8 @@ async def upload_plan(request: Request, params: Annotated[ImageSearchParams, Que
                                              "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
                                              "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
                                              s422="invalid_request: a parameter fails validation; invalid_image: "
-                                             "the body is not a readable image"))
+                                             "the body is not a readable image; reranker_unavailable: rerank "
+                                             "names a reranker the served model has not"))
 async def search_image(plan: Annotated[Plan, Depends(upload_plan)], state: Service,
                        response: Response) -> SearchResponse:
     """Query by image as an upload: the body is the image file, or a multipart form whose file field is "image";

@@ -70,6 +70,7 @@ async function loadIndexes() {
     if (seq !== loadSeq) return false;
     if (body && body.indexes.length) {
       fillIndexes(body);
+      details.offer(body.model);
       imageLimit = (body.limits && body.limits.query_image_bytes) || 0;
       indexesLoaded = true;
       if (statusEl.classList.contains("busy")) setStatus("");

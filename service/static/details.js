@@ -69,7 +69,32 @@ export function createDetails() {
     timingsSummary();
   }
 
+  // the choices the served model offers (v1/indexes "model"): only its trained rerankers, and "none"; a model without
+  // any (a two-tower model) offers no reranker choice at all. A choice it lacks (from the address) falls back to the
+  // model's default. Explain only where the model has maps
+  function offer(model) {
+    if (!model) return;
+    const have = new Set(model.rerankers.concat(["none"]));
+    let checked = null;
+    for (const radio of document.querySelectorAll('input[name="rerank"]')) {
+      const on = have.has(radio.value);
+      radio.closest("label").hidden = !on;
+      radio.disabled = !on;
+      if (radio.checked && on) checked = radio;
+    }
+    if (!checked) document.querySelector('input[name="rerank"][value="' + CSS.escape(model.default_rerank) + '"]').checked = true;
+    document.querySelector("fieldset.rerank").hidden = model.rerankers.length === 0;
+    const explainBox = $("explain");
+    explainBox.closest(".field").hidden = !model.explain;
+    if (!model.explain && explainBox.checked) {
+      explainBox.checked = false;
+      $("legend").hidden = true;
+    }
+  }
+
   return {
+    // what the served model offers: the reranker radios and the explain switch show only that
+    offer: offer,
     // how the answer on screen was made (index, ranking, time, what was degraded): a sentence in the panel
     how(text) {
       $("how").textContent = text;

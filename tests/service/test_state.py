@@ -30,7 +30,7 @@ DEFAULT_THREADS = """
     from crossprobe.service.state import load_model
     s = Settings(query_precision="fp32")
     m = load_model(s)
-    Registry(s, m.fingerprint)
+    Registry(s, m.fingerprint, str(s.model_spec))
     print(s.threads, runtime.shared_pool_threads(), faiss.omp_get_max_threads())
 """
 

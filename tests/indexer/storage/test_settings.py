@@ -10,7 +10,7 @@ from crossprobe.service.settings import Settings as ServiceSettings
 
 SHARED = ("REDIS_URL", "CROSSPROBE_INDEX_ROOT", "CROSSPROBE_INDEX_KEY_PREFIX", "CROSSPROBE_MILVUS_URI",
           "CROSSPROBE_MILVUS_TIMEOUT_S", "CROSSPROBE_REDIS_SOCKET_TIMEOUT_S", "CROSSPROBE_INDEX_REDIS_SOCKET_TIMEOUT_S",
-          "CROSSPROBE_THREADS", "CROSSPROBE_INDEX_THREADS")
+          "CROSSPROBE_THREADS", "CROSSPROBE_INDEX_THREADS", "CROSSPROBE_MODEL", "CROSSPROBE_CKPT")
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +92,34 @@ def test_an_unknown_keyword_fails_loudly_and_unknown_variables_do_not(monkeypatc
     for cls in (ServiceSettings, IndexerSettings):
         with pytest.raises(ValidationError, match="root"):
             cls(root="/tmp/elsewhere")
+
+
+def test_one_model_setting_for_both_roles(monkeypatch, tmp_path):
+    """CROSSPROBE_MODEL names the model for the service and the jobs alike; CROSSPROBE_CKPT stays the older way
+    to name a crossprobe checkpoint; set together they must agree, else the settings are refused."""
+    from crossprobe.models import DEFAULT_CHECKPOINT
+    from crossprobe.models.inference.spec import ModelSpec
+
+    assert ServiceSettings().model_spec == IndexerSettings().model_spec == ModelSpec("crossprobe", "")
+    monkeypatch.setenv("CROSSPROBE_MODEL", "hf:/models/clip")
+    assert ServiceSettings().model_spec == IndexerSettings().model_spec == ModelSpec("hf", "/models/clip")
+    monkeypatch.delenv("CROSSPROBE_MODEL")
+    monkeypatch.setenv("CROSSPROBE_CKPT", str(tmp_path / "ck"))
+    assert ServiceSettings().model_spec == IndexerSettings().model_spec == ModelSpec("crossprobe", str(tmp_path / "ck"))
+    # both: the same checkpoint (however written) is fine ...
+    monkeypatch.setenv("CROSSPROBE_MODEL", f"crossprobe:{tmp_path}/./ck")
+    assert IndexerSettings().model_spec.path.resolve() == tmp_path / "ck"
+    monkeypatch.setenv("CROSSPROBE_CKPT", str(DEFAULT_CHECKPOINT))
+    monkeypatch.setenv("CROSSPROBE_MODEL", "crossprobe:")  # the committed checkpoint, named both ways
+    assert ServiceSettings().model_spec == ModelSpec("crossprobe", "")
+    # ... two different models are refused, naming both variables
+    for other in ("hf:/models/clip", f"crossprobe:{tmp_path}/other"):
+        monkeypatch.setenv("CROSSPROBE_MODEL", other)
+        for cls in (ServiceSettings, IndexerSettings):
+            with pytest.raises(ValueError, match=f"CROSSPROBE_MODEL={other} and CROSSPROBE_CKPT=.* name different"):
+                cls()
+    monkeypatch.delenv("CROSSPROBE_CKPT")
+    monkeypatch.setenv("CROSSPROBE_MODEL", "clip:ViT-B-32")  # a typo of a family: refused at start, not at load
+    with pytest.raises(ValueError, match="unknown family 'clip'"):
+        ServiceSettings()
+    assert ServiceSettings(model="open_clip:ViT-B-32/laion2b_s34b_b79k").model_spec.family == "open_clip"
