@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
@@ -88,8 +88,8 @@ def url_options(settings: StorageSettings) -> tuple[str, dict]:
                                           ("ssl_keyfile", settings.redis_key_file)) if v})
     # the scheme of the bare URL is plain: the TLS class comes from connection_class (RedisCluster would
     # otherwise let the URL's SSLConnection replace ours)
-    bare = urlunsplit(("unix" if u.scheme == "unix" else "redis", u.netloc.rpartition("@")[2], u.path, u.query,
-                       u.fragment))
+    rest_of_url = first.split("://", 1)[1][len(u.netloc):]  # path, query: as written (unix:///path keeps its ///)
+    bare = f"{'unix' if u.scheme == 'unix' else 'redis'}://{u.netloc.rpartition('@')[2]}{rest_of_url}"
     return ",".join([bare, *rest]), kw
 
 

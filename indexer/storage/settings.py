@@ -138,8 +138,10 @@ class StorageSettings(BaseSettings):
     # rediss:// only: the CA certificate(s) (PEM) that signed the server's certificate; unset: the system's trusted
     # CAs (a managed Redis with a public certificate needs none)
     redis_ca_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_CA_FILE")
-    # rediss:// only, mutual TLS (a server with tls-auth-clients yes): this client's certificate and its key (PEM)
+    # rediss:// only, mutual TLS (a server with tls-auth-clients yes): this client's certificate (PEM), signed by a
+    # CA the server trusts; with CROSSPROBE_REDIS_KEY_FILE
     redis_cert_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_CERT_FILE")
+    # rediss:// only, mutual TLS: the private key (PEM, unencrypted) of CROSSPROBE_REDIS_CERT_FILE
     redis_key_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_KEY_FILE")
     # Redis client budget (the service sets shorter ones). One call waits at most ~max(socket, connect timeout) + a fast-failing
     # retry + its backoff. A timeout is never retried (it already waited its whole budget); a refused or dropped

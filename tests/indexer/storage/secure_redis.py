@@ -91,6 +91,12 @@ class SecureRedis:
         kw = self.secure.client_kwargs() if self.secure else {}
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2, **kw)
 
+    def add_user(self, name: str, commands: list[str], keys: str = "crossprobe:*") -> str:
+        """An ACL user as an operator would scope it (PASSWORD, the key prefix only) -> its name."""
+        self.admin().acl_setuser(name, enabled=True, reset=True, passwords=[f"+{PASSWORD}"], keys=[keys],
+                                 commands=commands)
+        return name
+
     def url(self, password: str | None = PASSWORD, scheme: str = "rediss", user: str | None = USER) -> str:
         auth = quote(user, safe="") if user else ""
         auth += f":{quote(password, safe='')}" if password is not None else ""

@@ -21,6 +21,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.local_cluster import LocalCluster, Secure
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.settings import redact_url
+from crossprobe.indexer.storage.store import Store
 from crossprobe.service.settings import Settings as ServiceSettings
 from tests.indexer.conftest import make_images
 from tests.indexer.storage.secure_redis import (PASSWORD, USER, SecureRedis, assert_no_secret, certs,  # noqa: F401
@@ -86,6 +87,27 @@ def test_settings_show_the_url_redacted_and_errors_never_echo_it(certs, password
 
 
 # -- connecting -------------------------------------------------------------------------------------------------
+
+def test_url_options_split_the_url_for_redis_py(certs, password_file):  # noqa: F811
+    """The URL less its user and password (plain scheme: the class says TLS), the rest as keyword arguments;
+    unix:// and a URL's query (redis-py's own options, e.g. ssl_check_hostname) pass as written."""
+    from crossprobe.indexer.storage.redis_conn import (ExplainedConnection, ExplainedSSLConnection,
+                                                       ExplainedUnixConnection, PasswordFile, url_options)
+
+    def opts(url, **kw):
+        return url_options(IndexerSettings(redis_url=url, redis_cluster="," in url, **kw))
+
+    assert opts("unix:///tmp/r.sock?db=2") == ("unix:///tmp/r.sock?db=2", {"connection_class": ExplainedUnixConnection})
+    assert opts("redis://h:1/3") == ("redis://h:1/3", {"connection_class": ExplainedConnection})
+    url, kw = opts(f"rediss://{USER}:{ENCODED}@h:6380/0?ssl_check_hostname=false", redis_ca_file=certs.ca)
+    assert url == "redis://h:6380/0?ssl_check_hostname=false"
+    assert kw == {"connection_class": ExplainedSSLConnection, "username": USER, "password": PASSWORD,
+                  "ssl_ca_certs": str(certs.ca)}
+    url, kw = opts(f"rediss://{USER}@h1:1,h2:2", redis_password_file=password_file)
+    assert url == "redis://h1:1,h2:2" and "password" not in kw and "username" not in kw
+    assert isinstance(kw["credential_provider"], PasswordFile)
+    assert kw["credential_provider"].get_credentials() == (USER, PASSWORD)  # the file's newline dropped
+
 
 def test_an_acl_user_over_tls_for_both_roles_and_by_password_file(secure_redis, certs, password_file):  # noqa: F811
     assert secure_redis.admin().acl_whoami() == USER
@@ -216,7 +238,9 @@ def test_build_list_and_watch_through_auth_and_tls(secure_redis, certs, password
     gallery = tmp_path / "gallery"
     make_images(gallery, 6)
     root = tmp_path / "indexes"
-    env = _env(secure_redis.url(password=None), certs.ca, root, models_dir,
+    # the batch jobs' user as docs/operations.md scopes it: the key prefix, every command but the dangerous ones
+    user = secure_redis.add_user("indexer", ["+@all", "-@dangerous"])
+    env = _env(secure_redis.url(password=None, user=user), certs.ca, root, models_dir,
                CROSSPROBE_REDIS_PASSWORD_FILE=str(password_file))
     runner = CliRunner()
     r = runner.invoke(cli.index_app, ["build", "--name", "photos", "--images", str(gallery), "--ckpt", str(ckpt)],
@@ -224,8 +248,9 @@ def test_build_list_and_watch_through_auth_and_tls(secure_redis, certs, password
     assert r.exit_code == 0, r.output
     r = runner.invoke(cli.index_app, ["list", "photos"], env=env)
     assert r.exit_code == 0 and "active" in r.output, r.output
-    s = IndexerSettings(redis_url=secure_redis.url(), redis_ca_file=certs.ca, index_root=root, model_dir=models_dir,
-                        batch_size=4, threads=2, progress=False, watch_settle_s=0.0, watch_metrics_port=0)
+    s = IndexerSettings(redis_url=secure_redis.url(user=user), redis_ca_file=certs.ca, index_root=root,
+                        model_dir=models_dir, batch_size=4, threads=2, progress=False, watch_settle_s=0.0,
+                        watch_metrics_port=0)
     assert len(open_index("photos", None, s).ids) == 6
     # the watcher: its first step builds its folder's index, the next one adds a new photo
     folder = tmp_path / "watched"
@@ -234,6 +259,9 @@ def test_build_list_and_watch_through_auth_and_tls(secure_redis, certs, password
     assert w.step() is not None and len(open_index("watched", None, s).ids) == 3
     make_images(folder, 1, seed=9, prefix="new")
     assert w.step() is not None and len(open_index("watched", None, s).ids) == 4
+    r = runner.invoke(cli.index_app, ["gc", "watched"], env=env)  # drops the replaced version's keys
+    assert r.exit_code == 0, r.output
+    assert len(Store(s, connect(s)).versions("watched")) == 1
 
 
 def test_the_cli_fails_with_what_to_check_and_no_secret(secure_redis, plain_redis, certs, models_dir, ckpt,  # noqa: F811
