@@ -78,10 +78,12 @@ def check_redis_url(url: str, cluster: bool) -> None:
         if u.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"{where}: the scheme is not redis://, rediss:// (TLS) or unix://")
         try:
-            host, port = u.hostname, u.port
+            port = u.port
+            # an @ past the host: the password's / ? or # cut the URL there (its start read as host:port)
+            readable = u.scheme == "unix" or "@" not in part.split("://", 1)[-1][len(u.netloc):]
         except ValueError:  # a port that is not a number
-            host, port = None, None
-        if u.scheme != "unix" and (not host or (cluster and not port)):
+            port, readable = None, False
+        if not readable or (cluster and not (u.hostname and port)):
             raise ValueError(f"{where}: cannot read host:port{' (cluster nodes need both)' if cluster else ''}; a "
                              "password holding / ? or # must be percent-encoded (urllib.parse.quote(pw, "
                              "safe='')), or given in CROSSPROBE_REDIS_PASSWORD_FILE")

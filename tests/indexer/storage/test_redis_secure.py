@@ -67,6 +67,9 @@ def test_settings_show_the_url_redacted_and_errors_never_echo_it(certs, password
     ok = f"rediss://{USER}:{ENCODED}@redis.example:6380/0"
     bad = {  # settings -> what the message says
         "unencoded": (dict(redis_url=f"rediss://{USER}:{PASSWORD}@redis.example:6380/0"), "percent-encoded"),
+        # a / after digits would read as host "crossprobe", port 12: refused all the same
+        "unencoded, digits first": (dict(redis_url=f"rediss://{USER}:12/{PASSWORD}@redis.example:6380/0"),
+                                    "percent-encoded"),
         "ca on plain": (dict(redis_url=ok.replace("rediss", "redis"), redis_ca_file=certs.ca), "not rediss://"),
         "twice": (dict(redis_url=ok, redis_password_file=password_file), "given twice"),
         "no key": (dict(redis_url=ok, redis_cert_file=certs.client_cert), "both CROSSPROBE_REDIS_CERT_FILE"),
