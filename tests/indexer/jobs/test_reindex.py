@@ -328,8 +328,9 @@ def test_a_service_on_the_old_checkpoint_keeps_serving_and_names_reindex(setting
         res = reindex("photos", settings=settings, ckpt=ckpt_b, bert=bert, **quiet)
         out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]["photos"]
         assert out["version"] == v1 and not out["changed"]
-        assert f"crossprobe index reindex photos --ckpt <the checkpoint of {_fp(svc_ckpt)}>" in out["error"]
-        assert f"load the checkpoint of model {_fp(ckpt_b)}" in out["error"]
+        assert f"crossprobe index reindex photos --model crossprobe:{svc_ckpt}" in out["error"]
+        assert f"model crossprobe:{ckpt_b} (fingerprint {_fp(ckpt_b)})" in out["error"]
+        assert f"serve the index's model (CROSSPROBE_MODEL=crossprobe:{ckpt_b})" in out["error"]
         assert "crossprobe index reindex photos" in c.get("/v1/indexes").json()["unavailable"]["photos"]
         r = c.post("/v1/search", json={"query": "a photo", "k": 3, "rerank": "cp"})
         assert r.status_code == 200 and r.json()["index"]["version"] == v1 and not r.json()["degraded"]
