@@ -10,6 +10,8 @@ with one np.frombuffer (a numpy structured dtype *is* the layout).
            p_v i1[n,dc] | b_bar i1[dc] | s_i i1[nk]                 (symmetric, one scale per vector:
                                                                      each probe row, b_bar, the sketch)
   both, with region labels (format 2): ... | labels u2[cells]       (class ids 0..999, exact; 98 bytes)
+  a two-tower-only model (ItemDims all 0): no field, 0 bytes; the jobs store no such value (nothing to
+  fetch: a search of that model never reranks), and a reader gives K empty arrays without asking Redis
 Little-endian throughout. The header (manifest.json "layout") lets any reader,
 in any language, decode without this module. Format 1 (no labels) still decodes.
 """
@@ -37,8 +39,15 @@ class Layout:
     def cells(self) -> int:  # region labels per item (49 grid cells), 0 = none (format 1)
         return self.item.cells
 
+    @property
+    def empty(self) -> bool:
+        """No item features at all (a two-tower-only model): values of 0 bytes, not stored."""
+        return self.item == ItemDims(0, 0, 0, 0)
+
     def dtype(self) -> np.dtype:
         sh = self.item.shapes()
+        if self.empty:  # int8's scales would be 8 bytes of nothing
+            return np.dtype([])
         labels = [("labels", "<u2", (self.cells,))] if self.cells else []
         if self.quantization == "float16":
             return np.dtype([(f, "<f2", sh[f]) for f in FIELDS] + labels)
@@ -86,6 +95,8 @@ def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray,
     """p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) float32 [, labels (B, cells) ints] -> B values of
     layout.itemsize bytes."""
     B = len(p_v)
+    if layout.empty:  # a two-tower-only model: nothing to store (and int8 has nothing to scale)
+        return [b""] * B
     arr = np.zeros(B, layout.dtype())
     if layout.cells:
         lab = np.asarray(labels) if labels is not None else None
@@ -111,6 +122,8 @@ def decode(layout: Layout, values: list[bytes]) -> dict[str, np.ndarray]:
     """K values (e.g. one MGET) -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32
     [+ "labels": (K, cells) int64 with region labels]."""
     size = layout.itemsize
+    if layout.empty:  # nothing stored: K items of empty fields
+        return {f: np.zeros((len(values), *shape), np.float32) for f, shape in layout.item.shapes().items()}
     for i, v in enumerate(values):
         if v is None or len(v) != size:
             raise ValueError(f"value {i}: {None if v is None else len(v)} bytes, layout expects {size}")

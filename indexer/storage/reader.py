@@ -79,7 +79,10 @@ class IndexReader:
 
     def features(self, ids: list[str]) -> dict[str, np.ndarray]:
         """One MGET (a cluster: one round trip per master) -> {"p_v": (K, n, dc), "b_bar": (K, dc),
-        "s_i": (K, nk)} float32 [+ "labels" (K, 49)]."""
+        "s_i": (K, nk)} float32 [+ "labels" (K, 49)]. A two-tower-only model's version stores none: empty arrays,
+        without a round trip."""
+        if self.layout.empty:
+            return decode(self.layout, [b""] * len(ids))
         vals = self.store.fetch([self.keys.feat(i) for i in ids])
         missing = [i for i, v in zip(ids, vals) if v is None]
         if missing:

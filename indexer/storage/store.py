@@ -277,7 +277,9 @@ class Store:
             raise ValueError(f"{name}/{version} is not a complete version (no manifest.json)")
         ids = self.read_ids(name, version)
         keys = self.layout(name, version)
-        if ids and self.r.exists(keys.feat(ids[0]), keys.feat(ids[-1])) != 2:  # on a cluster: one EXISTS per slot
+        # metadata: every item has it (a two-tower-only model's items have no feature value). On a cluster: one EXISTS
+        # per slot
+        if ids and self.r.exists(keys.meta(ids[0]), keys.meta(ids[-1])) != 2:
             raise ValueError(f"{name}/{version}: its Redis values are missing (gc'ed or another Redis?)")
         key = self.active_key(name)
         if not check_expect:

@@ -55,6 +55,21 @@ def test_region_labels_ride_along_exactly(quant):
         codec.Layout.from_header({**h, "format": 3})
 
 
+@pytest.mark.parametrize("quant", ["float16", "int8"])
+def test_a_two_tower_model_has_no_bytes_to_store(quant):
+    """ItemDims(0, 0, 0, 0) (a family model without reranker heads): a layout of no field and 0 bytes in both
+    quantizations (int8's scales would be 8 bytes of nothing), so the jobs store no feature value; decoding gives K
+    empty arrays of the shapes a reader expects, whatever it is handed."""
+    lay = codec.Layout(quant, ItemDims(0, 0, 0, 0))
+    assert lay.empty and lay.itemsize == 0 and lay.header()["fields"] == []
+    assert codec.Layout.from_header(lay.header()) == lay
+    vals = codec.encode(lay, np.zeros((3, 0, 0)), np.zeros((3, 0)), np.zeros((3, 0)))
+    assert vals == [b"", b"", b""]
+    out = codec.decode(lay, [None] * 4)
+    assert {k: v.shape for k, v in out.items()} == {"p_v": (4, 0, 0), "b_bar": (4, 0), "s_i": (4, 0)}
+    assert not codec.Layout(quant, ItemDims(1, 1, 0, 0)).empty
+
+
 def test_factory_by_size_and_forced():
     s = IndexerSettings(flat_max=100, hnsw_max=1000)
     assert choose_factory(99, 64, s) == "Flat"
