@@ -63,10 +63,11 @@ def site(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 (fixtur
 
 @contextmanager
 def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = None,
-                captions: dict[str, str] | None = None, **env: str):
+                captions: dict[str, str] | None = None, model: str | None = None, **env: str):
     """`crossprobe serve` (a subprocess, on `port` or a free one) over the sample photos indexed into a flushed
     Redis -> (base URL, gallery folder), until the block ends. captions: photo name -> its manifest caption;
-    env: more CROSSPROBE_* settings. The server's log: <work>/server.log."""
+    model: a spec both the index and the service use (default: the committed checkpoint); env: more CROSSPROBE_*
+    settings. The server's log: <work>/server.log."""
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.models.demo import write_sample_gallery
@@ -85,7 +86,8 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
     manifest = work / "samples.jsonl"
     manifest.write_text("".join(lines))
     ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
-                        threads=2, progress=False, ocr=True)  # OCR: page.jpg's printed words become searchable
+                          threads=2, progress=False, ocr=True,  # OCR: page.jpg's printed words become searchable
+                          model=model)
     build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
     port = port or free_port()
@@ -94,6 +96,9 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
            "CROSSPROBE_THREADS": "2", "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
            "HF_HUB_OFFLINE": "1", **env}
     env.pop("CROSSPROBE_CKPT", None)
+    env.pop("CROSSPROBE_MODEL", None)
+    if model:
+        env["CROSSPROBE_MODEL"] = model
     log = work / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
