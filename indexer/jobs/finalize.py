@@ -74,7 +74,7 @@ def derive_version(job: JobContext, deleted: list[str], counts: tuple[str, ...])
     have = {"replaced": replaced, "added": len(new.ids) - replaced, "deleted": len(gone),
             "not_found": sorted(set(deleted) - set(base_ids))[:1000]}
     return write_version(job, ids, vectors, new.skips, {k: have[k] for k in counts},
-                         TextChanges(new.ids, set(new.ids) | set(deleted)))
+                         TextChanges(new.ids, set(new.ids) | gone))
 
 
 def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:
@@ -122,15 +122,24 @@ def _write_vectors(job: JobContext, ids: list[str], vectors: np.ndarray):
 
 
 def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> dict:
-    """The keyword index (storage/keyword.py): derived from the base's when the base has one and `text` says what
-    changed, else written from every item."""
+    """The keyword index (storage/keyword.py): derived from the base's (a copy, then `text`'s changes) when the
+    base has one and the job takes no item out; else written from every item. A deleted item must leave the disk:
+    tantivy only marks a deleted document, and its id and words stay in the segment files until a merge (the
+    erase test in tests/indexer/jobs/test_erase.py looks for them), so a job that deletes rewrites the index."""
     store, name, version = job.store, job.name, job.version
+
+    def metas(part: list[str]) -> list[dict | None]:
+        return [json.loads(m) if m else None for m in store.metadata(name, version, part)]
+
     base_dir = store.version_dir(name, job.base) if job.base else None
-    based = text is not None and (base_dir / keyword.DIR).exists()
+    erases = text is not None and bool(text.removed - set(text.inserted))
+    based = text is not None and not erases and (base_dir / keyword.DIR).exists()
     with job.times.stage("write_text"):
-        return keyword.write(job.vdir, text.inserted if based else ids,
-                             lambda part: [json.loads(m) if m else None for m in store.metadata(name, version, part)],
-                             job.settings.redis_batch, base_dir if based else None, text.removed if based else ())
+        words = keyword.write(job.vdir, text.inserted if based else ids, metas, job.settings.redis_batch,
+                              base_dir if based else None, text.removed if based else ())
+    if erases:  # ocr_failed counts this job's items, as when derived, not every item the rewrite read
+        words["ocr_failed"] = sum(bool(isinstance(m, dict) and m.get("text_error")) for m in metas(text.inserted))
+    return words
 
 
 def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, done: dict) -> dict:

@@ -1,5 +1,5 @@
 """Index-time OCR (indexer/jobs/ocr.py) with the real rapidocr engine, and the keyword index a job writes beside
-each version (build, then add and delete deriving it from their base's)."""
+each version (build; add deriving it from its base's, delete writing it whole)."""
 from __future__ import annotations
 
 import json
@@ -133,7 +133,9 @@ def test_build_with_ocr_stores_the_words_and_indexes_them(settings, ckpt, tmp_pa
     assert manifest["text"]["items"] == 2 and manifest["text"]["fields"] == list(keyword.FIELDS)
 
 
-def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt, tmp_path, gallery):
+def test_add_derives_the_keyword_index_from_its_base_and_delete_writes_it_whole(settings, ckpt, tmp_path, gallery):
+    """add copies the base's keyword index and inserts its items; delete writes it from every item, so that the
+    deleted item's id and words leave the files (tantivy only marks a deleted document)."""
     build("k", images=gallery, settings=settings, ckpt=ckpt, log=lambda *_: None)
     v1, metas, vdir1 = _meta(settings, "k")
     first = sorted(metas)[0]
@@ -149,6 +151,10 @@ def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt,
     assert _kw(vdir3, Path(first).stem) == [] and _kw(vdir3, "zebra") == ["zebra_crossing.png"]
     n = keyword.KeywordIndex(vdir3 / keyword.DIR).count
     assert n == len(metas3)  # one row per item of the version: nothing lost, nothing doubled
+
+    def holds(vdir, needle: str) -> bool:
+        return any(needle.encode() in p.read_bytes() for p in (vdir / keyword.DIR).rglob("*") if p.is_file())
+    assert holds(vdir2, first) and not holds(vdir3, first) and holds(vdir3, "zebra_crossing.png")
 
 
 def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt, tmp_path):
