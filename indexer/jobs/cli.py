@@ -1,4 +1,4 @@
-"""`crossprobe index ...`: build | add | delete | reindex | watch | list | activate | gc.
+"""`crossprobe index ...`: build | add | delete | reindex | watch | list | activate | gc | drop.
 
 Options left unset fall back to IndexerSettings (env REDIS_URL, CROSSPROBE_INDEX_*, CROSSPROBE_PUSHGATEWAY_*);
 --ckpt falls back to CROSSPROBE_CKPT, the variable the service reads, so an index and the service that
@@ -103,19 +103,48 @@ def add_cmd(name: Name, images: Images = None, manifest: Manifest = None, ckpt: 
 
 
 @index_app.command("delete")
-def delete_cmd(name: Name, ids: Annotated[list[str], typer.Option("--ids", help="item ids, comma separated and/or repeated")],
-               root: Root = None, factory: Factory = None):
-    """Remove items: a new version = active items minus these, then one switch."""
+def delete_cmd(
+    name: Name,
+    ids: Annotated[Optional[list[str]], typer.Option("--ids", help="item ids, comma separated and/or repeated")] = None,
+    ids_from: Annotated[Optional[typer.FileBinaryRead], typer.Option(
+        metavar="FILE", help="a file of item ids, one per line, each exactly as written (commas and spaces included; UTF-8; "
+        "'-': standard input)")] = None,
+    null: Annotated[bool, typer.Option("--null", "-0", help="ids in --ids-from end with a NUL byte instead of a "
+                                       "newline (find -print0): for ids that hold a newline")] = False,
+    root: Root = None,
+    factory: Factory = None,
+):
+    """Remove items: a new version = active items minus these, then one switch. Their values stay in the older
+    versions until `crossprobe index gc NAME` (docs/indexing.md: erasing a photo)."""
     from crossprobe.indexer.jobs import kinds
 
-    wanted = [i for chunk in ids for i in chunk.split(",") if i]
+    if not ids and ids_from is None:
+        _fail("give the ids: --ids a,b or --ids-from FILE ('-': standard input)", 2)
+    wanted = [i for chunk in ids or [] for i in chunk.split(",") if i]
+    if ids_from is not None:
+        wanted += _read_ids(ids_from.read(), null, getattr(ids_from, "name", "-"))
     try:
-        res = kinds.delete(name, wanted, settings=_settings(index_root=root, factory=factory), log=typer.echo)
+        res = kinds.delete(name, list(dict.fromkeys(wanted)), settings=_settings(index_root=root, factory=factory),
+                           log=typer.echo)
     except (ValueError, LookupError, RuntimeError) as e:
         _fail(e)
     typer.echo(res.summary())
     if res.extra.get("not_found"):
-        typer.echo(f"not in the index: {', '.join(res.extra['not_found'][:20])}")
+        typer.echo(f"not in the index: {', '.join(map(repr, res.extra['not_found'][:20]))}")
+
+
+def _read_ids(data: bytes, null: bool, source: str) -> list[str]:
+    """A file of ids -> the ids: one per line (a trailing CR dropped: a file written on Windows), or NUL-ended
+    with --null. Every other character belongs to its id; empty entries are skipped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _fail(f"--ids-from {source}: not UTF-8 (byte {e.start}): ids are UTF-8 text", 2)
+    entries = text.split("\0") if null else [line.removesuffix("\r") for line in text.split("\n")]
+    out = [i for i in entries if i]
+    if not out:
+        _fail(f"--ids-from {source}: no ids in it", 2)
+    return out
 
 
 @index_app.command("reindex")
@@ -267,12 +296,68 @@ def activate_cmd(name: str, version: str, root: Root = None):
 
 @index_app.command("gc")
 def gc_cmd(name: str, root: Root = None):
-    """Delete every inactive version of NAME (disk and Redis), except builds still running."""
+    """Delete every inactive version of NAME (disk and Redis), except builds still running: the photos that
+    `delete` (or a watched folder) removed leave the last version that held them."""
     from crossprobe.indexer.storage.redis_conn import connect
     from crossprobe.indexer.storage.store import Store
 
     settings = _settings(index_root=root)
-    removed = Store(settings, connect(settings)).gc(name)
+    store = Store(settings, connect(settings))
+    removed = store.gc(name)
     for v, n in removed:
         typer.echo(f"removed {name}/{v} ({n} Redis keys)")
     typer.echo(f"{len(removed)} version(s) removed")
+    if removed:
+        _snapshot(store)
+
+
+@index_app.command("drop")
+def drop_cmd(
+    name: Annotated[str, typer.Argument(help="the index to remove")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask (scripts)")] = False,
+    root: Root = None,
+):
+    """Remove index NAME for good: every version, on disk and in Redis (its active key, values, keyword index,
+    FAISS files or Milvus collections). A running service stops serving it at its next reload (404
+    index_not_found). Refused while a job or `index watch` is writing one of its versions: stop the watcher first,
+    or it builds the index again from its folder."""
+    from redis.exceptions import RedisError
+
+    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.indexer.storage.store import Store, check_name
+
+    try:
+        check_name(name)
+    except ValueError as e:
+        _fail(e, 2)
+    settings = _settings(index_root=root)
+    store = Store(settings, connect(settings))
+    versions = store.versions(name)
+    if not yes:
+        active = next((v for v in versions if v.state == "active"), None)
+        what = f"{len(versions)} version(s)" + (f", {active.count} items active" if active else "")
+        typer.confirm(f"drop index {name!r} ({what}) from {settings.index_root.resolve()} and Redis, for good?",
+                      abort=True)
+    try:
+        dropped, rest = store.drop_index(name)
+    except (RuntimeError, RedisError, OSError) as e:
+        _fail(e)
+    if not dropped and not rest:
+        _fail(f"no index {name!r} under {settings.index_root.resolve()} (nothing in Redis under its name either)")
+    for v, n in dropped:
+        typer.echo(f"removed {name}/{v} ({n} Redis keys)")
+    typer.echo(f"dropped {name}: {len(dropped)} version(s), {sum(n for _, n in dropped) + rest} Redis keys")
+    _snapshot(store)
+
+
+def _snapshot(store) -> None:
+    """The embedded Redis keeps its data in <root>/redis.db: write that snapshot again now, so what gc or drop
+    removed leaves the disk too. An external Redis's files (RDB, AOF, replicas, backups) are its operator's."""
+    from redis.exceptions import RedisError
+
+    try:
+        if store.snapshot_embedded():
+            typer.echo(f"embedded Redis snapshot {store.settings.rdb} written again")
+    except (RedisError, TimeoutError) as e:
+        typer.echo(f"warning: the embedded Redis snapshot was not written again ({e}); it holds the removed values "
+                   f"until its next save", err=True)
