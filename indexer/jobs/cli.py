@@ -71,11 +71,13 @@ def _fail(e: Exception | str, code: int = 1) -> None:
 
 
 def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt: Path | None, settings) -> None:
+    from redis.exceptions import RedisError
+
     from crossprobe.indexer.jobs import kinds
 
     try:
         res = getattr(kinds, kind)(name, images=images, manifest=manifest, settings=settings, ckpt=ckpt, log=typer.echo)
-    except (ValueError, LookupError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, LookupError, RuntimeError, FileNotFoundError, RedisError) as e:  # Redis: says what to check
         _fail(e)
     typer.echo(res.summary())
 
@@ -107,8 +109,8 @@ def delete_cmd(
     name: Name,
     ids: Annotated[Optional[list[str]], typer.Option("--ids", help="item ids, comma separated and/or repeated")] = None,
     ids_from: Annotated[Optional[typer.FileBinaryRead], typer.Option(
-        metavar="FILE", help="a file of item ids, one per line, each exactly as written (commas and spaces included; UTF-8; "
-        "'-': standard input)")] = None,
+        metavar="FILE", help="a file of item ids, one per line, each exactly as written (commas and spaces included; "
+        "UTF-8; '-': standard input)")] = None,
     null: Annotated[bool, typer.Option("--null", "-0", help="ids in --ids-from end with a NUL byte instead of a "
                                        "newline (find -print0): for ids that hold a newline")] = False,
     root: Root = None,
