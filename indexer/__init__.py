@@ -1,6 +1,8 @@
 """Offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata), versioned.
 
-    from crossprobe.indexer import build, add, delete, reindex, open_index, IndexerSettings
+    from crossprobe.indexer import build, add, delete, reindex, sync, open_index, IndexerSettings
+
+The jobs are indexer/jobs/kinds.py (one function per kind), the read path indexer/storage/reader.py.
 
 Names are imported lazily: `crossprobe --help` imports indexer.cli, and should
 not pay for faiss, onnxruntime and torch.
@@ -8,8 +10,8 @@ not pay for faiss, onnxruntime and torch.
 from importlib import import_module
 
 _EXPORTS = {
-    "build": "jobs.versions", "add": "jobs.versions", "delete": "jobs.versions", "reindex": "jobs.versions",
-    "Result": "jobs.versions", "TooManyLost": "jobs.report",
+    "build": "jobs.kinds", "add": "jobs.kinds", "delete": "jobs.kinds", "reindex": "jobs.kinds", "sync": "jobs.kinds",
+    "Result": "jobs.run", "TooManyLost": "jobs.report",
     "open_index": "storage.reader", "IndexReader": "storage.reader", "FingerprintMismatch": "storage.reader",
     "IndexerSettings": "jobs.settings", "StorageSettings": "storage.settings", "connect": "storage.redis_conn",
 }

@@ -133,7 +133,19 @@ def index_served(name: str, version: str, fingerprint: str, items: int) -> None:
     _served[name] = (version, fingerprint)
     INDEX_VERSION.labels(name, version, fingerprint).set(1)
     INDEX_ITEMS.labels(name).set(items)
-    INDEXES_SERVED.set(len(_served))  # a loaded index is never unloaded (backend.Registry keeps serving it)
+    INDEXES_SERVED.set(len(_served))
+
+
+def index_dropped(name: str) -> None:
+    """`name` is no longer served (it was dropped): its gauges go."""
+    old = _served.pop(name, None)
+    if old:
+        try:
+            INDEX_VERSION.remove(name, *old)
+            INDEX_ITEMS.remove(name)
+        except KeyError:
+            pass
+    INDEXES_SERVED.set(len(_served))
 
 
 def render() -> tuple[bytes, str]:

@@ -129,12 +129,16 @@ class Registry:
                 metrics.error("reload_redis")
                 log.warning("cannot list indexes: %s", e)
                 return {n: {"version": h.version, "changed": False, "error": str(e)} for n, h in self.handles.items()}
-            for name in names:
+            # a served index gone from the list may have been dropped (`crossprobe index drop`): looked at too
+            for name in [*names, *(n for n in self.handles if n not in names)]:
                 cur = self.handles.get(name)
                 try:
                     active = self.store.active(name)
                 except Exception as e:  # noqa: BLE001 - Redis down: keep serving what is loaded
                     out[name] = self._failed(name, cur, None, f"cannot read the active version: {e}", "redis")
+                    continue
+                if active is None and cur is not None and self.store.read_manifest(name, cur.version) is None:
+                    out[name] = self._unload(name, cur)
                     continue
                 if active is None:
                     out[name] = self._failed(name, cur, None, "no active version (never built, or its key was "
@@ -169,6 +173,18 @@ class Registry:
                          f", was {cur.version}" if cur else "")
                 out[name] = {"version": h.version, "changed": True, "previous": cur.version if cur else None}
             return out
+
+    def _unload(self, name: str, cur: IndexHandle) -> dict:
+        """Its active key AND the served version's files are gone: the index was dropped, not merely unreadable
+        for a while. Serving on would answer from values that are gone; it answers index_not_found instead."""
+        self.handles = {n: h for n, h in self.handles.items() if n != name}  # the swap: one reference assignment
+        self.problems.pop(name, None)
+        self._refused.pop(name, None)
+        metrics.index_dropped(name)
+        metrics.RELOADS.labels(name, "dropped").inc()
+        log.info("index %s: dropped (no active version, version %s gone from disk); no longer served", name,
+                 cur.version)
+        return {"version": None, "changed": True, "previous": cur.version}
 
     def _failed(self, name: str, cur: IndexHandle | None, version: str | None, why: str, kind: str) -> dict:
         """Record why `name` could not be (re)loaded; the served version, if any, stays."""

@@ -35,7 +35,7 @@ def test_wheel_installs_and_runs_away_from_the_repository(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert tops == {"crossprobe", f"crossprobe-{version}.dist-info"}, tops
     for needed in ("crossprobe/models/checkpoints/default/model.safetensors", "crossprobe/models/data/imagenet_classes.tsv",
-                   "crossprobe/service/cli/__init__.py", "crossprobe/models/inference/crossprobe.py", "crossprobe/indexer/jobs/versions.py", "crossprobe/models/training/run.py"):
+                   "crossprobe/service/cli/__init__.py", "crossprobe/models/inference/crossprobe.py", "crossprobe/indexer/jobs/kinds.py", "crossprobe/models/training/run.py"):
         assert needed in names, needed
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)], check=True)

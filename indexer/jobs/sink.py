@@ -1,7 +1,7 @@
 """The write end of an encoding job, shared by both engines: one encoded batch -> its Redis values, then its
 journal commit, then the job's counters (progress bar, Pushgateway metrics, throttle).
 
-Why one module: the single-process engine (jobs._encode) and the Ray engine (ray_engine.py) must leave
+Why one module: the single-process engine (run.encode) and the Ray engine (ray_engine.py) must leave
 exactly the same Redis keys and values and the same journal, so that a version built by either is the same
 and a job killed under one resumes under either. Both hand this writer the same `Encoded batch`; only where
 decode and encode ran differs. The order inside `write` is the journal's contract (journal.py): the SETs

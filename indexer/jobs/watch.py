@@ -10,7 +10,7 @@ How, and why this way:
   reached, a network mount) the watcher scans every watch_poll_s; with events it still scans every watch_rescan_s,
   because a full inotify queue drops events silently. No inotify limit bounds what is watched.
 - A batch of changes (at most watch_batch_max files) becomes ONE new version: the active version minus the
-  deleted ids plus the new and changed files (versions.sync), written beside the live one and made live by one
+  deleted ids plus the new and changed files (kinds.sync), written beside the live one and made live by one
   SET of `active`. A reader sees the version before the batch or the one after it, never half of it; the live
   version is never written in place. A batch killed mid-way resumes from its journal when the restarted watcher
   finds the same changes; otherwise its half-built version is abandoned and removed.
@@ -37,7 +37,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from redis.exceptions import RedisError
 
-from crossprobe.indexer.jobs import versions
+from crossprobe.indexer.jobs import kinds
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, scan_folder
 from crossprobe.indexer.storage.redis_conn import connect
@@ -239,8 +239,8 @@ class Watcher:
         if scanned is None or not scanned[0]:
             return None  # nothing to index yet
         self.say(f"watch {self.name}: no active version; building it from {self.folder}")
-        res = versions.build(self.name, images=self.folder, settings=self.settings, ckpt=self.ckpt, model=self.model,
-                             bert=self.bert, log=self.say)
+        res = kinds.build(self.name, images=self.folder, settings=self.settings, ckpt=self.ckpt, model=self.model,
+                          bert=self.bert, log=self.say)
         self.say(res.summary())
         self._load(res.version)
         self.metrics.batches.labels(self.name, "ok").inc()
@@ -258,8 +258,8 @@ class Watcher:
         t = time.perf_counter()
         base = self.version
         try:
-            res = versions.sync(self.name, self.folder, ch.add, ch.delete, settings=self.settings, ckpt=self.ckpt,
-                                model=self.model, bert=self.bert, log=lambda m: log.info(m))
+            res = kinds.sync(self.name, self.folder, ch.add, ch.delete, settings=self.settings, ckpt=self.ckpt,
+                             model=self.model, bert=self.bert, log=lambda m: log.info(m))
         except Exception:
             self.metrics.batches.labels(self.name, "failed").inc()
             raise

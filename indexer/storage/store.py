@@ -31,7 +31,7 @@ import re
 import shutil
 import time
 import zlib
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,7 +304,6 @@ class Store:
         two keys, so UNLINK those without a SCAN (`index watch` drops a version per batch: a SCAN walks every
         version's keys, seconds once a few dozen versions share the Redis)."""
         n = 0
-        batch: list[bytes] = []
         if by_ids and self.read_manifest(name, version) is not None:
             keys = self.layout(name, version)
             ids = self.read_ids(name, version)
@@ -313,22 +312,79 @@ class Store:
                     for it in ids[i:i + self.settings.redis_batch]:
                         p.unlink(keys.feat(it), keys.meta(it))  # one slot: an item's two keys share its tag
                     n += sum(p.execute())
-            keys_left = ()
         else:
-            keys_left = self.r.scan_iter(match=self.key_base(name, version) + "*", count=self.settings.redis_batch)
-        for k in keys_left:
-            batch.append(k)
-            if len(batch) >= self.settings.redis_batch:
-                n += self.r.unlink(*batch)
-                batch = []
-        if batch:
-            n += self.r.unlink(*batch)
+            n = self._unlink_matching(self.key_base(name, version) + "*")
         from crossprobe.indexer.storage import ann  # a version's Milvus collection, if any, goes with it (before its manifest)
 
         ann.drop_version(self.settings, name, version, self.read_manifest(name, version))
         self.r.srem(self.versions_key(name), version)
         shutil.rmtree(self.version_dir(name, version), ignore_errors=True)
         return n
+
+    def drop_index(self, name: str) -> tuple[list[tuple[str, int]], int]:
+        """Remove index `name` whole: its `active` key first (a service stops serving it at its next poll, and add /
+        delete refuse it), then every version (its Redis values, its directory with FAISS files, ids, vectors and
+        keyword index; its Milvus collection), then whatever key is left under <prefix>:<name>: (the versions set,
+        values of versions known neither to the disk nor to that set) and the index's directory.
+        -> ([(version, Redis keys removed)], other keys removed). Refused (RuntimeError) before anything is removed
+        while a process holds the lock of one of its versions: a job or `index watch` writing it."""
+        check_name(name)
+        infos = self.versions(name)
+        with ExitStack() as held:
+            for info in infos:
+                try:
+                    held.enter_context(self.lock(name, info.version))
+                except RuntimeError:
+                    raise RuntimeError(f"{name}/{info.version} is being written by another process (a build, add, "
+                                       f"delete, reindex or `crossprobe index watch`); stop it or let it finish, "
+                                       f"then drop {name} again") from None
+            self.r.delete(self.active_key(name))
+            dropped = [(info.version, self.drop(name, info.version)) for info in infos]
+        late = [info.version for info in self.versions(name)]
+        if late:  # a job started while the versions above were dropped: its version stays whole
+            raise RuntimeError(f"a job started writing {name}/{late[0]} during the drop; {len(dropped)} version(s) "
+                               f"were removed. Stop that job, then drop {name} again")
+        rest = self._unlink_matching(f"{self.prefix}:{name}:*")
+        from crossprobe.indexer.storage import ann  # collections of versions the store no longer knows (Milvus only)
+
+        ann.gc_orphans(self.settings, name, set())
+        shutil.rmtree(self.root / name, ignore_errors=True)
+        return dropped, rest
+
+    def snapshot_embedded(self, timeout_s: float = 300.0) -> bool:
+        """The embedded Redis (REDIS_URL unset) writes its rdb file (<root>/redis.db) again, a BGSAVE waited for,
+        so that values just removed (gc, drop) leave the disk too; until then the last snapshot holds them.
+        -> False for an external Redis: its files (RDB, AOF, replicas, backups) are its operator's."""
+        if self.settings.redis_url or self.settings.redis_cluster:
+            return False
+        deadline = time.monotonic() + timeout_s
+
+        def wait_idle() -> None:
+            while self.r.info("persistence")["rdb_bgsave_in_progress"]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the embedded Redis was still saving after {timeout_s:.0f} s")
+                time.sleep(0.05)
+
+        wait_idle()  # a save that began before the removal may still hold the removed values
+        try:
+            self.r.bgsave()
+        except redis.ResponseError:  # one started meanwhile (the save rules): it began after the removal
+            pass
+        wait_idle()
+        status = self.r.info("persistence")["rdb_last_bgsave_status"]
+        if status != "ok":
+            raise redis.RedisError(f"the embedded Redis could not write {self.settings.rdb}: BGSAVE {status}")
+        return True
+
+    def _unlink_matching(self, pattern: str) -> int:
+        """UNLINK every key matching a SCAN pattern, redis_batch at a time (on a cluster: every master)."""
+        n, batch = 0, []
+        for k in self.r.scan_iter(match=pattern, count=self.settings.redis_batch):
+            batch.append(k)
+            if len(batch) >= self.settings.redis_batch:
+                n += self.r.unlink(*batch)
+                batch = []
+        return n + (self.r.unlink(*batch) if batch else 0)
 
     def gc(self, name: str) -> list[tuple[str, int]]:
         """Remove every version except the active one and builds still running."""

@@ -120,3 +120,34 @@ def test_a_version_deleted_under_the_service_degrades_then_retries(versions, bui
         q = svc.models.encode_texts(["a photo"])[0]
         out = svc.searcher._after_encode(q, old, svc.searcher.plan(query="a photo", k=3, rerank="cp"), StageTimer())
         assert out.handle.version == v3 and not out.degraded and all(h.rerank is not None for h in out.hits)
+
+
+def test_a_dropped_index_is_no_longer_served(versions, built, svc_ckpt, bert, artifacts, tmp_path):
+    """`crossprobe index drop` removes the active key and every version's files: the next reload stops serving
+    the index, and its routes answer 404 index_not_found (never a 5xx), while the other index carries on. A
+    request that comes between the drop and the reload answers from the handle it has, without a 5xx."""
+    store = versions[0]
+    make_images(tmp_path / "g", 4, seed=9, prefix="gone")
+    build_index(built.ixs, tmp_path / "g", svc_ckpt, bert, name="gone")
+    with TestClient(create_app(service_settings(built, svc_ckpt, artifacts))) as c:  # polling off
+        wait_ready(c)
+        r = c.post("/v1/search", json={"query": "a photo", "k": 2, "index": "gone"})
+        assert r.status_code == 200 and r.json()["index"]["name"] == "gone"
+        dropped, _ = store.drop_index("gone")
+        assert len(dropped) == 1
+        r = c.post("/v1/search", json={"query": "a photo", "k": 2, "index": "gone"})
+        assert r.status_code < 500, r.text  # the pinned handle: its values are gone, degraded at worst
+        out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]
+        assert out["gone"]["version"] is None and out["gone"]["changed"] and "photos" in out
+        for method, path, body in (("POST", "/v1/search", {"query": "a photo", "k": 2, "index": "gone"}),
+                                   ("GET", "/v1/items/gone_000.jpg?index=gone", None)):
+            r = c.request(method, path, json=body)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found", (path, r.text)
+        listed = c.get("/v1/indexes").json()
+        assert [i["name"] for i in listed["indexes"]] == ["photos"] and "gone" not in listed["unavailable"]
+        assert c.post("/v1/search", json={"query": "a photo", "k": 2}).status_code == 200  # the other index
+        text = c.get("/metrics").text
+        assert 'crossprobe_index_items{index="gone"}' not in text and 'version_info{index="gone"' not in text
+        assert 'crossprobe_reloads_total{index="gone",outcome="dropped"} 1.0' in text
+        again = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]
+        assert "gone" not in again  # looked at once, then forgotten

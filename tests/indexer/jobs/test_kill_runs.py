@@ -26,7 +26,7 @@ outlives the killed indexer). Every run:
 Encoding is deterministic here: the journal freezes the item list, so a batch always holds the same files,
 and ONNX Runtime runs with the same thread count; vectors are therefore compared bit for bit.
 
-`make test` runs 2 kills per command with fixed seeds. `make test-chaos` (-m chaos) runs every injection point
+`make test` runs 2 or 3 kills per command with fixed seeds. `make test-chaos` (-m chaos) runs every injection point
 once plus CROSSPROBE_CHAOS_TIMED (default 8) timed kills per command, prints one line per run and the totals,
 and writes them to docs/research/results/indexer_kill.json.
 """
@@ -75,9 +75,10 @@ POINTS = {
     "reindex": ["journal_create", "redis_written:n", "commit_rename:n", "write_index", "write_vectors", "write_text", "manifest",
                 "before_activate", "after_activate", "journal_rmtree"],
 }
-# the default run: one timed and one injected kill per command, fixed seeds
+# the default run: one timed and one or two injected kills per command, fixed seeds (build at `manifest`: a kill
+# after the keyword index's rename made every resume fail until finalize removed the stale text/)
 DEFAULT_RUNS = {
-    "build": [("timed", 101, None), ("injected", 102, "write_vectors")],
+    "build": [("timed", 101, None), ("injected", 102, "write_vectors"), ("injected", 103, "manifest")],
     "add": [("timed", 201, None), ("injected", 202, "mid_copy"), ("injected", 203, "write_text")],
     "delete": [("timed", 301, None), ("injected", 302, "after_activate")],
     "reindex": [("timed", 401, None), ("injected", 402, "after_activate")],
@@ -93,7 +94,7 @@ def die():
 
 point, _, n = os.environ["CHAOS_KILL_AT"].partition(":")
 from crossprobe.indexer.jobs import journal
-from crossprobe.indexer.jobs import versions as jobs
+from crossprobe.indexer.jobs import finalize
 from crossprobe.indexer.storage import faiss_io, keyword, store
 
 if point == "journal_create":  # items.jsonl written, spec.json (the journal's "usable" mark) not
@@ -121,22 +122,22 @@ elif point == "commit_rename":  # the n-th batch's .npz written and fsynced, not
         return real_replace(src, dst, *a, **k)
     os.replace = replace
 elif point == "mid_copy":  # half of the kept items' values COPYed into the new version
-    real_copy = jobs._copy_values
+    real_copy = finalize._copy_values
     def copy_values(st, src, dst, ids, chunk):
         real_copy(st, src, dst, ids[: len(ids) // 2], chunk)
         die()
-    jobs._copy_values = copy_values
+    finalize._copy_values = copy_values
 elif point in ("write_index", "write_vectors"):  # before index.faiss / after index.faiss and ids
     setattr(faiss_io, point, lambda *a, **k: die())
 elif point == "write_text":  # the keyword index written under its temporary name, not yet renamed
     keyword._fsync_tree = lambda folder: die()
 elif point == "manifest":  # every file of the version but manifest.json
-    real_jaw = jobs.atomic_write
-    def jobs_aw(path, data):
+    real_jaw = finalize.atomic_write
+    def finalize_aw(path, data):
         if Path(path).name == "manifest.json":
             die()
         return real_jaw(path, data)
-    jobs.atomic_write = jobs_aw
+    finalize.atomic_write = finalize_aw
 elif point in ("before_activate", "after_activate"):  # complete, not active / active, journal still there
     real_activate = store.Store.activate
     def activate(self, *a, **k):
@@ -672,12 +673,15 @@ def test_chaos_kill_runs(world):
                      "throttle_s_in_timed_runs": THROTTLE_S, "timed_runs_per_command": timed, "seed": seed0,
                      "injection_points": POINTS},
         "per_command": per,
-        "bugs_fixed": "before the fixes in indexer/ (jobs._finish_activated, Journal.remove), the injected runs alone "
+        "bugs_fixed": "before the fixes in indexer/ (run.finish_activated, Journal.remove), the injected runs alone "
                       "(CROSSPROBE_CHAOS_TIMED=0) gave 7 inconsistent of 36: killed after the activation, before "
                       "the journal was removed, a rerun of delete exited 1 ('none of the ids is in <the new "
                       "version>') and add / reindex did the job again into another version (reindex re-encoding "
                       "everything); killed while the journal was being removed (rmtree, any file first), every "
-                      "rerun of build failed (FileNotFoundError on the journal's items.jsonl)",
+                      "rerun of build failed (FileNotFoundError on the journal's items.jsonl). Since the keyword "
+                      "index, killed after its rename and before manifest.json (the injection point `manifest`), "
+                      "every rerun failed (ENOTEMPTY renaming text.tmp onto the whole text/ the kill left): 4 of 4, "
+                      "fixed in finalize._write_text (issue 46)",
         "runs": [{"command": r.kind, "seed": r.seed, "kill": r.kill, "phase": r.phase,
                   "after_kill": r.after_kill or "consistent", "resume": r.resume,
                   "result": r.after_resume or "identical"} for r in runs],

@@ -1,5 +1,5 @@
 """Index-time OCR (indexer/jobs/ocr.py) with the real rapidocr engine, and the keyword index a job writes beside
-each version (build, then add and delete deriving it from their base's)."""
+each version (build; add deriving it from its base's, delete writing it whole)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,7 @@ from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.storage import keyword
 from crossprobe.indexer.storage.store import Store
 from crossprobe.indexer.storage.redis_conn import connect
+from tests.indexer.jobs.test_erase import stored_docs
 
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
 
@@ -133,7 +134,9 @@ def test_build_with_ocr_stores_the_words_and_indexes_them(settings, ckpt, tmp_pa
     assert manifest["text"]["items"] == 2 and manifest["text"]["fields"] == list(keyword.FIELDS)
 
 
-def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt, tmp_path, gallery):
+def test_add_derives_the_keyword_index_from_its_base_and_delete_writes_it_whole(settings, ckpt, tmp_path, gallery):
+    """add copies the base's keyword index and inserts its items; delete writes it from every item, so that the
+    deleted item's id and words leave the files (tantivy only marks a deleted document)."""
     build("k", images=gallery, settings=settings, ckpt=ckpt, log=lambda *_: None)
     v1, metas, vdir1 = _meta(settings, "k")
     first = sorted(metas)[0]
@@ -149,6 +152,9 @@ def test_add_and_delete_derive_the_keyword_index_from_their_base(settings, ckpt,
     assert _kw(vdir3, Path(first).stem) == [] and _kw(vdir3, "zebra") == ["zebra_crossing.png"]
     n = keyword.KeywordIndex(vdir3 / keyword.DIR).count
     assert n == len(metas3)  # one row per item of the version: nothing lost, nothing doubled
+
+    # the segments store the live items only: no deleted document kept (its words would be in the .store file)
+    assert stored_docs(vdir3) == n and stored_docs(vdir2) == len(metas3) + 1
 
 
 def test_an_index_keeps_its_ocr_through_add_unless_told_otherwise(settings, ckpt, tmp_path):

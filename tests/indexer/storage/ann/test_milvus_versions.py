@@ -81,6 +81,15 @@ def test_build_add_delete_activate_gc_with_milvus(settings, milvus_settings, gal
     assert milvus_backend.MilvusBackend(s).stored_versions(name) == [v4.version]
     assert len(open_index(name, None, s)) == 14
 
+    # `crossprobe index drop`: every collection of the index goes, an orphan's too, with its keys and folder
+    w = milvus_backend.MilvusBackend(s).writer(name, orphan, vecs.shape[1], tmp_path)
+    w.add(vecs[:2], ["a", "b"])
+    w.commit()
+    dropped, _ = st.drop_index(name)
+    assert [v for v, _ in dropped] == [v4.version]
+    assert not {c for c in _collections(s) if c.startswith("crossprobe_mil_v_1_")}
+    assert not list(st.r.scan_iter(match=f"{st.prefix}:{name}:*")) and not (s.index_root / name).exists()
+
 
 def test_a_faiss_version_never_starts_milvus(settings, gallery, ckpt, bert, monkeypatch):
     """The default path: FAISS versions, gc and drop never import pymilvus or connect anywhere."""
@@ -94,3 +103,4 @@ def test_a_faiss_version_never_starts_milvus(settings, gallery, ckpt, bert, monk
     build("plain", images=gallery, settings=settings.model_copy(update={"factory": "HNSW32"}), ckpt=ckpt,
           bert=bert, log=lambda *_: None)
     assert [v for v, _ in Store(settings, r.store.r).gc("plain")] == [v1.version]
+    assert len(Store(settings, r.store.r).drop_index("plain")[0]) == 1
