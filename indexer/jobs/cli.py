@@ -1,8 +1,9 @@
 """`crossprobe index ...`: build | add | delete | reindex | watch | list | activate | gc | drop.
 
 Options left unset fall back to IndexerSettings (env REDIS_URL, CROSSPROBE_INDEX_*, CROSSPROBE_PUSHGATEWAY_*);
---ckpt falls back to CROSSPROBE_CKPT, the variable the service reads, so an index and the service that
-serves it name the same checkpoint by default. Exit status: 0 done, 1 the job failed, 2 bad usage.
+--model falls back to CROSSPROBE_MODEL (and --ckpt, its older form for a crossprobe checkpoint, to CROSSPROBE_CKPT),
+the variables the service reads, so an index and the service that serves it name the same model by default.
+Exit status: 0 done, 1 the job failed, 2 bad usage.
 Heavy imports stay inside the commands so `crossprobe --help` stays instant.
 """
 from __future__ import annotations
@@ -18,8 +19,6 @@ index_app = typer.Typer(add_completion=False, no_args_is_help=True,
 # ---- options several commands take, each declared once ---------------------------------------------------------
 
 Root = Annotated[Optional[Path], typer.Option(help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")]
-Ckpt = Annotated[Optional[Path], typer.Option(envvar="CROSSPROBE_CKPT", show_envvar=True,
-                                              help="checkpoint directory (default: the committed one)")]
 Name = Annotated[str, typer.Option(help="index name (letters, digits, _ . -)")]
 Images = Annotated[Optional[Path], typer.Option(help="folder of images, walked recursively")]
 Manifest = Annotated[Optional[Path], typer.Option(
@@ -27,6 +26,12 @@ Manifest = Annotated[Optional[Path], typer.Option(
 
 # The encode options: how build, add, reindex and watch decode and encode photos. encode_settings() turns them into
 # IndexerSettings fields; a command lists the ones that apply to it.
+Model = Annotated[Optional[str], typer.Option(
+    help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, hf:<repo or dir>, "
+    "immich:<folder> (default: CROSSPROBE_MODEL, else the committed checkpoint; docs/models.md). reindex --model "
+    "moves an index to another model")]
+Ckpt = Annotated[Optional[Path], typer.Option(
+    help="a crossprobe checkpoint directory: the older form of --model crossprobe:<dir> (default: CROSSPROBE_CKPT)")]
 Workers = Annotated[Optional[int], typer.Option(help="decode threads overlapping the encoder (1 or 2 on 2 cores)")]
 BatchSize = Annotated[Optional[int], typer.Option(help="images per batch (and per committed journal entry)")]
 MaxPixels = Annotated[Optional[int], typer.Option(
@@ -47,11 +52,11 @@ Quantization = Annotated[Optional[str], typer.Option(help="float16 | int8 (Redis
 def encode_settings(workers: int | None = None, batch_size: int | None = None, max_pixels: int | None = None,
                     threads: int | None = None, head: str | None = None, throttle: float | None = None,
                     engine: str | None = None, ocr: bool | None = None, factory: str | None = None,
-                    quantization: str | None = None) -> dict:
+                    quantization: str | None = None, model: str | None = None, ckpt: Path | None = None) -> dict:
     """The encode options -> IndexerSettings fields (_settings drops the unset ones: the environment decides)."""
     return {"workers": workers, "batch_size": batch_size, "max_pixels": max_pixels, "threads": threads,
             "head": head, "throttle_s": throttle, "engine": engine, "ocr": ocr, "factory": factory,
-            "quantization": quantization}
+            "quantization": quantization, "model": model, "ckpt": ckpt}
 
 
 def _settings(**overrides):
@@ -59,8 +64,11 @@ def _settings(**overrides):
 
     from crossprobe.indexer.jobs.settings import IndexerSettings
 
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "model" in given or "ckpt" in given:  # a flag names the model: the environment's model variables do not
+        given = {"model": None, "ckpt": None, **given}
     try:
-        return IndexerSettings(**{k: v for k, v in overrides.items() if v is not None})
+        return IndexerSettings(**given)
     except ValidationError as e:  # e.g. --engine spark: a usage error, not a traceback
         _fail("; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}" for er in e.errors()), 2)
 
@@ -70,38 +78,40 @@ def _fail(e: Exception | str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt: Path | None, settings) -> None:
+def _job(kind: str, name: str, images: Path | None, manifest: Path | None, settings) -> None:
     from redis.exceptions import RedisError
 
     from crossprobe.indexer.jobs import kinds
 
     try:
-        res = getattr(kinds, kind)(name, images=images, manifest=manifest, settings=settings, ckpt=ckpt, log=typer.echo)
+        res = getattr(kinds, kind)(name, images=images, manifest=manifest, settings=settings, log=typer.echo)
     except (ValueError, LookupError, RuntimeError, FileNotFoundError, RedisError) as e:  # Redis: says what to check
         _fail(e)
     typer.echo(res.summary())
 
 
 @index_app.command("build")
-def build_cmd(name: Name, images: Images = None, manifest: Manifest = None, ckpt: Ckpt = None, root: Root = None,
-              workers: Workers = None, batch_size: BatchSize = None, quantization: Quantization = None,
-              factory: Factory = None, max_pixels: MaxPixels = None, threads: Threads = None, head: Head = None,
-              throttle: Throttle = None, engine: Engine = None, ocr: Ocr = None):
+def build_cmd(name: Name, images: Images = None, manifest: Manifest = None, model: Model = None, ckpt: Ckpt = None,
+              root: Root = None, workers: Workers = None, batch_size: BatchSize = None,
+              quantization: Quantization = None, factory: Factory = None, max_pixels: MaxPixels = None,
+              threads: Threads = None, head: Head = None, throttle: Throttle = None, engine: Engine = None,
+              ocr: Ocr = None):
     """Encode a folder or manifest into a new version and activate it (run again to resume after a kill)."""
     enc = encode_settings(workers=workers, batch_size=batch_size, quantization=quantization, factory=factory,
-                          max_pixels=max_pixels, threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr)
-    _job("build", name, images, manifest, ckpt, _settings(index_root=root, **enc))
+                          max_pixels=max_pixels, threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr,
+                          model=model, ckpt=ckpt)
+    _job("build", name, images, manifest, _settings(index_root=root, **enc))
 
 
 @index_app.command("add")
-def add_cmd(name: Name, images: Images = None, manifest: Manifest = None, ckpt: Ckpt = None, root: Root = None,
-            workers: Workers = None, batch_size: BatchSize = None, factory: Factory = None,
+def add_cmd(name: Name, images: Images = None, manifest: Manifest = None, model: Model = None, ckpt: Ckpt = None,
+            root: Root = None, workers: Workers = None, batch_size: BatchSize = None, factory: Factory = None,
             max_pixels: MaxPixels = None, threads: Threads = None, throttle: Throttle = None, engine: Engine = None,
             ocr: Ocr = None):
-    """Add (or replace) items: a new version = active items + these, then one switch."""
+    """Add (or replace) items: a new version = active items + these, then one switch (with the index's model)."""
     enc = encode_settings(workers=workers, batch_size=batch_size, factory=factory, max_pixels=max_pixels,
-                          threads=threads, throttle=throttle, engine=engine, ocr=ocr)
-    _job("add", name, images, manifest, ckpt, _settings(index_root=root, **enc))
+                          threads=threads, throttle=throttle, engine=engine, ocr=ocr, model=model, ckpt=ckpt)
+    _job("add", name, images, manifest, _settings(index_root=root, **enc))
 
 
 @index_app.command("delete")
@@ -153,6 +163,7 @@ def _read_ids(data: bytes, null: bool, source: str) -> list[str]:
 def reindex_cmd(
     names: Annotated[Optional[list[str]], typer.Argument(help="indexes to re-encode", show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="every index under the root that has an active version")] = False,
+    model: Model = None,
     ckpt: Ckpt = None,
     root: Root = None,
     max_lost: Annotated[Optional[float], typer.Option(
@@ -163,19 +174,19 @@ def reindex_cmd(
     workers: Workers = None, batch_size: BatchSize = None, factory: Factory = None, max_pixels: MaxPixels = None,
     threads: Threads = None, head: Head = None, throttle: Throttle = None, engine: Engine = None, ocr: Ocr = None,
 ):
-    """Re-encode every item of an index from its recorded sources with the current checkpoint into a new
-    version and activate it (how an index moves to a new model; run again to resume after a kill). The old
-    version stays until `crossprobe index gc`."""
+    """Re-encode every item of an index from its recorded sources with the model (--model, CROSSPROBE_MODEL) into a
+    new version and activate it: how an index moves to another model while the old version keeps serving (run again
+    to resume after a kill). The old version stays until `crossprobe index gc`."""
     # quantization is the job's (the new version's layout), not a setting: unset keeps the old version's
     enc = encode_settings(workers=workers, batch_size=batch_size, factory=factory, max_pixels=max_pixels,
-                          threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr)
+                          threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr, model=model, ckpt=ckpt)
     settings = _settings(index_root=root, reindex_max_lost=max_lost, **enc)
     if bool(names) == all_:
         _fail("give index names or --all (not both)", 2)
     if quantization not in (None, "float16", "int8"):
         _fail(f"--quantization {quantization!r}: float16 or int8", 2)
     names = _served(settings, names, all_)
-    _reindex_each(names, settings, ckpt, quantization)
+    _reindex_each(names, settings, quantization)
 
 
 def _served(settings, names: list[str] | None, all_: bool) -> list[str]:
@@ -206,7 +217,7 @@ def _served(settings, names: list[str] | None, all_: bool) -> list[str]:
     return names
 
 
-def _reindex_each(names: list[str], settings, ckpt: Path | None, quantization: str | None) -> None:
+def _reindex_each(names: list[str], settings, quantization: str | None) -> None:
     from redis.exceptions import RedisError
 
     from crossprobe.indexer.jobs import kinds
@@ -214,7 +225,7 @@ def _reindex_each(names: list[str], settings, ckpt: Path | None, quantization: s
     failed = []
     for n in names:
         try:
-            res = kinds.reindex(n, settings=settings, ckpt=ckpt, quantization=quantization, log=typer.echo)
+            res = kinds.reindex(n, settings=settings, quantization=quantization, log=typer.echo)
         except (ValueError, LookupError, RuntimeError, OSError, RedisError) as e:  # TooManyLost: a RuntimeError
             typer.echo(f"error: {e}", err=True)
             failed.append(n)
@@ -229,6 +240,7 @@ def _reindex_each(names: list[str], settings, ckpt: Path | None, quantization: s
 def watch_cmd(
     name: Annotated[str, typer.Option(help="index name (built from --images first if it has no active version)")],
     images: Annotated[Path, typer.Option(help="the folder to follow, walked recursively")],
+    model: Model = None,
     ckpt: Ckpt = None,
     root: Root = None,
     settle: Annotated[Optional[float], typer.Option(
@@ -253,12 +265,13 @@ def watch_cmd(
 
     from crossprobe.indexer.jobs.watch import Watcher
 
-    enc = encode_settings(workers=workers, batch_size=batch_size, max_pixels=max_pixels, threads=threads, ocr=ocr)
+    enc = encode_settings(workers=workers, batch_size=batch_size, max_pixels=max_pixels, threads=threads, ocr=ocr,
+                          model=model, ckpt=ckpt)
     settings = _settings(index_root=root, watch_settle_s=settle, watch_poll_s=poll, watch_events=events,
                          watch_batch_max=batch_max, watch_metrics_port=metrics_port, progress=False, **enc)
     stop = threading.Event()
     try:
-        w = Watcher(name, images, settings, ckpt=ckpt, say=typer.echo)
+        w = Watcher(name, images, settings, say=typer.echo)
         signal.signal(signal.SIGTERM, lambda *_: (stop.set(), w.wake.set()))  # finish the batch in hand, exit 0
         w.run(stop)
     except KeyboardInterrupt:

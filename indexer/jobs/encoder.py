@@ -1,5 +1,8 @@
 """Encode stage of a job: the model behind the inference seam (crossprobe.models.inference), as a job runs it.
 
+The model is a spec (models/inference/spec.py): CROSSPROBE_MODEL / --model (IndexerSettings.model_spec), the
+variable the service reads too, so an index and the service that serves it name one model.
+
 A job reaches its model through one Backend: image_grid (the frozen backbone, timed as "backbone") and
 image_features (the image tower, timed as "head"). The image tower runs in ONNX Runtime by default
 (IndexerSettings.head = "onnx": faster than PyTorch eager, docs/research/indexer.md), and a build whose graphs are
@@ -13,21 +16,24 @@ from pathlib import Path
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models import inference
-from crossprobe.models.inference import Backend, FeatureDims, RuntimeOptions
+from crossprobe.models.inference import Backend, FeatureDims, ModelSpec, RuntimeOptions
 
 
-def job_backend(settings: IndexerSettings, ckpt: Path | None = None, model=None, bert=None,
+def job_backend(settings: IndexerSettings, spec: ModelSpec | Path | None = None, model=None, bert=None,
                 identity: tuple[str, FeatureDims] | None = None) -> Backend:
-    """The job's model; nothing is loaded until a part is used (identify a model cheaply by building one)."""
+    """The job's model: `spec` (a ModelSpec, or a crossprobe checkpoint's path), else the settings' (CROSSPROBE_MODEL,
+    CROSSPROBE_CKPT, the committed checkpoint); nothing is loaded until a part is used (identify a model cheaply by
+    building one)."""
     # with OCR on, an OCR thread shares the cores: ONNX Runtime's spinning workers would take them from it while
     # they wait (measured: docs/research/text_search.md, "Indexing with OCR on")
     opts = RuntimeOptions(graphs=settings.models, threads=settings.threads, spinning=False if settings.ocr else None,
                           image_head=settings.head, model=model, bert=bert, device=settings.device,
                           precision=settings.device_precision)
-    return inference.load(ckpt, opts, identity)
+    return inference.load(spec if spec is not None else settings.model_spec, opts, identity)
 
 
-def identify(ckpt: Path | None = None, model=None, graphs: Path | None = None) -> tuple[str, FeatureDims]:
-    """(fingerprint, dims) of the model a job would run, without loading any part of it."""
-    backend = inference.load(ckpt, RuntimeOptions(graphs=graphs, model=model))
+def identify(spec: ModelSpec | Path | None = None, model=None, graphs: Path | None = None) -> tuple[str, FeatureDims]:
+    """(fingerprint, dims) of the model a job would run, without loading any part of it (a family model not exported
+    yet is exported here, into `graphs`, where this environment can)."""
+    backend = inference.load(spec, RuntimeOptions(graphs=graphs, model=model))
     return backend.fingerprint, backend.dims

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from crossprobe.indexer.jobs import report
-from crossprobe.indexer.jobs.run import JobContext
+from crossprobe.indexer.jobs.run import JobContext, recorded_spec
 from crossprobe.indexer.jobs.sources import Skip
 from crossprobe.indexer.storage import ann, faiss_io, keyword
 from crossprobe.indexer.storage.store import KeyLayout, Store, atomic_write
@@ -68,7 +68,7 @@ def derive_version(job: JobContext, deleted: list[str], counts: tuple[str, ...])
     keep = [i for i, it in enumerate(base_ids) if it not in drop]
     with job.times.stage("copy_redis"):
         _copy_values(store, store.layout(name, base), store.layout(name, version, job.spec["key_buckets"]),
-                     [base_ids[i] for i in keep], job.settings.redis_batch)
+                     [base_ids[i] for i in keep], job.settings.redis_batch, features=not job.layout.empty)
     ids = [base_ids[i] for i in keep] + new.ids
     vectors = np.concatenate([base_vecs[keep], new.g]) if len(new.g) else base_vecs[keep]
     replaced = len(base_ids) - len(keep) - len(gone)
@@ -78,13 +78,15 @@ def derive_version(job: JobContext, deleted: list[str], counts: tuple[str, ...])
                          TextChanges(new.ids, set(new.ids) | gone))
 
 
-def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int) -> None:
-    """Server-side COPY of kept items' two values from version src to dst, pipelined (idempotent: REPLACE).
-    Both layouts have the same tag per item (run.key_buckets), so on a cluster each COPY stays in one slot."""
+def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int, features: bool) -> None:
+    """Server-side COPY of kept items' values (features unless the model has none: codec.Layout.empty; metadata)
+    from version src to dst, pipelined (idempotent: REPLACE). Both layouts have the same tag per item
+    (run.key_buckets), so on a cluster each COPY stays in one slot."""
     for i in range(0, len(ids), chunk):
         with store.r.pipeline(transaction=False) as p:
             for it in ids[i:i + chunk]:
-                p.copy(src.feat(it), dst.feat(it), replace=True)
+                if features:
+                    p.copy(src.feat(it), dst.feat(it), replace=True)
                 p.copy(src.meta(it), dst.meta(it), replace=True)
             res = p.execute()
         if not all(res):
@@ -151,6 +153,9 @@ def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, do
     return {
         "name": job.name, "version": job.version, "kind": job.kind, "base_version": job.base,
         "fingerprint": job.fingerprint,
+        # the model's spec (CROSSPROBE_MODEL's form) beside its fingerprint: what a service must run to serve this
+        # version, said when one running another refuses it. Absent in versions from before it (or an in-memory model)
+        **({"model_spec": spec} if (spec := recorded_spec(job)) else {}),
         "dims": d.manifest(),
         "count": count, "factory": factory, "metric": "inner_product", "ann": writer.manifest_entry(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

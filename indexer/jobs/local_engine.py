@@ -28,11 +28,11 @@ from crossprobe.models.runtime import StageTimer
 
 
 def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer,
-           ckpt, model, bert, write: Callable[[EncodedBatch], None]) -> None:
+           spec, model, bert, write: Callable[[EncodedBatch], None]) -> None:
     """Decode, encode [and read the words of] the journal batches `todo`, handing each to `write` in order."""
     bs = settings.batch_size
     with times.stage("load_model"):
-        model = job_backend(settings, ckpt, model, bert)
+        model = job_backend(settings, spec, model, bert)
         model.warm("image")
         # one OCR thread beside the encoder's: its engine takes one core (docs/research/text_search.md)
         reader = ocr.Reader(settings.ocr_gate_threshold, 1, model) if settings.ocr else None

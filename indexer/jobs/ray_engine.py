@@ -130,7 +130,7 @@ def plan_resources(settings: IndexerSettings, cluster: dict) -> dict:
             "threads": settings.threads or max(1, round(cpus / actors))}
 
 
-def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer, ckpt, model,
+def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer, spec, model,
            bert, write: Callable[[EncodedBatch], None], say: Callable[[str], None] = print) -> None:
     """Decode and encode the journal batches `todo` of `items` on Ray, write(...) each as it arrives."""
     import ray
@@ -140,7 +140,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         started = start(settings)
     try:
         with times.stage("load_model"):
-            backend = job_backend(settings, ckpt, model, bert)
+            backend = job_backend(settings, spec, model, bert)
             backend.prepare()  # graphs exported once, here, before any actor loads them
             identity = (backend.fingerprint, backend.dims)
         res = plan_resources(settings, ray.cluster_resources())
@@ -148,7 +148,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
         say(f"engine ray: {'cluster ' + settings.ray_address if settings.ray_address else 'local Ray'}, {len(todo)} batches, "
             f"{res['decoders']} decode tasks, {res['actors']} encoder actor(s) ({where} and "
             f"{res['threads'] or 'default'} ONNX threads each)")
-        ds = _dataset(items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, ckpt,
+        ds = _dataset(items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, spec,
                       model, bert)
         d = identity[1].d
         t = time.perf_counter()
@@ -173,7 +173,7 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
 
 
 def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, res: dict,
-             identity: tuple[str, FeatureDims], preprocess, size: int, ckpt, model, bert):
+             identity: tuple[str, FeatureDims], preprocess, size: int, spec, model, bert):
     import ray
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
@@ -199,7 +199,7 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
     return ds.map_batches(
         _EncodeActor, batch_size=1, compute=ActorPoolStrategy(size=res["actors"]),
         num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
-        fn_constructor_kwargs={"settings": actor_settings, "layout": layout, "identity": identity, "ckpt": ckpt,
+        fn_constructor_kwargs={"settings": actor_settings, "layout": layout, "identity": identity, "spec": spec,
                                "model": model if torch_head else None, "bert": bert if torch_head else None})
 
 
@@ -225,9 +225,9 @@ class _EncodeActor:
     """Ray actor: the job's model (its image parts loaded once per actor) -> per journal batch g padded to (bs, d) and
     the codec values padded to (bs, itemsize) bytes, and the stage times."""
 
-    def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, FeatureDims], ckpt, model,
+    def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, FeatureDims], spec, model,
                  bert):
-        self.enc = job_backend(settings, ckpt, model, bert, identity=identity)
+        self.enc = job_backend(settings, spec, model, bert, identity=identity)
         self.enc.warm("image")
         # index-time OCR where the text gate, on the grid the actor computes, sees writing (ocr.py)
         self.ocr = ocr.Reader(settings.ocr_gate_threshold, settings.threads or -1, self.enc) if settings.ocr else None

@@ -31,7 +31,7 @@ from typing import Callable
 
 from crossprobe.indexer.jobs import local_engine, report
 from crossprobe.indexer.jobs.encoder import identify
-from crossprobe.models.inference import FeatureDims
+from crossprobe.models.inference import FeatureDims, ModelSpec, parse
 from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.overlap import progress
 from crossprobe.indexer.jobs.push import JOB_NAMES, JobMetrics
@@ -91,8 +91,9 @@ class JobContext:
     # the version the job derives from: the active one (add, delete, reindex, sync), None for build
     base: str | None = None
     base_manifest: dict | None = None
-    # the model: a checkpoint directory, or an in-memory model (tests, notebooks)
-    ckpt: Path | None = None
+    # the model: a spec (settings.model_spec, or a checkpoint directory given as ckpt), or an in-memory model (tests,
+    # notebooks)
+    model_spec: ModelSpec | None = None
     model: object = None
     bert: object = None
     fingerprint: str = ""
@@ -133,7 +134,8 @@ def open_job(kind: str, name: str, settings: IndexerSettings | None, log: Callab
     t0 = time.perf_counter()
     settings = settings or IndexerSettings()
     store = Store(settings, connect(settings))
-    job = JobContext(kind, name, settings, store, log, t0, StageTimer(), ckpt=ckpt, model=model, bert=bert)
+    spec = parse(str(ckpt)) if ckpt is not None else settings.model_spec  # a checkpoint given: the older argument
+    job = JobContext(kind, name, settings, store, log, t0, StageTimer(), model_spec=spec, model=model, bert=bert)
     if needs_base:
         job.base = store.active(name)
         job.base_manifest = store.read_manifest(name, job.base) if job.base is not None else None
@@ -142,11 +144,18 @@ def open_job(kind: str, name: str, settings: IndexerSettings | None, log: Callab
     return job
 
 
-
-
 def use_checkpoint(job: JobContext) -> None:
-    """The fingerprint and dims of the model this job encodes with (the checkpoint's config, or the in-memory model)."""
-    job.fingerprint, job.dims = identify(job.ckpt, job.model, job.settings.models)
+    """The fingerprint and dims of the model this job encodes with (its spec, or the in-memory model)."""
+    job.fingerprint, job.dims = identify(job.model_spec, job.model, job.settings.models)
+
+
+def recorded_spec(job: JobContext) -> str | None:
+    """The model spec the new version records beside its fingerprint: the base's where the job keeps the index's
+    model (add, delete, sync: the same fingerprint), else the spec the job encoded with; None for an in-memory
+    model (its spec names no files)."""
+    if job.copies_base and (job.base_manifest or {}).get("model_spec"):
+        return job.base_manifest["model_spec"]
+    return str(job.model_spec) if job.model is None and job.model_spec is not None else None
 
 
 def same_model_as_base(job: JobContext) -> None:
@@ -154,9 +163,10 @@ def same_model_as_base(job: JobContext) -> None:
     was = job.base_manifest["fingerprint"]
     if was != job.fingerprint:
         raise FingerprintMismatch(
-            f"index {job.name!r} (version {job.base}) was built with model {was}; this checkpoint "
-            f"is {job.fingerprint}. Move the index to this checkpoint first: crossprobe index reindex {job.name} "
-            f"--ckpt <this checkpoint>; then add.")
+            f"index {job.name!r} (version {job.base}) was built with model "
+            f"{job.base_manifest.get('model_spec') or ''} {was}; this job's model {job.model_spec} is {job.fingerprint}. "
+            f"Move the index to this model first: crossprobe index reindex {job.name} --model {job.model_spec}; "
+            f"then add (or run this job with --model {job.base_manifest.get('model_spec') or '<the index model>'}).")
 
 
 def digest(obj) -> str:
@@ -333,10 +343,11 @@ def encode(job: JobContext) -> int:
         if settings.engine == "ray":
             from crossprobe.indexer.jobs import ray_engine
 
-            ray_engine.encode(items, todo, job.layout, settings, times, job.ckpt, job.model, job.bert, writer.write,
+            ray_engine.encode(items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert, writer.write,
                               say=job.log)
         else:
-            local_engine.encode(items, todo, job.layout, settings, times, job.ckpt, job.model, job.bert, writer.write)
+            local_engine.encode(items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert,
+                                writer.write)
     finally:
         bar.close()
     return writer.encoded

@@ -48,7 +48,8 @@ class BatchWriter:
             with self.times.stage("write_redis"):
                 for row, val, meta in zip(eb.rows, eb.values, eb.meta):
                     it = items[row]
-                    pipe.set(keys.feat(it.id), val)
+                    if val:  # a two-tower-only model's value is 0 bytes (codec.Layout.empty): nothing to store
+                        pipe.set(keys.feat(it.id), val)
                     pipe.set(keys.meta(it.id), json.dumps(item_metadata(it, meta), ensure_ascii=False))
                 for row, _ in eb.skips:  # a value left by an earlier, killed attempt whose file has since gone bad
                     pipe.unlink(keys.feat(items[row].id), keys.meta(items[row].id))  # one slot: an item's two keys
