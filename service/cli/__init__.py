@@ -18,18 +18,37 @@ app.add_typer(models_app)  # no name: its commands sit at the top level (crosspr
 app.add_typer(index_app, name="index")
 
 
+def _device(value: str | None) -> str | None:
+    """--device as the settings spell it (cpu, cuda, cuda:N, auto), or a usage error naming the choices."""
+    if value is None:
+        return None
+    from crossprobe.models.inference import resolve_device
+
+    value = value.strip().lower()
+    if value != "auto":  # auto is resolved at start-up (it probes ONNX Runtime)
+        try:
+            resolve_device(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
 @app.command()
 def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
     port: int = typer.Option(None, help="port (default 8000, env CROSSPROBE_PORT)"),
     ckpt: Path = typer.Option(None, help="checkpoint directory (env CROSSPROBE_CKPT; default: the committed one)"),
     index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
+    device: str = typer.Option(None, callback=_device,
+                               help="cpu | cuda | cuda:N | auto: where the model and the ANN search run (env "
+                                    "CROSSPROBE_DEVICE; default auto: cuda where ONNX Runtime has its CUDA provider, "
+                                    "else cpu). A GPU asked for and not there: start-up fails, /readyz says why"),
 ):
     """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
     from crossprobe.service.server import serve as run_server
     from crossprobe.service.settings import Settings
 
-    over = {"host": host, "port": port, "ckpt": ckpt, "indexes": index}
+    over = {"host": host, "port": port, "ckpt": ckpt, "indexes": index, "device": device}
     run_server(Settings(**{k: v for k, v in over.items() if v is not None}))
 
 

@@ -54,9 +54,18 @@ async def readyz(state: Service) -> JSONResponse:
                                         {"feature_store": fs}), 503,
                             headers={"Retry-After": str(state.feature_store.retry_after_s)})
     return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
-                         "query_precision": state.models.query_precision,
+                         "query_precision": state.models.query_precision, "device": device_of(state.models),
                          "indexes": {n: h.version for n, h in state.registry.handles.items()},
                          "feature_store": fs})
+
+
+def device_of(models) -> str:
+    """Where the model runs: "cuda:0 (NVIDIA H200)" (PyTorch on a GPU), "cuda (ONNX Runtime)" (its CUDA provider), "cpu"."""
+    provider = (models.providers or ["cpu"])[0]
+    if provider.startswith("torch:cuda"):
+        dev = provider.removeprefix("torch:")
+        return f"{dev if ':' in dev else dev + ':0'} ({models.device_name()})"
+    return "cuda (ONNX Runtime)" if provider == "CUDAExecutionProvider" else "cpu"
 
 
 # Prometheus' text format: the 200 is declared as text/plain. response_class=Response (no media type of its own):
