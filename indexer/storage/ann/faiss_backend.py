@@ -3,7 +3,8 @@
 The factory is chosen by size (faiss_io.choose_factory), the index is built from the version's vectors in one
 go at commit, HNSW searches with Settings.hnsw_ef_search (by size when unset: ef_search below) and IVF with
 Settings.ivf_nprobe, and a filter is a row bitmap (faiss.IDSelectorBitmap) computed from the service's metadata
-columns, or an exact scan of the matching rows when few enough match (bitmap_search says why).
+columns, or an exact scan of the matching rows when few enough match (bitmap_search says why). With a GPU asked
+for (StorageSettings.device cuda), a version is searched on the GPU where it can be: gpu.py.
 """
 from __future__ import annotations
 
@@ -37,10 +38,7 @@ class FaissIndex(AnnIndex):
         return scores, rows
 
     def prepare_filter(self, node, exclude_rows: list[int], columns: Callable[[], Any]) -> np.ndarray:
-        mask = columns().mask(node)
-        if exclude_rows:
-            mask[np.asarray(exclude_rows, np.int64)] = False
-        return mask
+        return row_mask(node, exclude_rows, columns)
 
     def search_filtered(self, q: np.ndarray, k: int, prepared: np.ndarray,
                         vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
@@ -48,6 +46,14 @@ class FaissIndex(AnnIndex):
 
     def describe(self) -> str:
         return f"faiss:{type(self.index).__name__}"
+
+
+def row_mask(node, exclude_rows: list[int], columns: Callable[[], Any]) -> np.ndarray:
+    """(N,) bool: the rows passing the filter tree, less the excluded ones (the CPU and the GPU search take it)."""
+    mask = columns().mask(node)
+    if exclude_rows:
+        mask[np.asarray(exclude_rows, np.int64)] = False
+    return mask
 
 
 def ef_search(configured: int | None, n: int) -> int:
@@ -143,9 +149,19 @@ class FaissBackend(AnnBackend):
     def writer(self, name: str, version: str, d: int, vdir: Path) -> FaissWriter:
         return FaissWriter(self, d, vdir)
 
-    def open(self, name: str, version: str, manifest: dict, vdir: Path) -> FaissIndex:
-        return FaissIndex(faiss.read_index(str(vdir / "index.faiss")), self.settings.hnsw_ef_search,
-                          self.settings.ivf_nprobe)
+    def open(self, name: str, version: str, manifest: dict, vdir: Path) -> AnnIndex:
+        """The version's index.faiss searched on the CPU; with a GPU asked for (StorageSettings.device), searched on
+        the GPU where it can be (gpu.py says how)."""
+        def on_cpu() -> FaissIndex:
+            return FaissIndex(faiss.read_index(str(vdir / "index.faiss")), self.settings.hnsw_ef_search,
+                              self.settings.ivf_nprobe)
+
+        from crossprobe.indexer.storage.ann import gpu
+
+        device = gpu.wanted_device(self.settings)
+        if device is None:
+            return on_cpu()
+        return gpu.open_on_device(device, vdir, self.settings.device_precision, on_cpu)
 
     def drop(self, name: str, version: str) -> bool:
         p = Path(self.location(name, version))  # Store.drop removes the whole directory; this is for callers

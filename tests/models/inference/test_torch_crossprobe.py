@@ -46,6 +46,22 @@ def test_the_pytorch_path_gives_what_the_graphs_give(svc_ckpt, artifacts, bert):
     assert tpath.providers == ["torch:cpu"]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precisions_run_through_autocast(svc_ckpt, artifacts, bert, precision):
+    """fp16 / bf16 by autocast on any device (here the CPU): the label bridge's fp32 logits used to meet half
+    weights and fail; the outputs come back float32, near the graphs' (half precision's error, not a bug's)."""
+    onnx, tpath = _pair(svc_ckpt, artifacts, bert, precision=precision)
+    px = np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32)
+    a, b = onnx.encode_images(px), tpath.encode_images(px)
+    assert b.g.dtype == np.float32 and np.isfinite(b.p_v).all()
+    np.testing.assert_allclose(b.g, a.g, atol=5e-2)
+    q = tpath.encode_texts(TEXTS[:1])[0]
+    np.testing.assert_allclose(q.g_q, onnx.encode_texts(TEXTS[:1])[0].g_q, atol=5e-2)
+    stored = {"p_v": a.p_v, "b_bar": a.b_bar, "s_i": a.s_i, "labels": a.labels}
+    for kind in ("cp", "temde"):
+        assert np.isfinite(tpath.rerank(kind, q, stored, a.g @ q.g_q)).all()
+
+
 def test_cuda_asked_for_without_cuda_says_so(svc_ckpt, artifacts, bert):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
