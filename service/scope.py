@@ -1,10 +1,11 @@
 """Which indexes a caller may read: a search key's scope (docs/security.md, "Keys for some libraries").
 
 A search key configured with index names reads those indexes only; a key without names, and every caller when
-no search keys are set, reads every index (EVERY). security.py gives each request its key's scope (deps.KeyScope);
-the registry applies it at every lookup (registry.get, registry.default_name) and the listing routes show
-Scope.visible's indexes only, so an index outside the scope is answered exactly as one that does not exist: 404 index_not_found with the same message, whose list of served indexes holds
-the scope's only. A scoped caller cannot tell another library from no library.
+no search keys are set, reads every index (EVERY). security.py gives each request its key's scope
+(deps.KeyScope); the registry applies it at every lookup (registry.get, registry.default_name) and the listing
+routes show Scope.visible's indexes only, so an index outside the scope is answered exactly as one that does not
+exist: 404 index_not_found with the same message, whose list of served indexes holds the scope's only. A scoped
+caller cannot tell another library from no library.
 """
 from __future__ import annotations
 

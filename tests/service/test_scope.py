@@ -3,13 +3,14 @@ that names, defaults to or lists an index.
 
 Two real indexes in one Redis, built by the indexer: "photos" (conftest's `built`, 12 images) and "archive" (6
 other images, other ids). The server's default index is "archive", outside the scoped key's scope. Keys:
-SCOPED reads photos only, EVERY_KEY reads both, ADMIN is the admin key (never a search key). For each route, in
-process (TestClient), each request of ROUTES with each of TRIES: the scoped key asking for photos works; asking for archive gets exactly
-the answer of an index that does not exist ("nowhere": same status, headers and body, the name aside); naming no
-index it reads photos (its own first index), never the server's default; the unscoped key reads both; the admin
-key is refused as a search key (403) and is no search key in its own header (401). The listing routes show a
-scoped key its indexes only. test_every_index_route_is_in_the_matrix fails when a route that reads an index is
-added without being scoped or without a place in ROUTES; docs/security.md's tables are matrix_table()'s.
+SCOPED reads photos only, EVERY_KEY reads both, ADMIN is the admin key (never a search key). In process
+(TestClient), each request of ROUTES is tried with each of TRIES: the scoped key asking for photos works; asking
+for archive it gets exactly the answer of an index that does not exist ("nowhere": same status, headers and body,
+the name aside); naming no index it reads photos (its own first index), never the server's default; the
+unscoped key reads both; the admin key is refused as a search key (403) and is no search key in its own header
+(401). The listing routes show a scoped key its indexes only. test_every_index_route_is_in_the_matrix fails when
+a route that reads an index is added without being scoped or without a place in ROUTES; docs/security.md's
+tables are matrix_table()'s.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from PIL import Image
 
 from crossprobe.service import deps, security
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable
+from crossprobe.service.settings import Settings
 from crossprobe.service.scope import EVERY, Scope
 from tests.indexer.conftest import make_images
 from tests.service.conftest import _client, build_index
@@ -35,6 +37,21 @@ SCOPED = "scoped-key-1111111111111111"
 EVERY_KEY = "every-key-2222222222222222"
 ADMIN = "admin-key-3333333333333333"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+
+
+def test_keys_scoped_to_indexes(tmp_path):
+    """`KEY` reads every index, `KEY INDEX [INDEX ...]` those only (spaces or tabs between; docs/security.md).
+    Every key that was valid before scopes (visible ASCII, no comma: ':', '=', '|' included) still reads all;
+    start-up's refusals (an index name that is not one, a key given two scopes): test_security.py."""
+    f = tmp_path / "keys"
+    f.write_text("# key            indexes\nfile-key-aaaa   photos\t archive\nfile-key-bbbb\n"
+                 "old:style=key|cccc\nfile-key-dddd photos photos\n", encoding="utf-8")
+    s = Settings(api_keys="env-key-eeee photos , env-key-ffff,\n file-key-aaaa photos archive", api_keys_file=f)
+    assert security.load_search_keys(s) == {
+        "env-key-eeee": Scope(("photos",)), "env-key-ffff": EVERY, "file-key-aaaa": Scope(("photos", "archive")),
+        "file-key-bbbb": EVERY, "old:style=key|cccc": EVERY, "file-key-dddd": Scope(("photos",))}
+    assert Scope(("photos",)).allows("photos") and not Scope(("photos",)).allows("archive")
+    assert EVERY.allows("anything") and EVERY.names is None
 
 
 @pytest.fixture(scope="module")
@@ -237,9 +254,11 @@ def test_a_refused_index_outside_the_scope_is_not_found(app, monkeypatch):
     body = {"query": "a red square", "k": 1, "rerank": "none"}
     everyone = app.post("/v1/search", json={**body, "index": "broken"}, headers={"X-API-Key": EVERY_KEY})
     _error(everyone, 503, "index_unavailable")
-    scoped = [app.post("/v1/search", json={**body, "index": n}, headers={"X-API-Key": SCOPED}) for n in ("broken", MISSING)]
+    scoped = [app.post("/v1/search", json={**body, "index": n}, headers={"X-API-Key": SCOPED})
+              for n in ("broken", MISSING)]
     _same_answer(scoped[0], "broken", scoped[1], MISSING)
-    assert app.get("/v1/indexes", headers={"X-API-Key": EVERY_KEY}).json()["unavailable"] == {"broken": "fingerprint mismatch"}
+    unavailable = app.get("/v1/indexes", headers={"X-API-Key": EVERY_KEY}).json()["unavailable"]
+    assert unavailable == {"broken": "fingerprint mismatch"}
     assert app.get("/v1/indexes", headers={"X-API-Key": SCOPED}).json()["unavailable"] == {}
 
 

@@ -1,4 +1,5 @@
-"""Access control (service/security.py): search / admin / metrics keys, the rate limit, CORS, the page with keys.
+"""Access control (service/security.py): search / admin / metrics keys, the rate limit, CORS, the page with keys
+(keys limited to some indexes: test_scope.py).
 
 In process (TestClient) over conftest's real index (12 generated images, real Redis), except the log test,
 which runs a real uvicorn (its access log is uvicorn's, not TestClient's), and the browser test (e2e marker).
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from crossprobe.service import security
-from crossprobe.service.scope import EVERY, Scope
+from crossprobe.service.scope import EVERY
 from crossprobe.service.security import Access, RateLimiter
 from crossprobe.service.settings import Settings
 from tests.service.conftest import _client, service_settings
@@ -190,20 +191,6 @@ def test_keys_from_the_environment_and_a_file(tmp_path):
     assert "file-key" not in repr(s) and "env-key" not in repr(s)  # SecretStr: settings print no key
     assert not Access(Settings(api_keys="")).search_keys_on  # an empty variable (compose's ${X:-}) is unset
     assert security._secret(Settings(admin_key=" ").admin_key) is None  # blank admin key: admin stays off
-
-
-def test_keys_scoped_to_indexes(tmp_path):
-    """`KEY` reads every index, `KEY INDEX [INDEX ...]` those only (spaces or tabs between; docs/security.md). Every
-    key that was valid before scopes (visible ASCII, no comma: ':', '=', '|' included) still reads everything."""
-    f = tmp_path / "keys"
-    f.write_text("# key            indexes\nfile-key-aaaa   photos\t archive\nfile-key-bbbb\n"
-                 "old:style=key|cccc\nfile-key-dddd photos photos\n", encoding="utf-8")
-    s = Settings(api_keys="env-key-eeee photos , env-key-ffff,\n file-key-aaaa photos archive", api_keys_file=f)
-    assert security.load_search_keys(s) == {
-        "env-key-eeee": Scope(("photos",)), "env-key-ffff": EVERY, "file-key-aaaa": Scope(("photos", "archive")),
-        "file-key-bbbb": EVERY, "old:style=key|cccc": EVERY, "file-key-dddd": Scope(("photos",))}
-    assert Scope(("photos",)).allows("photos") and not Scope(("photos",)).allows("archive")
-    assert EVERY.allows("anything") and EVERY.names is None
 
 
 @pytest.mark.parametrize("over, says", [
