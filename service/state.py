@@ -80,7 +80,9 @@ class ServiceState:
         if self.registry is None or not self.registry.handles:
             where = self.settings.index_names or f"under {self.settings.index_root}"
             probs = self.registry.problems if self.registry else {}
-            return f"no index served yet ({where}){f': {probs}' if probs else ''}"
+            fs = self.feature_store  # the versions are listed in Redis: say so when it cannot be reached
+            down = "" if fs.up else f"; the feature store (Redis) is unreachable: {fs.breaker.last_error}"
+            return f"no index served yet ({where}){f': {probs}' if probs else ''}{down}"
         return "warming up"
 
     def require_ready(self) -> None:

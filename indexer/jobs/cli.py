@@ -41,12 +41,14 @@ def _fail(e: Exception | str, code: int = 1) -> None:
 
 
 def _job(kind: str, name: str, images: Path | None, manifest: Path | None, ckpt: Path | None, **opts) -> None:
+    from redis.exceptions import RedisError
+
     from crossprobe.indexer.jobs import versions as b
 
     settings = _settings(**opts)
     try:
         res = getattr(b, kind)(name, images=images, manifest=manifest, settings=settings, ckpt=ckpt, log=typer.echo)
-    except (ValueError, LookupError, RuntimeError, FileNotFoundError) as e:
+    except (ValueError, LookupError, RuntimeError, FileNotFoundError, RedisError) as e:  # Redis: says what to check
         _fail(e)
     typer.echo(res.summary())
 

@@ -23,13 +23,14 @@ the old master answers again) are left to redis-py's mget_nonatomic, which follo
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from crossprobe.indexer.storage.settings import redact_url, redis_url_parts, split_url
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -46,20 +47,21 @@ def is_cluster(r) -> bool:
 def startup_nodes(url: str) -> tuple[str, list[ClusterNode]]:
     """REDIS_URL in cluster mode: 'redis://h1:p1,redis://h2:p2' or 'redis://h1:p1,h2:p2' -> (the first
     URL, which carries credentials / TLS for every node, the other nodes)."""
-    parts = [p.strip() for p in url.split(",") if p.strip()]
+    parts = redis_url_parts(url)
     if not parts:
         raise ValueError("REDIS_URL is empty; cluster mode needs at least one node (redis://host:port)")
     first, rest = parts[0], []
     for p in parts[1:]:
-        u = urlsplit(p if "://" in p else f"redis://{p}")
+        u = split_url(p)
         if not u.hostname or not u.port:
-            raise ValueError(f"REDIS_URL node {p!r}: expected redis://host:port or host:port")
+            raise ValueError(f"REDIS_URL node {redact_url(p)!r}: expected redis://host:port or host:port")
         rest.append(ClusterNode(u.hostname, u.port))
     return first, rest
 
 
 def connect_cluster(url: str, opts: dict) -> RedisCluster:
-    """A RedisCluster client with the same socket timeouts as a single-Redis client. Its `retry`
+    """A RedisCluster client with the same socket timeouts, credentials, TLS files and connection class as a
+    single-Redis client (opts: redis_conn's client_options and url_options). Its `retry`
     (cluster level: re-route after a refresh) gets the configured count; node clients never retry
     (redis-py's rule). health_check_interval is not a cluster option (redis-py drops it)."""
     first, rest = startup_nodes(url)

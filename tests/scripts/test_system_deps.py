@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "system-deps.sh"
 BASH = shutil.which("bash")
-TOOLS = ("promtool", "prometheus-pushgateway", "docker-compose", "caddy")
+TOOLS = ("promtool", "prometheus-pushgateway", "docker-compose", "caddy", "redis-server")
 
 
 def _stub(path: Path, body: str) -> None:
@@ -51,7 +51,7 @@ def test_all_tools_there_needs_no_sudo(tmp_path):
 
 
 def test_missing_tool_says_what_and_why_then_installs_with_sudo(tmp_path):
-    proc, calls = run(tmp_path, present=("promtool", "prometheus-pushgateway", "caddy"))
+    proc, calls = run(tmp_path, present=("promtool", "prometheus-pushgateway", "caddy", "redis-server"))
     assert proc.returncode == 0, proc.stderr
     assert "docker-compose: `docker-compose config` validates docker-compose.yml" in proc.stdout
     assert "Installing them: sudo apt-get install -y -qq --no-install-recommends docker-compose" in proc.stdout
@@ -61,7 +61,7 @@ def test_missing_tool_says_what_and_why_then_installs_with_sudo(tmp_path):
 
 
 def test_root_installs_without_sudo(tmp_path):
-    proc, calls = run(tmp_path, present=("docker-compose", "caddy"), uid=0, sudo=False)
+    proc, calls = run(tmp_path, present=("docker-compose", "caddy", "redis-server"), uid=0, sudo=False)
     assert proc.returncode == 0, proc.stderr
     assert "prometheus: the dashboards'" in proc.stdout and "prometheus-pushgateway: the batch jobs'" in proc.stdout
     assert "apt-get install -y -qq --no-install-recommends prometheus prometheus-pushgateway" in calls
@@ -69,7 +69,7 @@ def test_root_installs_without_sudo(tmp_path):
 
 
 def test_no_root_no_sudo_stops_with_the_command(tmp_path):
-    proc, calls = run(tmp_path, present=("promtool", "docker-compose", "caddy"), sudo=False)
+    proc, calls = run(tmp_path, present=("promtool", "docker-compose", "caddy", "redis-server"), sudo=False)
     assert proc.returncode == 1
     assert "prometheus-pushgateway: the batch jobs'" in proc.stdout
     assert "Not root and no sudo here" in proc.stderr
@@ -78,7 +78,7 @@ def test_no_root_no_sudo_stops_with_the_command(tmp_path):
 
 
 def test_no_apt_get_names_the_programs(tmp_path):
-    proc, calls = run(tmp_path, present=("promtool", "prometheus-pushgateway", "caddy"), apt=False)
+    proc, calls = run(tmp_path, present=("promtool", "prometheus-pushgateway", "caddy", "redis-server"), apt=False)
     assert proc.returncode == 1 and "docker-compose" in proc.stdout and "No apt-get here" in proc.stderr
     assert calls == []
 
