@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Response
 
 from crossprobe.service import metrics
-from crossprobe.service.deps import QUERY, Service, read_metadata, ready, server_timing
+from crossprobe.service.deps import QUERY, KeyScope, Service, read_metadata, ready, server_timing
 from crossprobe.service.exceptions import ItemNotFound
 from crossprobe.models.inference.explain import EXPLAIN_MODES
 from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, IndexRef, error_responses
@@ -25,14 +25,14 @@ async def explain_request(body: ExplainRequest, state: Service) -> ExplainReques
 
 
 @router.post("/v1/explain", response_model=ExplainResponse, responses=error_responses(404, 503, *POST_ROUTE))
-async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service,
+async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service, scope: KeyScope,
                   response: Response) -> ExplainResponse:
     """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
 
     The grid is not stored, so each image is decoded and run through the image backbone again (explainer.py;
     the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422. An id whose
     file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
-    handle = state.registry.get(body.index)
+    handle = state.registry.get(body.index, scope=scope)
     ids = list(dict.fromkeys(body.ids))
     unknown = [i for i in ids if i not in handle.ids]
     if unknown:
