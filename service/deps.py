@@ -21,6 +21,7 @@ from fastapi import Depends, Request
 
 from crossprobe.service import metrics, security
 from crossprobe.service.pipeline import Outcome, Plan
+from crossprobe.service.scope import Scope
 from crossprobe.service.state import ServiceState
 
 QUERY = dict(dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
@@ -33,6 +34,16 @@ def service_state(request: Request) -> ServiceState:
 
 
 Service = Annotated[ServiceState, Depends(service_state)]
+
+
+async def key_scope(caller: Annotated[security.Caller, Depends(security.search_client)]) -> Scope:
+    """The indexes the request's search key may read (every index without keys): every SEARCH / QUERY route that
+    names or defaults to an index, or lists them, looks them up within it (registry.get(..., scope=),
+    Scope.visible). search_client already ran for the route group: FastAPI hands back its cached answer."""
+    return caller.scope
+
+
+KeyScope = Annotated[Scope, Depends(key_scope)]
 
 
 def ready(state: ServiceState) -> ServiceState:

@@ -20,6 +20,7 @@ from crossprobe.indexer.storage.store import NAME_RE, Store
 from crossprobe.indexer.storage import filter_columns, keyword
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
+from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
@@ -74,21 +75,29 @@ class Registry:
             faiss.omp_set_num_threads(settings.threads)  # process-wide: FAISS and ORT share the same cores
 
     # ---- lookups (request path) ------------------------------------------------
-    def default_name(self) -> str | None:
-        if self.settings.default_index:
-            return self.settings.default_index
-        return min(self.handles) if self.handles else None
+    def default_name(self, scope: Scope = EVERY) -> str | None:
+        """The index of a request that names none: the server's default (CROSSPROBE_DEFAULT_INDEX, else the first
+        served name), or for a key scoped to other indexes its own first one served (else its first): never the
+        server's default, which it may not read and must not learn the name of."""
+        default = self.settings.default_index or (min(self.handles) if self.handles else None)
+        if scope.names is None or (default is not None and scope.allows(default)):
+            return default
+        return next((n for n in scope.names if n in self.handles), scope.names[0])
 
-    def get(self, name: str | None) -> IndexHandle:
-        name = name or self.default_name()
+    def get(self, name: str | None, *, scope: Scope) -> IndexHandle:
+        """The served version of `name` (None: the default) for a caller that may read `scope` (every lookup on
+        the request path says whose it is: scope.py). Outside the scope: the same 404 as an index that does not
+        exist, the same message, listing the served indexes the scope holds."""
+        name = name or self.default_name(scope)
         if name is None:
             raise NotReady("no index is being served yet")
-        h = self.handles.get(name)
+        visible = scope.visible(self.handles)
+        h = visible.get(name)
         if h is not None:
             return h
-        if name in self.problems:
+        if name in self.problems and scope.allows(name):
             raise IndexUnavailable(f"index {name!r} cannot be served: {self.problems[name]}")
-        raise IndexNotFound(f"no index {name!r} here; served: {sorted(self.handles)}")
+        raise IndexNotFound(f"no index {name!r} here; served: {sorted(visible)}")
 
     def current(self, name: str) -> IndexHandle | None:
         return self.handles.get(name)

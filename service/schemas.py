@@ -278,10 +278,12 @@ class ServedModel(BaseModel):
 
 class IndexesResponse(BaseModel):
     model: ServedModel | None = Field(description="the served model and what it offers; null while it loads")
-    indexes: list[IndexInfo] = Field(description="the served indexes, by name")
-    default: str | None = Field(description="the default index's name; null before one is served")
+    indexes: list[IndexInfo] = Field(description="the served indexes the request's key may read (all of them "
+                                     "without keys), by name")
+    default: str | None = Field(description="the index of a request that names none (for a key limited to other "
+                                "indexes than the server's default: its own first); null before one is served")
     unavailable: dict[str, str] = Field(description="name -> why its active version is not served (an older one "
-                                        "may be)")
+                                        "may be); the key's indexes only")
     limits: QueryLimits = Field(description="what a client can check before it sends a query image")
 
 

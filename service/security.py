@@ -12,6 +12,10 @@ as an OpenAPI security scheme. Header missing: 401 `unauthorized` (with WWW-Auth
 key of this group: 403 `forbidden`. A key opens its own group only: start-up fails when one string is
 configured for two groups, so a search key can never be the admin key or the metrics key.
 
+Scopes: a search key may be limited to named indexes (`KEY INDEX [INDEX ...]`, load_search_keys; scope.py). The
+check answers the request's Caller, with its key's scope; each route looks its index up within that scope
+(deps.KeyScope -> registry.get / visible), so an index outside it is answered as one that does not exist.
+
 Comparison: the SHA-256 of the presented key against the SHA-256 of every configured key of the group, with
 hmac.compare_digest and without stopping at a match. Equal-length digests, all compared: the time taken
 tells neither which key matched, nor whether one did, nor how long the keys are. Keys are never logged nor
@@ -35,15 +39,18 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Hashable
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
+from crossprobe.indexer.storage.store import NAME_RE
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import AdminDisabled, Forbidden, RateLimited, Unauthorized
 from crossprobe.service.schemas import ErrorResponse
+from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
@@ -60,6 +67,8 @@ _metrics_scheme = HTTPBearer(scheme_name="MetricsKey", auto_error=False,
                              description="The metrics key; needed only when the server sets CROSSPROBE_METRICS_KEY")
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")  # what an HTTP header value can carry as sent, no spaces or commas
+# between a key and its index names: ASCII spaces and tabs only (a no-break space inside a key stays an error)
+_BLANKS = re.compile(r"[ \t]+")
 
 
 def _digest(key: str) -> bytes:
@@ -95,12 +104,28 @@ def _check(key: str, what: str) -> str:
     return key
 
 
-def load_search_keys(settings: Settings) -> list[str]:
-    """CROSSPROBE_API_KEYS (comma separated) + CROSSPROBE_API_KEYS_FILE (one per line, '#' comments)."""
-    keys = []
+def _entry(text: str, what: str) -> tuple[str, Scope]:
+    """One search-key entry: `KEY` (every index) or `KEY INDEX [INDEX ...]` (those only), split on spaces and tabs,
+    which no key can hold (_check) and no index name either (NAME_RE): every entry that was a valid key before
+    scopes existed means the same key now. Nothing of the entry is quoted in an error: a key pasted where an
+    index name belongs must not reach the logs."""
+    key, *names = _BLANKS.split(text.strip())  # the ends stripped of any whitespace, as before scopes
+    _check(key, what)
+    for n, name in enumerate(names, 1):
+        if not NAME_RE.match(name):
+            raise ValueError(f"{what}: index name {n} is not an index name (letters, digits, '_', '.', '-'; "
+                             "names are separated by spaces)")
+    return key, Scope(tuple(dict.fromkeys(names))) if names else EVERY
+
+
+def load_search_keys(settings: Settings) -> dict[str, Scope]:
+    """CROSSPROBE_API_KEYS (entries comma separated) + CROSSPROBE_API_KEYS_FILE (one entry per line, '#'
+    comments) -> each search key and the indexes it reads. A key given twice must be given the same indexes."""
+    entries: list[tuple[str, Scope, str]] = []
     if (env := _secret(settings.api_keys)) is not None:
-        keys += [_check(k.strip(), f"CROSSPROBE_API_KEYS: key {n}")
-                 for n, k in enumerate((k for k in env.split(",") if k.strip()), 1)]
+        for n, e in enumerate((e for e in env.split(",") if e.strip()), 1):
+            what = f"CROSSPROBE_API_KEYS: key {n}"
+            entries.append((*_entry(e, what), what))
     if settings.api_keys_file is not None:
         path = settings.api_keys_file
         try:
@@ -110,14 +135,18 @@ def load_search_keys(settings: Settings) -> list[str]:
             raise ValueError(f"CROSSPROBE_API_KEYS_FILE: cannot read {path} ({why})") from None
         except UnicodeDecodeError:
             raise ValueError(f"CROSSPROBE_API_KEYS_FILE: {path} is not UTF-8 text") from None
-        lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1)]
-        from_file = [_check(ln, f"CROSSPROBE_API_KEYS_FILE: line {n}") for n, ln in lines
-                     if ln and not ln.startswith("#")]
+        lines = [(f"CROSSPROBE_API_KEYS_FILE: line {n}", ln.strip()) for n, ln in enumerate(text.splitlines(), 1)]
+        from_file = [(*_entry(ln, what), what) for what, ln in lines if ln and not ln.startswith("#")]
         if not from_file:
             # an empty secret (a mount that failed, a template never filled) must not leave the routes open
             raise ValueError(f"CROSSPROBE_API_KEYS_FILE: {path} holds no keys")
-        keys += from_file
-    return list(dict.fromkeys(keys))
+        entries += from_file
+    keys: dict[str, tuple[Scope, str]] = {}
+    for key, scope, what in entries:
+        if key in keys and keys[key][0] != scope:
+            raise ValueError(f"{what} repeats the key of {keys[key][1]} with other indexes: list a key once")
+        keys.setdefault(key, (scope, what))
+    return {key: scope for key, (scope, _) in keys.items()}
 
 
 class RateLimiter:
@@ -165,7 +194,7 @@ class Access:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        keys = load_search_keys(settings)
+        keys = load_search_keys(settings)  # key -> the indexes it reads
         admin, metrics_key = _secret(settings.admin_key), _secret(settings.metrics_key)
         if admin is not None:
             _check(admin, "CROSSPROBE_ADMIN_KEY")
@@ -177,6 +206,7 @@ class Access:
         if admin is not None and admin == metrics_key:
             raise ValueError("CROSSPROBE_METRICS_KEY equals CROSSPROBE_ADMIN_KEY: each group needs its own key")
         self._search = [_digest(k) for k in keys]
+        self._scopes = list(keys.values())  # the scope of the key whose digest is at the same position
         self._metrics = [_digest(metrics_key)] if metrics_key is not None else []
         self.limiter = (RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst,
                                     settings.rate_limit_max_clients) if settings.rate_limit_rps > 0 else None)
@@ -200,30 +230,38 @@ def _unauthorized(message: str, scheme: str = "APIKey") -> Unauthorized:
 
 
 # ---- dependencies, one per route group ------------------------------------------------------------------
-async def search_client(request: Request, key: Annotated[str | None, Security(_search_scheme)]) -> Hashable:
-    """Every search-group route: checks X-API-Key when search keys are set -> the caller's rate-limit identity
-    (the key's position when keys are set, else the client address)."""
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a search-group request: its rate-limit identity (the key's position when keys are set, else the
+    client address) and the indexes it may read."""
+    who: Hashable
+    scope: Scope
+
+
+async def search_client(request: Request, key: Annotated[str | None, Security(_search_scheme)]) -> Caller:
+    """Every search-group route: checks X-API-Key when search keys are set -> the caller (FastAPI caches the
+    answer for the request: the rate limit and the routes' key_scope (deps.py) read the same one)."""
     acc = access(request)
     if not acc.search_keys_on:
-        return ("address", request.client.host if request.client else "")
+        return Caller(("address", request.client.host if request.client else ""), EVERY)
     if not key:
         raise _unauthorized(f"this route needs a search key in the {API_KEY_HEADER} header")
     i = matching(key, acc._search)
     if i is None:
         raise Forbidden(f"the {API_KEY_HEADER} header does not hold a search key of this service")
-    return ("key", i)
+    return Caller(("key", i), acc._scopes[i])
 
 
-async def rate_limit(request: Request, who: Annotated[Hashable, Depends(search_client)]) -> None:
-    """The query routes (after search_client, whose answer FastAPI caches for the request): one token."""
+async def rate_limit(request: Request, caller: Annotated[Caller, Depends(search_client)]) -> None:
+    """The query routes (after search_client): one token."""
     limiter = access(request).limiter
     if limiter is None:
         return
-    wait_s = limiter.take(who)
+    wait_s = limiter.take(caller.who)
     if wait_s > 0:
         metrics.rate_limited(getattr(request.scope.get("route"), "path", None) or "unmatched")
         retry = max(1, math.ceil(wait_s))  # Retry-After is whole seconds; rounding down would retry too early
-        whose = "search key" if who[0] == "key" else "client address"
+        whose = "search key" if caller.who[0] == "key" else "client address"
         raise RateLimited(f"rate limit of this {whose} reached ({limiter.rate:g} requests/s, "
                           f"burst {limiter.burst}); retry after {retry} s", retry_after_s=retry)
 

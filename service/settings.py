@@ -46,11 +46,13 @@ class Settings(StorageSettings):
     # search keys, comma separated: when set (here or in api_keys_file) every search, item and index route
     # (/v1/search, /v1/explain, /v1/indexes, /v1/items/..., /knn-service, /indices-list, /metadata) needs the
     # header X-API-Key with one of them: 401 unauthorized without it, 403 forbidden with any other value.
-    # Unset: those routes are open
+    # A key followed by index names (spaces between: `KEY photos archive`) reads those indexes only; others
+    # answer it as indexes that do not exist (docs/security.md). Unset: those routes are open
     api_keys: SecretStr | None = None
-    # a file of search keys, one per line ('#' comments), added to api_keys: for keys kept out of the
-    # environment (a mounted Docker / Kubernetes secret; the environment shows in /proc/<pid>/environ, `docker
-    # inspect` and every child process). Read once at start-up; missing, unreadable or empty: start-up fails
+    # a file of search keys, one per line ('#' comments; `KEY [INDEX ...]` as in api_keys), added to api_keys: for
+    # keys kept out of the environment (a mounted Docker / Kubernetes secret; the environment shows in
+    # /proc/<pid>/environ, `docker inspect` and every child process). Read once at start-up; missing, unreadable
+    # or empty: start-up fails
     api_keys_file: Path | None = None
     admin_key: SecretStr | None = None  # X-Admin-Key for /admin/*; unset: admin endpoints answer 403
     # Authorization: Bearer <key> for GET /metrics (what Prometheus' scrape `authorization` sends); unset: open

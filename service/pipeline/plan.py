@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from crossprobe.service import query_image
 from crossprobe.service.exceptions import InvalidRequest, NoReranker
+from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
@@ -41,6 +42,7 @@ class Plan:
     min_relevance: float | None = None  # drop results whose calibrated relevance is lower (text queries only)
     mode: str | None = None  # hybrid | vector | keyword: as requested (None: the default), then as run (hybrid.py)
     mode_note: str | None = None  # why the mode that ran differs from the one asked for
+    scope: Scope = EVERY  # the indexes the caller's key may read (scope.py): `index` is looked up within it
 
     @property
     def kind(self) -> str:

@@ -51,7 +51,7 @@ class Searcher:
     def resolve(self, plan: Plan) -> IndexHandle:
         """The version to search (404 / 503 before any work) and the mode that runs on it; the plan's "like" ids
         must be in it (404) and its raw vector of its dimension (422)."""
-        handle = self.registry.get(plan.index)
+        handle = self.registry.get(plan.index, scope=plan.scope)
         plan.mode, plan.mode_note = hybrid.resolve(plan.mode, plan.query is not None, handle.keywords is not None)
         if plan.mode == "keyword" and plan.rerank != "none":
             plan.rerank, plan.rerank_skipped = "none", "mode keyword ranks by the keyword index's BM25 alone"

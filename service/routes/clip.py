@@ -48,7 +48,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
 from crossprobe.service import query_image
-from crossprobe.service.deps import QUERY, SEARCH, Service, degraded_headers, read_metadata, ready, run_search
+from crossprobe.service.deps import (QUERY, SEARCH, KeyScope, Service, degraded_headers, read_metadata, ready,
+                                     run_search)
 from crossprobe.service.errors import validation_error
 from crossprobe.service.exceptions import InvalidRequest, Unsupported
 from crossprobe.service.pipeline import Plan, public_metadata
@@ -112,7 +113,7 @@ class KnnSearch:
     ignored: list[str]
 
 
-async def knn_search(request: Request, state: Service) -> KnnSearch:
+async def knn_search(request: Request, state: Service, scope: KeyScope) -> KnnSearch:
     """The body parsed and checked (422 unsupported / invalid_request, 413 / 422 for the image), then the service
     ready, then the plan: clip_back's query (embedding_input, else image, else text: its precedence) and options."""
     req = await _parse(request, KnnRequest)
@@ -138,7 +139,7 @@ async def knn_search(request: Request, state: Service) -> KnnSearch:
     # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
     plan = searcher.plan(query=text, k=k, index=req.indice_name, tail=total - k, image=image, embedding=embedding,
                          dedup=DEDUP_COSINE if req.deduplicate else None,
-                         mode="vector")  # clip_back's contract: a vector search
+                         mode="vector", scope=scope)  # clip_back's contract: a vector search
     return KnnSearch(plan, _ignored(req))
 
 
@@ -175,9 +176,9 @@ def _ignored(req: KnnRequest) -> list[str]:
 
 
 @read_routes.get("/indices-list", responses=error_responses(*ANY_ROUTE))
-async def indices_list(state: Service) -> list[str]:
+async def indices_list(state: Service, scope: KeyScope) -> list[str]:
     reg = state.registry
-    return sorted(reg.handles) if reg else []
+    return sorted(scope.visible(reg.handles)) if reg else []
 
 
 @dataclass
@@ -187,10 +188,11 @@ class MetadataLookup:
     handle: IndexHandle
 
 
-async def metadata_lookup(request: Request, state: Service) -> MetadataLookup:
-    """The body parsed (422), then the service ready, then the version (404 index_not_found)."""
+async def metadata_lookup(request: Request, state: Service, scope: KeyScope) -> MetadataLookup:
+    """The body parsed (422), then the service ready, then the version (404 index_not_found, within the key's
+    scope)."""
     req = await _parse(request, MetadataRequest)
-    handle = ready(state).registry.get(req.indice_name)
+    handle = ready(state).registry.get(req.indice_name, scope=scope)
     return MetadataLookup([str(i) for i in req.ids], handle)
 
 

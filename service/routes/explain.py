@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Response
 
 from crossprobe.service import metrics
-from crossprobe.service.deps import QUERY, Service, read_metadata, ready, server_timing
+from crossprobe.service.deps import QUERY, KeyScope, Service, read_metadata, ready, server_timing
 from crossprobe.service.exceptions import ItemNotFound, NoExplainMaps
 from crossprobe.models.inference.explain import EXPLAIN_MODES
 from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, IndexRef, error_responses
@@ -33,7 +33,7 @@ async def explain_request(body: ExplainRequest, state: Service) -> ExplainReques
              responses=error_responses(404, 503, *POST_ROUTE, s422="invalid_request: the body fails validation; "
                                        "explain_unavailable: the served model has no explain maps (GET /v1/indexes: "
                                        "model.explain)"))
-async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service,
+async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], state: Service, scope: KeyScope,
                   response: Response) -> ExplainResponse:
     """Where the Cross-probe reranker looked in each image for this query: a 7x7 weight map per id (sums to 1).
 
@@ -41,7 +41,7 @@ async def explain(body: Annotated[ExplainRequest, Depends(explain_request)], sta
     the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422; a model
     without explain maps (a family model): 422 explain_unavailable. An id whose
     file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
-    handle = state.registry.get(body.index)
+    handle = state.registry.get(body.index, scope=scope)
     ids = list(dict.fromkeys(body.ids))
     unknown = [i for i in ids if i not in handle.ids]
     if unknown:

@@ -1,11 +1,11 @@
 """GET /v1/indexes, POST /admin/reload, and the operational routes: /healthz, /readyz, /metrics."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from crossprobe.service import errors, metrics, security
-from crossprobe.service.deps import ADMIN, SEARCH, Service
+from crossprobe.service.deps import ADMIN, SEARCH, KeyScope, Service
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits, ServedModel,
                                         error_responses)
 
@@ -15,7 +15,9 @@ ops = APIRouter()  # open: health and readiness; /metrics behind its own optiona
 
 
 @router.get("/v1/indexes", response_model=IndexesResponse, responses=error_responses(*ANY_ROUTE))
-async def indexes(state: Service) -> IndexesResponse:
+async def indexes(state: Service, scope: KeyScope) -> IndexesResponse:
+    """The served indexes the key may read (all without keys), the default of a request that names none, the
+    refused versions among them, and the query limits."""
     reg = state.registry
     # limits: what a client can check before it sends a query image (the web page shrinks a larger photo)
     limits = QueryLimits(query_image_bytes=state.settings.query_image_max_bytes,
@@ -23,10 +25,10 @@ async def indexes(state: Service) -> IndexesResponse:
     model = served_model(state)
     if reg is None:
         return IndexesResponse(model=model, indexes=[], default=None, unavailable={}, limits=limits)
-    default = reg.default_name()
-    return IndexesResponse(model=model,
-                           indexes=[IndexInfo(**h.info(), default=n == default) for n, h in sorted(reg.handles.items())],
-                           default=default, unavailable=dict(reg.problems), limits=limits)
+    default = reg.default_name(scope)
+    return IndexesResponse(model=model, indexes=[IndexInfo(**h.info(), default=n == default)
+                                                 for n, h in sorted(scope.visible(reg.handles).items())],
+                           default=default, unavailable=scope.visible(reg.problems), limits=limits)
 
 
 def served_model(state) -> ServedModel | None:
@@ -54,11 +56,13 @@ async def healthz(state: Service):
 
 @ops.get("/readyz", responses=error_responses(503, *ANY_ROUTE, s503="not_ready: still loading (Retry-After); "
                  "feature_store_unavailable: Redis is down and CROSSPROBE_READYZ_REQUIRES_REDIS is set"))
-async def readyz(state: Service) -> JSONResponse:
+async def readyz(request: Request, state: Service) -> JSONResponse:
     """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
     Redis is usable (the circuit breaker's state); `model_spec` and `rerankers`: the served model and the
-    rerankers it has; `unavailable`: indexes not served and why (e.g. built with another model). Redis down: still ready with "status": "degraded"
-    (searches answer from the ANN stage), or 503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS."""
+    rerankers it has. Redis down: still ready with "status": "degraded" (searches answer from the ANN stage), or
+    503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS. "indexes": each served index's version, and
+    "unavailable" the indexes not served and why (e.g. built with another model: what to do); behind search keys
+    only how many ("indexes_served", "indexes_unavailable")."""
     fs = state.feature_store.health()
     if not state.ready:
         return JSONResponse(errors.body("not_ready", state.why_not_ready(), {"feature_store": fs}), 503,
@@ -67,12 +71,16 @@ async def readyz(state: Service) -> JSONResponse:
         return JSONResponse(errors.body("feature_store_unavailable", f"Redis is down ({fs['last_error']})",
                                         {"feature_store": fs}), 503,
                             headers={"Retry-After": str(state.feature_store.retry_after_s)})
+    served, refused = state.registry.handles, state.registry.problems
+    # behind search keys, an open route must not name the indexes: a key scoped to one library would learn the
+    # others' names here (docs/security.md). GET /v1/indexes gives each key the versions it may read
+    indexes = ({"indexes_served": len(served), "indexes_unavailable": len(refused)}
+               if security.access(request).search_keys_on
+               else {"indexes": {n: h.version for n, h in served.items()}, "unavailable": dict(refused)})
     return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
                          "model_spec": str(state.settings.model_spec), "rerankers": list(state.models.rerankers),
                          "query_precision": state.models.query_precision, "device": device_of(state.models),
-                         "indexes": {n: h.version for n, h in state.registry.handles.items()},
-                         # indexes whose active version is not served (another model's: what to do), if any
-                         "unavailable": dict(state.registry.problems), "feature_store": fs})
+                         **indexes, "feature_store": fs})
 
 
 def device_of(models) -> str:

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from crossprobe.service import security
-from crossprobe.service.deps import SEARCH, Service, read_metadata, ready
+from crossprobe.service.deps import SEARCH, KeyScope, Service, read_metadata, ready
 from crossprobe.service.exceptions import ImageUnavailable, ItemNotFound
 from crossprobe.service.images import resized_jpeg
 from crossprobe.service.pipeline import public_metadata
 from crossprobe.service.registry import IndexHandle
 from crossprobe.service.schemas import ANY_ROUTE, IndexRef, ItemResponse, error_responses
+from crossprobe.service.scope import Scope
 from crossprobe.service.state import ServiceState
 
 router = APIRouter(**SEARCH)
@@ -31,20 +32,22 @@ class Item:
     size: int | None = None
 
 
-def _item(state: ServiceState, item_id: str, index: str | None, size: int | None = None) -> Item:
-    """The parameters validated, then the service ready (503), then the version (404) and the id in it (404)."""
-    handle = ready(state).registry.get(index)
+def _item(state: ServiceState, scope: Scope, item_id: str, index: str | None, size: int | None = None) -> Item:
+    """The parameters validated, then the service ready (503), then the version (404, within the key's scope)
+    and the id in it (404)."""
+    handle = ready(state).registry.get(index, scope=scope)
     if item_id not in handle.ids:
         raise ItemNotFound(f"no item {item_id!r} in {handle.name}/{handle.version}")
     return Item(item_id, handle, size)
 
 
-async def item_ref(item_id: str, state: Service, index: IndexName = None) -> Item:
-    return _item(state, item_id, index)
+async def item_ref(item_id: str, state: Service, scope: KeyScope, index: IndexName = None) -> Item:
+    return _item(state, scope, item_id, index)
 
 
-async def item_image_ref(item_id: str, state: Service, index: IndexName = None, size: Size = None) -> Item:
-    return _item(state, item_id, index, size)
+async def item_image_ref(item_id: str, state: Service, scope: KeyScope, index: IndexName = None,
+                         size: Size = None) -> Item:
+    return _item(state, scope, item_id, index, size)
 
 
 # declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"

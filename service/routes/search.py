@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from crossprobe.indexer.storage.filter_model import filter_from_json
 from crossprobe.service import query_image
-from crossprobe.service.deps import QUERY, Service, degraded_headers, ready, run_search, server_timing
+from crossprobe.service.deps import QUERY, KeyScope, Service, degraded_headers, ready, run_search, server_timing
 from crossprobe.service.exceptions import InvalidRequest
 from crossprobe.service.pipeline import Outcome, Plan
 from crossprobe.service.schemas import (POST_ROUTE, Hit, ImageSearchParams, IndexRef, KeywordInfo, ModelRef, Scores,
@@ -18,9 +18,9 @@ from crossprobe.service.state import ServiceState
 router = APIRouter(**QUERY)
 
 
-async def search_plan(body: SearchRequest, state: Service) -> Plan:
+async def search_plan(body: SearchRequest, state: Service, scope: KeyScope) -> Plan:
     """/v1/search's plan: the body validated, then the service ready (bad input is a 422 even while it loads)."""
-    return ready(state).searcher.plan(body)
+    return ready(state).searcher.plan(body, scope=scope)
 
 
 @router.post("/v1/search", response_model=SearchResponse,
@@ -104,13 +104,14 @@ def parse_filter(text: str | None):
         raise InvalidRequest(f"invalid request: filter: {e}") from None
 
 
-async def upload_plan(request: Request, params: Annotated[ImageSearchParams, Query()], state: Service) -> Plan:
+async def upload_plan(request: Request, params: Annotated[ImageSearchParams, Query()], state: Service,
+                      scope: KeyScope) -> Plan:
     """/v1/search/image's plan: the parameters validated, the service ready, then the filter parsed and the
     image read (the body, or the form's file)."""
     searcher = ready(state).searcher
     flt = parse_filter(params.filter)
     data = await query_image.upload_bytes(request, state.settings.query_image_max_bytes)
-    return searcher.plan(params, filter=flt, image=data)
+    return searcher.plan(params, filter=flt, image=data, scope=scope)
 
 
 @router.post("/v1/search/image", response_model=SearchResponse, openapi_extra=_UPLOAD_BODY,

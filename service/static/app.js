@@ -30,7 +30,6 @@ const keyInput = $("api-key");
 
 let searchSeq = 0; // answers of superseded requests are dropped
 let searchAbort = null;
-let indexesLoaded = false;
 let loadSeq = 0; // a newer loadIndexes() ends an older one's polling
 let imageLimit = 0; // the service's CROSSPROBE_QUERY_IMAGE_MAX_BYTES (v1/indexes "limits"); 0: not known
 let focusResults = false; // a "More like this" click: its button goes with the old results, focus the new ones
@@ -72,7 +71,6 @@ async function loadIndexes() {
       fillIndexes(body);
       details.offer(body.model);
       imageLimit = (body.limits && body.limits.query_image_bytes) || 0;
-      indexesLoaded = true;
       if (statusEl.classList.contains("busy")) setStatus("");
       return true;
     }
@@ -257,25 +255,22 @@ function like(id, index) {
 Object.assign(view, { setStatus: setStatus, showTimings: details.showTimings, timingsSummary: details.timingsSummary });
 
 // ---- wiring -------------------------------------------------------------------------------------
-function start() {
+// the indexes, then the search when one is asked for. Again with every new key: a key can be limited to some
+// libraries, so the list is the new key's own (docs/security.md)
+function start(searchNow = false) {
   return loadIndexes().then((ok) => {
-    if (ok && (input.value.trim() || query.like())) search();
+    if (ok && (searchNow || view.last || input.value.trim() || query.like())) search();
   });
 }
 
 form.addEventListener("submit", (ev) => {
   ev.preventDefault();
-  if (keyChanged() && !indexesLoaded) {
-    start(); // it searches once the indexes are in
-    return;
-  }
-  search();
+  if (keyChanged()) start(true);
+  else search();
 });
 // a new key (Enter or leaving the field): load what it was needed for
 keyInput.addEventListener("change", () => {
-  if (!keyChanged()) return;
-  if (!indexesLoaded) start();
-  else if (view.last) search();
+  if (keyChanged()) start();
 });
 // an option changed: show its effect at once for the query on screen
 for (const el of document.querySelectorAll('input[name="rerank"]')) {

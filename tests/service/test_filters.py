@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from crossprobe.indexer import open_index
+from crossprobe.service.scope import EVERY
 
 ADMIN = {"X-Admin-Key": "s3cret"}
 CAMERAS = [("Canon", "Canon EOS 80D"), ("NIKON CORPORATION", "NIKON D750"), ("Apple", "iPhone 12"), None]
@@ -68,7 +69,7 @@ def _ids(r) -> set[str]:
 
 
 def test_filter_columns_are_read_before_a_version_goes_live(described, client):
-    handle = client.app.state.svc.registry.get("described")
+    handle = client.app.state.svc.registry.get("described", scope=EVERY)
     assert handle.columns.loaded  # Settings.filter_preload: the first filtered search pays nothing extra
     assert {"album", "year", "favourite", "shot"} <= set(handle.columns.get(lambda: []).fields)
 

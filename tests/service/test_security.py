@@ -1,4 +1,5 @@
-"""Access control (service/security.py): search / admin / metrics keys, the rate limit, CORS, the page with keys.
+"""Access control (service/security.py): search / admin / metrics keys, the rate limit, CORS, the page with keys
+(keys limited to some indexes: test_scope.py).
 
 In process (TestClient) over conftest's real index (12 generated images, real Redis), except the log test,
 which runs a real uvicorn (its access log is uvicorn's, not TestClient's), and the browser test (e2e marker).
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from crossprobe.service import security
+from crossprobe.service.scope import EVERY
 from crossprobe.service.security import Access, RateLimiter
 from crossprobe.service.settings import Settings
 from tests.service.conftest import _client, service_settings
@@ -184,8 +186,8 @@ def test_keys_from_the_environment_and_a_file(tmp_path):
     f = tmp_path / "keys"
     f.write_text("# search keys\n\n  file-key-aaaaaaaaaaaaaaaa  \nfile-key-bbbbbbbbbbbbbbbb\n", encoding="utf-8")
     s = Settings(api_keys="env-key-cccccccccccccccc,, file-key-aaaaaaaaaaaaaaaa", api_keys_file=f)
-    assert security.load_search_keys(s) == ["env-key-cccccccccccccccc", "file-key-aaaaaaaaaaaaaaaa",
-                                            "file-key-bbbbbbbbbbbbbbbb"]
+    assert security.load_search_keys(s) == {"env-key-cccccccccccccccc": EVERY, "file-key-aaaaaaaaaaaaaaaa": EVERY,
+                                            "file-key-bbbbbbbbbbbbbbbb": EVERY}
     assert "file-key" not in repr(s) and "env-key" not in repr(s)  # SecretStr: settings print no key
     assert not Access(Settings(api_keys="")).search_keys_on  # an empty variable (compose's ${X:-}) is unset
     assert security._secret(Settings(admin_key=" ").admin_key) is None  # blank admin key: admin stays off
@@ -195,7 +197,9 @@ def test_keys_from_the_environment_and_a_file(tmp_path):
     (dict(api_keys="same-key-111111111111", admin_key="same-key-111111111111"), "CROSSPROBE_ADMIN_KEY"),
     (dict(api_keys="same-key-111111111111", metrics_key="same-key-111111111111"), "CROSSPROBE_METRICS_KEY"),
     (dict(admin_key="same-key-111111111111", metrics_key="same-key-111111111111"), "CROSSPROBE_METRICS_KEY"),
-    (dict(api_keys="good-key-111111111111,bad key-22222222"), "key 2"),
+    (dict(api_keys="good-key-111111111111,bad-key-22222222\u00a0photos"), "key 2"),  # only ASCII blanks split
+    (dict(api_keys="good-key-111111111111,bad-key-22222222 photos pasted/key+3333"), "key 2: index name 2"),
+    (dict(api_keys="good-key-111111111111 photos,good-key-111111111111 other"), "repeats the key of"),
     (dict(api_keys="caf\u00e9-key-3333333333"), "key 1"),
     (dict(admin_key="bad\tadmin-key-4444"), "CROSSPROBE_ADMIN_KEY"),
     (dict(api_keys_file="MISSING"), "cannot read"),
@@ -213,7 +217,7 @@ def test_start_up_refuses_keys_that_cannot_work(over, says, tmp_path, built, svc
         create_app(service_settings(built, svc_ckpt, artifacts, **over))  # fails before the server starts
     msg = str(e.value)
     assert says in msg
-    for key in ("same-key", "good-key", "bad key", "caf", "admin-key"):
+    for key in ("same-key", "good-key", "bad-key", "pasted", "caf", "admin-key"):
         assert key not in msg, msg  # keys are named by their place, never shown
 
 
