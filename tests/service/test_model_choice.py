@@ -15,10 +15,6 @@ photos (photos in RGB, L and 1-bit, at their own sizes) and serves them:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +26,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import Store
 from tests.indexer.conftest import make_images
+from tests.service.live import Traffic, start
 from tests.service.live import stop as stop_process
 
 QUERIES = {"en": "a photo of a cup of coffee", "zh": "一杯咖啡的照片", "ar": "صورة لفنجان قهوة",
@@ -192,31 +189,6 @@ def test_a_service_of_another_model_refuses_the_index_and_says_what_to_do(indexe
 
 # ---- a library moved to another model under live traffic ----------------------------------------------------
 
-def _serve(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    from crossprobe.service.server import free_port
-
-    port = free_port()
-    full = {**{k: v for k, v in os.environ.items() if k not in ("CROSSPROBE_MODEL", "CROSSPROBE_CKPT")},
-            "CROSSPROBE_RELOAD_INTERVAL_S": "0.1", "CROSSPROBE_THREADS": "1", "CROSSPROBE_ACCESS_LOG": "false",
-            "HF_HUB_OFFLINE": "1", **env}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
-                                 "--port", str(port)], env=full, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-
-
 def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, graphs, svc_ckpt, artifacts, bert,
                                                                       redis_server, redis_url, tmp_path):  # noqa: F811
     """The model upgrade of docs/operations.md with a family model: a library ("lib", beside the module's "photos") built
@@ -236,49 +208,32 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
                           threads=1, progress=False)
     v1 = build("lib", images=gallery, settings=ixs, ckpt=svc_ckpt, bert=bert, **quiet).version
     env = {"REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.index_root)}
-    old, old_url = _serve({**env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts)},
-                          tmp_path / "old.log")
-    stop = threading.Event()
-    seen: list[list[tuple[int, str | None, str]]] = [[], []]
-
-    def client_loop(i: int) -> None:
-        with httpx.Client(base_url=old_url, timeout=30) as http:
-            while not stop.is_set():
-                try:
-                    r = http.post("/v1/search", json={"query": f"query {i}", "k": 3, "rerank": ("temde", "none")[i]})
-                    ok = r.status_code == 200 and not r.json()["degraded"]
-                    seen[i].append((r.status_code, r.json()["index"]["version"] if ok else None, "" if ok else r.text))
-                except Exception as e:  # noqa: BLE001 - a dropped connection is a failed search too
-                    seen[i].append((0, None, repr(e)))
-
-    threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(2)]
+    env["CROSSPROBE_RELOAD_INTERVAL_S"] = "0.1"
+    old, old_url = start({**env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts)},
+                         tmp_path / "old.log")
+    traffic = Traffic(old_url, [{"query": "query 0", "k": 3, "rerank": "temde"}, {"query": "query 1", "k": 3}])
     try:
-        for t in threads:
-            t.start()
-        cli_env = {**env, "CROSSPROBE_INDEX_MODEL_DIR": str(graphs), "CROSSPROBE_INDEX_THROTTLE_S": "0.3",
-                   "CROSSPROBE_INDEX_BATCH_SIZE": "2", "CROSSPROBE_INDEX_PROGRESS": "false"}
-        before = sum(map(len, seen))
-        out = CliRunner().invoke(app, ["index", "reindex", "lib", "--model", spec], env=cli_env)
-        assert out.exit_code == 0, out.output
-        during = sum(map(len, seen)) - before
-        store = Store(ixs, connect(ixs))
-        v2 = store.active("lib")
-        assert v2 != v1 and store.read_manifest("lib", v2)["model_spec"] == spec
-        time.sleep(1.0)  # a few polls of the old service: it sees the switch and refuses the new version
-        unavailable = httpx.get(f"{old_url}/v1/indexes", timeout=10).json()["unavailable"]["lib"]
-        assert f"built with model {spec}" in unavailable and "CROSSPROBE_MODEL=" + spec in unavailable
+        with traffic:
+            cli_env = {**env, "CROSSPROBE_INDEX_MODEL_DIR": str(graphs), "CROSSPROBE_INDEX_THROTTLE_S": "0.3",
+                       "CROSSPROBE_INDEX_BATCH_SIZE": "2", "CROSSPROBE_INDEX_PROGRESS": "false"}
+            before = traffic.total()
+            out = CliRunner().invoke(app, ["index", "reindex", "lib", "--model", spec], env=cli_env)
+            assert out.exit_code == 0, out.output
+            during = traffic.total() - before
+            store = Store(ixs, connect(ixs))
+            v2 = store.active("lib")
+            assert v2 != v1 and store.read_manifest("lib", v2)["model_spec"] == spec
+            time.sleep(1.0)  # a few polls of the old service: it sees the switch and refuses the new version
+            unavailable = httpx.get(f"{old_url}/v1/indexes", timeout=10).json()["unavailable"]["lib"]
+            assert f"built with model {spec}" in unavailable and "CROSSPROBE_MODEL=" + spec in unavailable
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
         stop_process(old)
-    failed = [text for s in seen for status, _, text in s if status != 200 or text]
-    assert not failed, failed[:3]
-    assert during > 0 and all({v for _, v, _ in s} == {v1} for s in seen)  # the old version answered throughout
+    assert not traffic.failed(), traffic.failed()[:3]
+    assert during > 0 and all(set(traffic.versions(i)) == {v1} for i in range(2))  # the old version throughout
     assert "Traceback" not in (tmp_path / "old.log").read_text()
 
-    new, new_url = _serve({**env, "CROSSPROBE_MODEL": spec, "CROSSPROBE_ARTIFACTS_DIR": str(graphs)},
-                          tmp_path / "new.log")
+    new, new_url = start({**env, "CROSSPROBE_MODEL": spec, "CROSSPROBE_ARTIFACTS_DIR": str(graphs)},
+                         tmp_path / "new.log", timeout_s=180)
     try:
         body = httpx.post(f"{new_url}/v1/search", json={"query": "a photo", "k": 3}, timeout=30).json()
         assert body["index"]["version"] == v2 and body["rerank"] == "none" and body["rerank_skipped"]

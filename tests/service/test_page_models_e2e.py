@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tests.indexer.conftest import redis_server, redis_url  # noqa: F401 (fixtures)
-from tests.service.test_page_e2e import browser, errors, open_details, sample_site, search, shot, wait_js  # noqa: F401
+# page: a browser tab on this module's `server` (pytest resolves the imported fixture's `server` here)
+from tests.service.test_page_e2e import (browser, errors, open_details, page, sample_site, search, shot,  # noqa: F401
+                                         wait_js)
 
 pytestmark = pytest.mark.e2e
 
@@ -21,17 +23,6 @@ def server(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811
     ref = rm.build("hf_clip", work / "hf_clip_tiny", size="tiny")
     with sample_site(redis_server, redis_url, bert, work, model=f"hf:{ref.path}") as (url, _):
         yield url
-
-
-@pytest.fixture()
-def page(browser, server, errors):  # noqa: F811
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server)
-    pg = ctx.new_page()
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    yield pg
-    ctx.close()
-    assert not errors, errors
 
 
 def test_a_two_tower_models_page_offers_no_reranker_choice(page, server):

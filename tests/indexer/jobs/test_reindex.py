@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from crossprobe.service.cli import app
 from tests.conftest import random_labels
 from tests.indexer.conftest import make_images
 from tests.service.conftest import artifacts, svc_ckpt  # noqa: F401 (fixtures: the service's checkpoint and graphs)
+from tests.service.live import Traffic, start
 from tests.service.live import stop as stop_process
 
 quiet = dict(log=lambda *_: None)
@@ -221,29 +220,9 @@ def test_killed_reindex_resumes_and_finishes(settings, env, tmp_path, ckpt, ckpt
 
 def _serve(settings, svc_ckpt: Path, artifacts: Path, log: Path) -> tuple[subprocess.Popen, str]:  # noqa: F811
     """`crossprobe serve` as a real process over the test Redis and index root, polling `active` every 0.1 s."""
-    import httpx
-
-    from crossprobe.service.server import free_port
-
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.index_root),
-           "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
-           "CROSSPROBE_QUERY_PRECISION": "fp32", "CROSSPROBE_RELOAD_INTERVAL_S": "0.1", "CROSSPROBE_THREADS": "1",
-           "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "info", "HF_HUB_OFFLINE": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
-                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass  # not listening yet
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    return start({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.index_root),
+                  "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+                  "CROSSPROBE_QUERY_PRECISION": "fp32", "CROSSPROBE_RELOAD_INTERVAL_S": "0.1"}, log)
 
 
 def _wait_until(cond, timeout_s: float = 60.0) -> None:
@@ -258,51 +237,31 @@ def test_live_traffic_sees_no_failed_search_through_reindex_and_gc(settings, gal
     """A re-encode with the same checkpoint (what an indexer fix needs; another checkpoint is refused by a
     running service, next test) while 3 clients search a real service continuously: the service switches
     to the new version, the old one is gc'ed, and not one search fails."""
-    import httpx
-
     v1 = build("photos", images=gallery, settings=settings, ckpt=svc_ckpt, bert=bert, **quiet).version
     proc, url = _serve(settings, svc_ckpt, artifacts, tmp_path / "server.log")
-    stop = threading.Event()
-    seen: list[list[tuple[int, str | None, str]]] = [[], [], []]  # per client: (status, version, error text)
-
-    def client_loop(i: int) -> None:
-        with httpx.Client(base_url=url, timeout=30) as http:
-            while not stop.is_set():
-                try:
-                    r = http.post("/v1/search", json={"query": f"query {i}", "k": 3,
-                                                      "rerank": ("cp", "temde", "none")[i]})
-                    ok = r.status_code == 200 and not r.json()["degraded"]
-                    seen[i].append((r.status_code, r.json()["index"]["version"] if ok else None, "" if ok else r.text))
-                except Exception as e:  # noqa: BLE001 - a dropped connection is a failed search too
-                    seen[i].append((0, None, repr(e)))
-
-    total = lambda: sum(len(s) for s in seen)  # noqa: E731
-    threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(3)]
+    traffic = Traffic(url, [{"query": f"query {i}", "k": 3, "rerank": r} for i, r in enumerate(("cp", "temde", "none"))])
+    seen, total = traffic.seen, traffic.total
     try:
-        for t in threads:
-            t.start()
-        _wait_until(lambda: all(len(s) >= 3 for s in seen))
-        before = total()
-        res = reindex("photos", settings=settings.model_copy(update={"throttle_s": 0.2}), ckpt=svc_ckpt, bert=bert,
-                      **quiet)
-        during = total() - before
-        assert res.version != v1 and res.count == 12
-        _wait_until(lambda: all(any(v == res.version for _, v, _ in s) for s in seen))  # the poller switched
-        store = Store(settings, connect(settings))
-        assert [v for v, _ in store.gc("photos")] == [v1]  # after the switch, as the README says
-        counts = [len(s) for s in seen]
-        _wait_until(lambda: all(len(s) >= n + 10 for s, n in zip(seen, counts)) and total() >= 60)
+        with traffic:
+            _wait_until(lambda: all(len(s) >= 3 for s in seen))
+            before = total()
+            res = reindex("photos", settings=settings.model_copy(update={"throttle_s": 0.2}), ckpt=svc_ckpt,
+                          bert=bert, **quiet)
+            during = total() - before
+            assert res.version != v1 and res.count == 12
+            _wait_until(lambda: all(any(v == res.version for _, v, _ in s) for s in seen))  # the poller switched
+            store = Store(settings, connect(settings))
+            assert [v for v, _ in store.gc("photos")] == [v1]  # after the switch, as the README says
+            counts = [len(s) for s in seen]
+            _wait_until(lambda: all(len(s) >= n + 10 for s, n in zip(seen, counts)) and total() >= 60)
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
         stop_process(proc)
-    failed = [text for s in seen for status, _, text in s if status != 200 or text]
+    failed = traffic.failed()
     print(f"\nlive traffic through a reindex: {total()} searches sent ({during} while it ran), {len(failed)} failed")
     assert not failed, failed[:3]
     assert total() >= 60 and during > 0
-    for s in seen:  # per client: the old version until the switch, the new one after it, never back
-        vs = [v for _, v, _ in s]
+    for i in range(len(seen)):  # per client: the old version until the switch, the new one after it, never back
+        vs = traffic.versions(i)
         cut = vs.index(res.version)
         assert cut > 0 and set(vs[:cut]) == {v1} and set(vs[cut:]) == {res.version}
     assert "Traceback" not in (tmp_path / "server.log").read_text()
