@@ -21,6 +21,7 @@ How the reference reads inputs, reproduced in model.json (taken from the transfo
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # pretrained tags come from the cache: `crossprobe models pull` fetches
@@ -37,17 +38,32 @@ LOCAL_CONFIG = "open_clip_config.json"
 def load(spec: ModelSpec) -> FamilyModel:
     import open_clip
 
+    t = load_towers(spec)
+    text_cfg, tokenizer_json, reference_ids = simple_tokenizer_text(open_clip.get_tokenizer(t.name), spec)
+    return FamilyModel(
+        family="open_clip", spec=str(spec), name=f"{spec.architecture}/{Path(spec.weights).name}", source=t.source,
+        identity={"architecture": t.config}, state=dict(t.model.state_dict()), image=Image(t.model),
+        text=Text(t.model), image_cfg=t.image_cfg, text_cfg=text_cfg, tokenizer_json=tokenizer_json,
+        reference_ids=reference_ids, versions=versions(open_clip))
+
+
+@dataclass
+class Towers:
+    """An open_clip model as open_clip loads it (M-CLIP takes its image tower from here: mclip.py)."""
+    name: str  # what open_clip was given: an architecture, or local-dir:<folder>
+    model: torch.nn.Module
+    config: dict  # the architecture's model config
+    image_cfg: dict  # model.json's "image"
+    source: dict
+
+
+def load_towers(spec: ModelSpec) -> Towers:
+    import open_clip
+
     name, pretrained, source = _locate(spec)
     model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=pretrained)
-    model = model.float().eval()
-    tok = open_clip.get_tokenizer(name)
-    text_cfg, tokenizer_json, reference_ids = simple_tokenizer_text(tok, spec)
     config = open_clip.get_model_config(name) if not name.startswith("local-dir:") else _local_config(name)
-    return FamilyModel(
-        family="open_clip", spec=str(spec), name=f"{spec.architecture}/{Path(spec.weights).name}", source=source,
-        identity={"architecture": config}, state=dict(model.state_dict()), image=Image(model), text=Text(model),
-        image_cfg=image_settings(preprocess, spec), text_cfg=text_cfg, tokenizer_json=tokenizer_json,
-        reference_ids=reference_ids, versions=versions(open_clip))
+    return Towers(name, model.float().eval(), config, image_settings(preprocess, spec), source)
 
 
 def _locate(spec: ModelSpec) -> tuple[str, str | None, dict]:

@@ -63,12 +63,15 @@ class ImagePreprocess:
         else:
             w, h = img.size
             short, long = (w, h) if w <= h else (h, w)
-            new_long = int(s * long / short)
+            new_long = self._long_side(long, short)
             img = img.resize((s, new_long) if w <= h else (new_long, s), flt)
             if self.crop:
                 img = img.crop(self._box(*img.size))
         x = np.asarray(img.convert("RGB"), np.float32) / 255.0
         return ((x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)).transpose(2, 0, 1)
+
+    def _long_side(self, long: int, short: int) -> int:
+        return int(self.size * long / short)
 
     def _box(self, w: int, h: int) -> tuple[int, int, int, int]:
         s = self.size
@@ -104,10 +107,10 @@ def clean_text(text: str, how: str) -> str:
 class ExportedBackend(Backend):
     """An exported folder (module docstring) run by ONNX Runtime."""
 
-    def __init__(self, folder: Path, opts: RuntimeOptions):
+    def __init__(self, folder: Path, opts: RuntimeOptions, meta: dict | None = None):
         super().__init__()
         self.folder, self.opts = Path(folder), opts
-        self.meta = read_model_json(self.folder)
+        self.meta = meta or read_model_json(self.folder)  # meta: a folder described otherwise (immich.py)
         self.family, self.fingerprint = self.meta["family"], self.meta["fingerprint"]
         self.spec = self.meta.get("spec")
         self._preprocess = ImagePreprocess.from_json(self.meta["image"])
@@ -154,7 +157,8 @@ class ExportedBackend(Backend):
 
     # ---- texts -----------------------------------------------------------------------------------------
     def _tokenizer(self):
-        return self._part("tokenizer", lambda: text_tokenizer(self.folder / "tokenizer.json", self.meta["text"]))
+        file = self.folder / self.meta.get("tokenizer", "tokenizer.json")
+        return self._part("tokenizer", lambda: text_tokenizer(file, self.meta["text"]))
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> input_ids, attention_mask (B, T) int64, as the family's tokenizer gives them."""
