@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,9 +48,7 @@ def run_one(family: str) -> dict:
         ref = rm.build(family, ref_dir, size="base")
     spec = (f"open_clip:ViT-B-32/{ref.path / 'open_clip_model.safetensors'}" if family == "open_clip"
             else f"hf:{ref.path}")
-    t = time.monotonic()
-    folder = families.export(spec, WORK / "graphs", log=print)
-    export_s = time.monotonic() - t
+    folder = families.export(spec, WORK / "graphs", log=print)  # kept from an earlier run where it exists
     backend = inference.load(spec, RuntimeOptions(graphs=WORK / "graphs"))
     photos, samples = real_photos(16), rm.sample_photos(WORK / "sample_photos")
     if len(photos) < 16:
@@ -64,7 +61,7 @@ def run_one(family: str) -> dict:
            "pixels_max_abs_diff": max(real.pixels, sample.pixels), "ids_equal": real.ids_equal and sample.ids_equal,
            "photos": len(photos), "sample_photos": len(samples), "captions": len(CAPTIONS),
            "photo_set": "coco-mini-dev (first 16 by name) + scikit-image's 16 sample photos",
-           "languages": ["en", "es", "ru", "zh", "ja", "ko", "ar", "hi"], "export_s": round(export_s, 1),
+           "languages": ["en", "es", "ru", "zh", "ja", "ko", "ar", "hi"],
            "graphs_mb": round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6, 1)}
     if pil:  # what a user of the torchvision image processor would see (not what crossprobe reproduces)
         tv = compare(backend, ref, photos, CAPTIONS[:4], backend="torchvision")
@@ -91,6 +88,11 @@ def main() -> None:
             raise SystemExit(f"{family}: failed (exit {p.returncode})")
         parity[family] = json.loads(lines[-1][len("RESULT "):])
         print(family, json.dumps(parity[family]), flush=True)
+        _write(results, parity)  # after each configuration: a later failure keeps the earlier ones
+    print(OUT)
+
+
+def _write(results: dict, parity: dict) -> None:
     host = subprocess.run(["bash", "-c", "lscpu | grep 'Model name' | sed 's/.*: *//'"], capture_output=True,
                           text=True).stdout.strip()
     results["parity"] = {**parity, "meta": {
@@ -99,7 +101,6 @@ def main() -> None:
         "weights": "random (tests/support/reference_models.py, seed 0), fp32"}}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-    print(OUT)
 
 
 if __name__ == "__main__":

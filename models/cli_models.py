@@ -36,8 +36,10 @@ def export(spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> 
 
         folder = families.export(spec, out, log=typer.echo)
     except ImportError as e:
-        typer.echo(f"{spec}: this environment cannot export it ({e}); open_clip and M-CLIP models export in the venv "
-                   f"scripts/openclip-env.sh makes: artifacts/openclip-venv/bin/crossprobe models export {spec}", err=True)
+        typer.echo(f"{spec}: this environment cannot export it ({e}). Hugging Face models export where PyTorch, "
+                   f"transformers and crossprobe's export extra are installed (pip install 'crossprobe[export]'); "
+                   f"open_clip and M-CLIP models in the venv scripts/openclip-env.sh makes: "
+                   f"artifacts/openclip-venv/bin/crossprobe models export {spec}", err=True)
         raise typer.Exit(2) from None
     except (BadSpec, FileNotFoundError) as e:
         typer.echo(str(e), err=True)

@@ -57,13 +57,14 @@ class Parity:
         return max(self.image, self.text)
 
 
-def compare(backend, ref, photos: list, texts: list[str], **reference_kw) -> Parity:
-    """crossprobe's backend (its preprocessor, tokenizer, graphs) against the reference's own pipeline."""
+def compare(model, ref, photos: list, texts: list[str], **reference_kw) -> Parity:
+    """crossprobe's backend `model` (its preprocessor, tokenizer, graphs) against the reference's own pipeline
+    (reference_kw: reference_embeddings' options, e.g. the Hugging Face image processor's backend)."""
     want = rm.reference_embeddings(ref, photos, texts, **reference_kw)
-    pixels = np.stack([backend.preprocess(im) for im in rm.open_images(photos)])
-    g = backend.encode_images(pixels).g
-    q = np.stack([v.g_q for v in backend.encode_texts(texts)])
-    ids, _ = backend.tokenize(texts)
+    pixels = np.stack([model.preprocess(im) for im in rm.open_images(photos)])
+    g = model.encode_images(pixels).g
+    q = np.stack([v.g_q for v in model.encode_texts(texts)])
+    ids, _ = model.tokenize(texts)
     same = ids.shape == want.input_ids.shape and bool((ids == want.input_ids).all())
     return Parity(float(np.abs(g - want.image).max()), float(np.abs(q - want.text).max()),
                   float(np.abs(pixels - want.pixel_values).max()), same)
