@@ -95,7 +95,7 @@ def main() -> None:
 def _write(results: dict, parity: dict) -> None:
     host = subprocess.run(["bash", "-c", "lscpu | grep 'Model name' | sed 's/.*: *//'"], capture_output=True,
                           text=True).stdout.strip()
-    results["parity"] = {**parity, "meta": {
+    results["parity"] = {**{k: v for k, v in parity.items() if k != "meta"}, "meta": {
         "command": "artifacts/openclip-venv/bin/python -m benchmarks.model_parity", "host": host,
         "tolerance": 1e-4, "measure": "max |crossprobe - reference| over unit-norm image and text embeddings",
         "weights": "random (tests/support/reference_models.py, seed 0), fp32"}}

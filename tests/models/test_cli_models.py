@@ -50,7 +50,8 @@ def _pull(*args, timeout=60, **env):
     """The real command line in a process of its own (HF_HUB_OFFLINE is read when the command starts)."""
     full = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} | env
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "crossprobe.service.cli", "models", "pull", *args], env=full,
+    p = subprocess.run([sys.executable, "-c", "from crossprobe.models.cli import app; app()", "models", "pull", *args],
+                       env=full,
                        capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr, time.monotonic() - t
 
