@@ -122,7 +122,7 @@ def _export_graphs(m: FamilyModel, folder: Path, say: Callable[[str], None]) -> 
 
 def _onnx(module, args, path: Path, inputs: list[str], in_axes: dict, out_axes: dict) -> None:
     """One graph at `path`; a graph over protobuf's 2 GiB (XLM-R large) keeps its weights in one <name>.data file
-    beside it (the exporter writes one file per tensor: 150 for M-CLIP's text tower)."""
+    beside it (the exporter writes one file per tensor)."""
     import warnings
 
     fastpath = torch.backends.mha.get_fastpath_enabled()
