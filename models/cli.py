@@ -1,5 +1,6 @@
-"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo, and
-`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py).
+"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo,
+`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py), and
+`models export | list | pull` (model families: models/cli_models.py).
 
 Part of the one `crossprobe` command, which service/cli/ composes with `index` and `serve`."""
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+# `crossprobe models pull` is the one command that downloads; it keeps a user's own HF_HUB_OFFLINE=1
+HF_OFFLINE_ASKED = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -343,3 +346,8 @@ def set_calibration(
         raise typer.Exit(2)
     cal.save(path)
     typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")
+
+
+from crossprobe.models.cli_models import models_app  # noqa: E402 (the group's commands import what they need lazily)
+
+app.add_typer(models_app, name="models")
