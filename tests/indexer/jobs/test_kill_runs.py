@@ -123,8 +123,8 @@ elif point == "commit_rename":  # the n-th batch's .npz written and fsynced, not
     os.replace = replace
 elif point == "mid_copy":  # half of the kept items' values COPYed into the new version
     real_copy = finalize._copy_values
-    def copy_values(st, src, dst, ids, chunk):
-        real_copy(st, src, dst, ids[: len(ids) // 2], chunk)
+    def copy_values(st, src, dst, ids, chunk, **kw):
+        real_copy(st, src, dst, ids[: len(ids) // 2], chunk, **kw)
         die()
     finalize._copy_values = copy_values
 elif point in ("write_index", "write_vectors"):  # before index.faiss / after index.faiss and ids
