@@ -87,9 +87,9 @@ openclip-env:
 	scripts/openclip-env.sh $(OPENCLIP_VENV)
 
 ## make test-openclip: the tests marked openclip (the open_clip and M-CLIP references, tests/support; their exports and
-## Immich folders, tests/models) in that venv
+## Immich folders, tests/models; M-CLIP's multilingual queries through the API, tests/service) in that venv
 test-openclip: openclip-env
-	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support tests/models
+	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support tests/models tests/service/test_model_choice.py
 
 ## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
 ## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,

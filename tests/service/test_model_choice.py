@@ -129,16 +129,22 @@ def test_what_the_model_lacks_is_refused_clearly(client, family):
 
 
 def test_queries_in_any_script_reach_the_model_untouched(client, family):
-    """The API's two-tower scores (mode vector, rerank none, every photo returned) against the reference's own
-    embeddings of the same photos and texts: within 1e-4 for every photo, in the reference's order up to near ties."""
+    """The API's two-tower scores against the reference's own embeddings of the same photos and texts."""
+    _, ref, photos = family
+    api_scores_are_the_references(client, ref, photos, index="photos")
+
+
+def api_scores_are_the_references(client, ref, photos: list[Path], index: str) -> None:
+    """Every photo's two-tower score for each query of QUERIES (POST /v1/search, mode vector, rerank none, all
+    photos returned) within 1e-4 of the reference's g_q . g_I, and ranked in its order up to near ties (2e-4)."""
     from tests.support import reference_models as rm
 
-    _, ref, photos = family
     emb = rm.reference_embeddings(ref, photos, list(QUERIES.values()))
     scores = emb.text @ emb.image.T
     names = [p.name for p in photos]
     for qi, (lang, text) in enumerate(QUERIES.items()):
-        body = client.post("/v1/search", json={"query": text, "k": 16, "rerank": "none", "mode": "vector"}).json()
+        body = client.post("/v1/search", json={"query": text, "k": len(names), "rerank": "none", "mode": "vector",
+                                               "index": index}).json()
         got = {h["id"]: h["score"] for h in body["results"]}
         assert sorted(got) == sorted(names), (lang, body)
         want = dict(zip(names, scores[qi].tolist()))
@@ -148,6 +154,29 @@ def test_queries_in_any_script_reach_the_model_untouched(client, family):
             assert want[a] >= want[b] - 2e-4, (lang, a, b)
     # different scripts are different queries to the model, not one mangled string
     assert len({tuple(np.round(s, 5)) for s in scores}) == len(QUERIES)
+
+
+@pytest.mark.openclip
+def test_multilingual_queries_through_the_api_with_mclip(redis_url, tmp_path):  # noqa: F811
+    """M-CLIP (an XLM-R text tower with the open_clip image tower it was trained against; tiny, random) indexed and
+    served: the API's scores for the English, Chinese, Arabic, Hindi and Russian queries equal multilingual_clip's
+    own forward and open_clip's encode_image. Needs open_clip: the export venv (make test-openclip)."""
+    import open_clip  # noqa: F401 (fail, not skip, outside the export venv)
+    from fastapi.testclient import TestClient
+
+    from crossprobe.service.app import create_app
+    from crossprobe.service.server import wait_ready
+    from tests.support import reference_models as rm
+
+    ref = rm.build("mclip", tmp_path / "mclip", size="tiny")
+    photos = rm.sample_photos(tmp_path / "photos")
+    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model=f"hf:{ref.path}",
+                          model_dir=tmp_path / "graphs", batch_size=8, threads=2, progress=False)
+    build("multilingual", images=photos[0].parent, settings=ixs, **quiet)
+    with TestClient(create_app(_settings(ixs, tmp_path / "graphs", indexes="multilingual"))) as c:
+        wait_ready(c)
+        assert c.get("/v1/indexes").json()["model"]["spec"] == f"hf:{ref.path}"
+        api_scores_are_the_references(c, ref, photos, index="multilingual")
 
 
 def test_a_two_tower_version_stores_no_reranker_values_and_records_its_model(indexed, family):
