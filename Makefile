@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test test-e2e test-chaos test-fuzz test-milvus milvus-server image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): pyproject.toml requires 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
@@ -78,6 +78,17 @@ test-milvus: $(STAMP) milvus-server
 ## make milvus-server: install that server's virtualenv (artifacts/milvus-server/venv; the tests do it too when missing)
 milvus-server: $(STAMP)
 	$(BIN)/python -c "from crossprobe.indexer.storage.local_milvus import ensure_server; print(ensure_server())"
+
+## make openclip-env: open_clip's export environment (issue 47), a virtualenv of its own in $(OPENCLIP_VENV): torch 2.14.1 +
+## torchvision 0.29.1 (PyPI's builds, which run on CPU; no CPU torchvision exists for the main .venv's torch 2.13.0),
+## open-clip-torch, multilingual-clip, clip-benchmark, transformers, onnx(runtime), crossprobe editable (scripts/openclip-env.sh)
+OPENCLIP_VENV ?= artifacts/openclip-venv
+openclip-env:
+	scripts/openclip-env.sh $(OPENCLIP_VENV)
+
+## make test-openclip: the tests marked openclip (the open_clip and M-CLIP references, tests/support) in that venv
+test-openclip: openclip-env
+	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support
 
 ## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
 ## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,

@@ -1,7 +1,8 @@
 """The inference seam (base.py): one interface through which the indexer, the service, the explainer and the
 text gate reach a model, whatever its family and runtime; image decoding for it (decode.py), the one definition of
 the features it gives (layout.py), and what names a model (spec.py). Implementations: crossprobe.py (a crossprobe
-checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported graphs: open_clip, Hugging Face).
+checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported graphs: open_clip, Hugging Face),
+immich.py (a folder in the layout Immich publishes).
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
         from crossprobe.models.inference.exported import ExportedBackend
 
         return ExportedBackend(exported_folder(spec, opts.graphs), opts)
+    if spec.family == "immich":
+        from crossprobe.models.inference.immich import ImmichBackend
+
+        return ImmichBackend(spec.path, opts)  # Immich's folder as it is: nothing to export
     raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
 
 

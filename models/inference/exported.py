@@ -45,6 +45,9 @@ class ImagePreprocess:
     interpolation: str = "bicubic"
     crop: bool = True
     crop_rounding: str = "round"  # torchvision: round((H - S) / 2); Hugging Face: (H - S) // 2
+    # torchvision's transforms (open_clip) convert to RGB after resize and crop, Hugging Face and Immich before: the
+    # same pixels for RGB and L photos, not for palette and 1-bit ones (PIL resizes those nearest-neighbour)
+    rgb_last: bool = False
 
     def __post_init__(self):
         if self.resize not in ("shortest", "squash") or self.interpolation not in _FILTERS \
@@ -52,19 +55,23 @@ class ImagePreprocess:
             raise ValueError(f"unsupported image preprocessing {self}")
 
     def __call__(self, img: Image.Image) -> np.ndarray:
-        img = ImageOps.exif_transpose(img).convert("RGB")
+        img = ImageOps.exif_transpose(img)
+        img = img if self.rgb_last else img.convert("RGB")
         s, flt = self.size, _FILTERS[self.interpolation]
         if self.resize == "squash":
             img = img.resize((s, s), flt)
         else:
             w, h = img.size
             short, long = (w, h) if w <= h else (h, w)
-            new_long = int(s * long / short)
+            new_long = self._long_side(long, short)
             img = img.resize((s, new_long) if w <= h else (new_long, s), flt)
             if self.crop:
                 img = img.crop(self._box(*img.size))
-        x = np.asarray(img, np.float32) / 255.0
+        x = np.asarray(img.convert("RGB"), np.float32) / 255.0
         return ((x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)).transpose(2, 0, 1)
+
+    def _long_side(self, long: int, short: int) -> int:
+        return int(self.size * long / short)
 
     def _box(self, w: int, h: int) -> tuple[int, int, int, int]:
         s = self.size
@@ -75,7 +82,8 @@ class ImagePreprocess:
     @classmethod
     def from_json(cls, d: dict) -> "ImagePreprocess":
         return cls(int(d["size"]), tuple(d["mean"]), tuple(d["std"]), d.get("resize", "shortest"),
-                   d.get("interpolation", "bicubic"), bool(d.get("crop", True)), d.get("crop_rounding", "round"))
+                   d.get("interpolation", "bicubic"), bool(d.get("crop", True)), d.get("crop_rounding", "round"),
+                   bool(d.get("rgb_last", False)))
 
 
 _WHITESPACE = re.compile(r"\s+")
@@ -99,10 +107,10 @@ def clean_text(text: str, how: str) -> str:
 class ExportedBackend(Backend):
     """An exported folder (module docstring) run by ONNX Runtime."""
 
-    def __init__(self, folder: Path, opts: RuntimeOptions):
+    def __init__(self, folder: Path, opts: RuntimeOptions, meta: dict | None = None):
         super().__init__()
         self.folder, self.opts = Path(folder), opts
-        self.meta = read_model_json(self.folder)
+        self.meta = meta or read_model_json(self.folder)  # meta: a folder described otherwise (immich.py)
         self.family, self.fingerprint = self.meta["family"], self.meta["fingerprint"]
         self.spec = self.meta.get("spec")
         self._preprocess = ImagePreprocess.from_json(self.meta["image"])
@@ -149,22 +157,12 @@ class ExportedBackend(Backend):
 
     # ---- texts -----------------------------------------------------------------------------------------
     def _tokenizer(self):
-        def make():
-            from tokenizers import Tokenizer
-
-            t = self.meta["text"]
-            tok = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
-            tok.enable_truncation(max_length=int(t["context_length"]))
-            tok.enable_padding(pad_id=int(t["pad_id"]), pad_token=t.get("pad_token", "<pad>"),
-                               length=int(t["context_length"]) if t.get("pad_to_context") else None)
-            return tok
-        return self._part("tokenizer", make)
+        file = self.folder / self.meta.get("tokenizer", "tokenizer.json")
+        return self._part("tokenizer", lambda: text_tokenizer(file, self.meta["text"]))
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> input_ids, attention_mask (B, T) int64, as the family's tokenizer gives them."""
-        how = self.meta["text"].get("clean", "none")
-        enc = self._tokenizer().encode_batch([clean_text(t, how) for t in texts])
-        return (np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64))
+        return tokenize(self._tokenizer(), self.meta["text"], texts)
 
     def text_tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> embedding (B, d) (not unit norm), tokens (B, T, W_t), attention_mask (B, T): what heads read."""
@@ -182,6 +180,27 @@ class ExportedBackend(Backend):
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
         self.require_reranker(kind)  # raises: a family model has no trained reranker
         raise AssertionError("unreachable")
+
+
+def text_tokenizer(file: Path | str, text: dict):
+    """tokenizer.json (a path, or its JSON text) set up as model.json's "text" says: truncated to the context length,
+    padded with pad_id (to the context length, or to the batch's longest text)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(file)) if isinstance(file, Path) else Tokenizer.from_str(file)
+    tok.enable_truncation(max_length=int(text["context_length"]))
+    tok.enable_padding(pad_id=int(text["pad_id"]), pad_token=text.get("pad_token", "<pad>"),
+                       length=int(text["context_length"]) if text.get("pad_to_context") else None)
+    return tok
+
+
+def tokenize(tok, text: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """texts -> input_ids, attention_mask (B, T) int64 through `text_tokenizer`'s tokenizer, cleaned first and
+    lower-cased where "lowercase" says so (Python's str.lower, as open_clip does: Greek's final sigma is a rule of
+    it that a tokenizer's own Lowercase step lacks)."""
+    how, lower = text.get("clean", "none"), bool(text.get("lowercase"))
+    enc = tok.encode_batch([clean_text(t, how).lower() if lower else clean_text(t, how) for t in texts])
+    return np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64)
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -207,7 +226,11 @@ def find_exported(root: Path, spec: str) -> Path | None:
             meta = json.loads(mj.read_text())
         except (OSError, ValueError):
             continue  # a folder being written (its model.json appears last) or a foreign one
-        if meta.get("spec") == spec and meta.get("format") == FORMAT and _source_unchanged(meta.get("source") or {}):
+        if meta.get("format") != FORMAT:
+            continue
+        # "aliases": other specs that named the same weights (the same fingerprint) when they were exported
+        sources = {meta.get("spec"): meta.get("source"), **(meta.get("aliases") or {})}
+        if spec in sources and _source_unchanged(sources[spec] or {}):
             found.append((mj.stat().st_mtime_ns, mj.parent))
     return max(found)[1] if found else None
 
