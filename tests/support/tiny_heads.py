@@ -40,6 +40,14 @@ class TinyHeads:
     def spec(self) -> str:
         return f"crossprobe:{self.heads}"
 
+    def copy_with(self, dst: Path, **config) -> Path:
+        """A copy of the heads checkpoint at dst with config.json's keys changed (its weights as they are)."""
+        import shutil
+
+        shutil.copytree(self.heads, dst)
+        (dst / "config.json").write_text(json.dumps({**self.config, **config}))
+        return dst
+
 
 def photos_with_captions(folder: Path, n: int = PAIRS, seed: int = 0) -> list[str]:
     """n generated photos under folder/images and folder/captions.tsv (no split column: all train) -> the captions."""

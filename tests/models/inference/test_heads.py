@@ -93,11 +93,7 @@ def test_eval_on_the_folder_reports_both_rankings(tiny_heads, tmp_path):
 
 
 def test_heads_on_other_weights_are_refused(tiny_heads, tmp_path):
-    copy = tmp_path / "heads"
-    shutil.copytree(tiny_heads.heads, copy)
-    cfg = json.loads((copy / "config.json").read_text())
-    cfg["backbone_fingerprint"] = "0" * 16
-    (copy / "config.json").write_text(json.dumps(cfg))
+    copy = tiny_heads.copy_with(tmp_path / "heads", backbone_fingerprint="0" * 16)
     with pytest.raises(BackboneChanged, match="train the heads again"):
         inference.load(f"crossprobe:{copy}", RuntimeOptions(graphs=tiny_heads.graphs))
 
