@@ -119,8 +119,9 @@ def _train(cfg: HeadsTrainConfig, log) -> dict:
     folder = CaptionedFolder.load(cfg.data)
     outs = cache_outputs(b, folder, cfg.cache)
     train = split_banks(outs, folder, "train")
-    if train is None:
-        raise ValueError(f"{cfg.data}: no readable training images (captions per split: {folder.split_counts()})")
+    if train is None or len(train.images.g) < 2:
+        raise ValueError(f"{cfg.data}: heads need at least 2 readable training photos (captions per split: "
+                         f"{folder.split_counts()}, unreadable photos: {outs.skipped or 'none'})")
     dev = split_banks(outs, folder, "dev")
     log(f"backbone {cfg.backbone} ({b.fingerprint}): {len(train.images.g)} training images, "
         f"{len(train.gold)} captions; selection on the {'dev' if dev else 'training'} split")
