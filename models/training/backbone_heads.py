@@ -13,11 +13,13 @@ backbone, its towers frozen and its own two-tower score the shortlist.
 Selection (epoch, fusion weight) uses the folder's dev split, or the training split where there is none (the
 report says which). Each split present is evaluated on at most `eval_images` of its images with all their captions:
 two-tower (TT) and each reranker over the two-tower top K (CP@K, TEMDE@K; below K the two-tower order stays).
-Resumable: a killed run continues from its last finished epoch (<run_dir>/<backbone fp>-<data digest>/).
+Resumable: a killed run continues from its last finished epoch (<run_dir>/<backbone fp>-<data>-<recipe digests>/).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -130,10 +132,9 @@ def _train(cfg: HeadsTrainConfig, log) -> dict:
                                    outs.cells.shape[1], cfg.cp, cfg.temde))
     n_img = len(train.images.g)
     rcfg = rerank_config(cfg, n_img, len((dev or train).images.g))
-    run = Path(cfg.run_dir) / f"{b.fingerprint}-{digest(folder)}"
-    history = {m: train_reranker(model, m, train.banks, (dev or train).banks,
-                                 rcfg, run / f"{m}.pt",
-                                 cfg.seed, log=log) for m in METHODS}
+    run = Path(cfg.run_dir) / f"{b.fingerprint}-{digest(folder)}-{recipe_digest(cfg)}"
+    history = {m: train_reranker(model, m, train.banks, (dev or train).banks, rcfg, run / f"{m}.pt", cfg.seed, log=log)
+               for m in METHODS}
     model.eval()
     metrics = {s: evaluate(model, sp, cfg.k) for s in SPLITS
                if (sp := split_banks(outs, folder, s, cfg.eval_images)) is not None}
@@ -146,6 +147,12 @@ def _train(cfg: HeadsTrainConfig, log) -> dict:
     folder_out = export.ensure_heads_graphs(cfg.graphs, out, model=model, fingerprint=fp)
     log(f"heads {fp}: {out}; graphs {folder_out} (max |ONNX Runtime - PyTorch| {check_graphs(model, folder_out):.1e})")
     return {"fingerprint": fp, "out": str(out), **report}
+
+
+def recipe_digest(cfg: HeadsTrainConfig) -> str:
+    """What a resumed run must share with the killed one: the heads' shapes and the training settings."""
+    recipe = {k: v for k, v in _jsonable(dataclasses.asdict(cfg)).items() if k in SETTINGS + ("cp", "temde", "seed")}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def rerank_config(cfg: HeadsTrainConfig, n_train: int, n_dev: int) -> RerankTrainConfig:
