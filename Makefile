@@ -86,9 +86,10 @@ OPENCLIP_VENV ?= artifacts/openclip-venv
 openclip-env:
 	scripts/openclip-env.sh $(OPENCLIP_VENV)
 
-## make test-openclip: the tests marked openclip (the open_clip and M-CLIP references, tests/support) in that venv
+## make test-openclip: the tests marked openclip (the open_clip and M-CLIP references, tests/support; their exports and
+## Immich folders, tests/models) in that venv
 test-openclip: openclip-env
-	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support
+	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support tests/models
 
 ## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
 ## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,

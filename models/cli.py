@@ -1,7 +1,8 @@
 """The model stack's commands (typer): train (also `--backbone`: reranker heads on another model's backbone), eval
 (also `--data`: any model on a captioned folder), frontier, ablate, promote, export, demo,
-`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py), and
-`data convert` (captioned folders from published caption files: models/cli_data.py).
+`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py),
+`models export | list | pull` (model families: models/cli_models.py) and `data convert` (captioned folders from
+published caption files: models/cli_data.py).
 
 Part of the one `crossprobe` command, which service/cli/ composes with `index` and `serve`."""
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import typer
 
+# `crossprobe models pull` is the one command that downloads; it keeps a user's own HF_HUB_OFFLINE=1
+HF_OFFLINE_ASKED = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -424,6 +427,8 @@ def set_calibration(
     typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")
 
 
-from crossprobe.models.cli_data import data_app  # noqa: E402 (its commands import what they need lazily)
+from crossprobe.models.cli_data import data_app  # noqa: E402 (the groups' commands import what they need lazily)
+from crossprobe.models.cli_models import models_app  # noqa: E402
 
+app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")

@@ -17,9 +17,9 @@ PY="${PY:-python3.11}"
 # torch and torchvision pinned together: an unpinned torchvision would pick its own torch.
 TORCH_PINS=("torch==2.14.1" "torchvision==0.29.1")
 # the references (multilingual-clip: M-CLIP's own text tower, as Immich exports it) and the tools that run against them
-# (clip-benchmark: issue 47's "the field's own evaluator")
+# (clip-benchmark: issue 47's "the field's own evaluator"; it imports requests without declaring it)
 REFERENCE_PKGS=("open-clip-torch==3.3.0" "clip-benchmark==1.6.2" "multilingual-clip==1.0.10" "transformers" "tokenizers"
-                "sentencepiece" "onnx" "onnxruntime" "safetensors" "pytest>=8")
+                "sentencepiece" "onnx" "onnxruntime" "safetensors" "requests" "pytest>=8")
 STAMP="$VENV/.openclip-env-$(sha256sum "$0" pyproject.toml | sha256sum | cut -c1-16)"
 
 if [[ -f "$STAMP" ]]; then

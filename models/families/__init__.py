@@ -19,13 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from crossprobe.models.families.base import FamilyModel, TokenizerMismatch
 from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
 
-__all__ = ["FamilyModel", "TokenizerMismatch", "export", "load"]
+__all__ = ["export", "load"]
 
 
-def load(spec: str | ModelSpec) -> FamilyModel:
+def load(spec: str | ModelSpec) -> "FamilyModel":  # noqa: F821 (base.FamilyModel: imported with torch, lazily)
     """The spec's model, loaded with its family's library, ready to export."""
     spec = spec if isinstance(spec, ModelSpec) else parse(spec)
     if spec.family == "hf":

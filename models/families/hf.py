@@ -110,7 +110,8 @@ def image_settings(proc, spec) -> dict:
                       f"(rescale {proc.do_rescale} x{proc.rescale_factor}, normalize {proc.do_normalize})")
     resample = _RESAMPLE[int(proc.resample)]
     common = {"interpolation": resample, "mean": [float(x) for x in proc.image_mean],
-              "std": [float(x) for x in proc.image_std], "crop_rounding": "floor", "rgb_last": False}
+              "std": [float(x) for x in proc.image_std], "crop_rounding": "floor", "rgb_last": False,
+              "alpha": "white" if getattr(proc, "do_convert_rgb", True) else "drop"}
     if getattr(proc, "do_center_crop", False):
         short, crop = proc.size.shortest_edge, proc.crop_size
         if not short or crop.height != crop.width or crop.height != short:

@@ -121,16 +121,27 @@ def _export_graphs(m: FamilyModel, folder: Path, say: Callable[[str], None]) -> 
 
 
 def _onnx(module, args, path: Path, inputs: list[str], in_axes: dict, out_axes: dict) -> None:
+    """One graph at `path`; a graph over protobuf's 2 GiB (XLM-R large) keeps its weights in one <name>.data file
+    beside it (the exporter writes one file per tensor)."""
     import warnings
 
     fastpath = torch.backends.mha.get_fastpath_enabled()
     # nn.MultiheadAttention's inference fast path (open_clip's towers) is one fused op ONNX has no export for
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with warnings.catch_warnings(), torch.inference_mode():
+        with warnings.catch_warnings(), torch.inference_mode(), tempfile.TemporaryDirectory(dir=path.parent) as d:
             warnings.simplefilter("ignore")  # tracer warnings about python values in the libraries' code
-            torch.onnx.export(module.eval(), args, str(path), input_names=inputs, output_names=["embedding", "tokens"],
+            raw = Path(d) / path.name
+            torch.onnx.export(module.eval(), args, str(raw), input_names=inputs, output_names=["embedding", "tokens"],
                               dynamic_axes={**in_axes, **out_axes}, opset_version=OPSET, dynamo=False)
+            if len(list(Path(d).iterdir())) == 1:
+                os.replace(raw, path)
+            else:
+                import onnx
+
+                onnx.save_model(onnx.load(str(raw)), str(path), save_as_external_data=True,
+                                all_tensors_to_one_file=True, location=f"{path.name}.data")
+                os.chmod(f"{path}.data", 0o644)  # onnx writes it 0600: a service running as another user reads it
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 

@@ -74,10 +74,11 @@ def exported_folder(spec: ModelSpec, root: Path | None) -> Path:
         return found
     try:
         from crossprobe.models import families
+
+        return families.export(spec, Path(root))
     except ImportError as e:  # torch or the family's library is missing: the container image, a torch-free venv
         raise ModelUnavailable(
             f"model {spec} is not exported under {root}, and this environment cannot export it ({e}). Export it where "
             f"PyTorch and the family's library are installed: `crossprobe models export {spec} --out DIR` (open_clip "
             f"models: in the environment scripts/openclip-env.sh makes), then point CROSSPROBE_ARTIFACTS_DIR (the "
             f"service) and CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR") from None
-    return families.export(spec, Path(root))

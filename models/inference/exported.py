@@ -48,15 +48,18 @@ class ImagePreprocess:
     # torchvision's transforms (open_clip) convert to RGB after resize and crop, Hugging Face and Immich before: the
     # same pixels for RGB and L photos, not for palette and 1-bit ones (PIL resizes those nearest-neighbour)
     rgb_last: bool = False
+    # transparency: "drop" (PIL's convert("RGB"): open_clip, Immich) or "white" (composited onto white: Hugging Face's
+    # convert_to_rgb)
+    alpha: str = "drop"
 
     def __post_init__(self):
         if self.resize not in ("shortest", "squash") or self.interpolation not in _FILTERS \
-                or self.crop_rounding not in ("round", "floor"):
+                or self.crop_rounding not in ("round", "floor") or self.alpha not in ("drop", "white"):
             raise ValueError(f"unsupported image preprocessing {self}")
 
     def __call__(self, img: Image.Image) -> np.ndarray:
         img = ImageOps.exif_transpose(img)
-        img = img if self.rgb_last else img.convert("RGB")
+        img = img if self.rgb_last else self._rgb(img)
         s, flt = self.size, _FILTERS[self.interpolation]
         if self.resize == "squash":
             img = img.resize((s, s), flt)
@@ -67,8 +70,14 @@ class ImagePreprocess:
             img = img.resize((s, new_long) if w <= h else (new_long, s), flt)
             if self.crop:
                 img = img.crop(self._box(*img.size))
-        x = np.asarray(img.convert("RGB"), np.float32) / 255.0
+        x = np.asarray(self._rgb(img), np.float32) / 255.0
         return ((x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)).transpose(2, 0, 1)
+
+    def _rgb(self, img: Image.Image) -> Image.Image:
+        if self.alpha == "white" and ("A" in img.getbands() or img.info.get("transparency") is not None):
+            img = img.convert("RGBA")
+            return Image.alpha_composite(Image.new("RGBA", img.size, (255, 255, 255, 255)), img).convert("RGB")
+        return img if img.mode == "RGB" else img.convert("RGB")
 
     def _long_side(self, long: int, short: int) -> int:
         return int(self.size * long / short)
@@ -83,7 +92,7 @@ class ImagePreprocess:
     def from_json(cls, d: dict) -> "ImagePreprocess":
         return cls(int(d["size"]), tuple(d["mean"]), tuple(d["std"]), d.get("resize", "shortest"),
                    d.get("interpolation", "bicubic"), bool(d.get("crop", True)), d.get("crop_rounding", "round"),
-                   bool(d.get("rgb_last", False)))
+                   bool(d.get("rgb_last", False)), d.get("alpha", "drop"))
 
 
 _WHITESPACE = re.compile(r"\s+")

@@ -18,6 +18,7 @@ captions (plus a caller's own, e.g. Flickr8k's), and HF_HUB_OFFLINE is set befor
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -103,7 +104,13 @@ def build(family: str, dst: Path, size: str = "tiny", seed: int = 0, texts: list
                 "mclip": build_mclip}
     if family not in builders:
         raise ValueError(f"unknown family {family!r}; have {FAMILIES}")
-    if family != "open_clip":
+    if family == "open_clip":
+        if texts:
+            raise ValueError("open_clip uses the CLIP vocabulary it ships: no tokenizer to train")
+    else:
+        if kwargs.get("arch"):
+            raise ValueError(f"{family}: arch is for open_clip (an M-CLIP image tower is ViT-B-32 or the tiny one)")
+        kwargs.pop("arch", None)
         kwargs["texts"] = texts
     return builders[family](Path(dst), size=size, seed=seed, **kwargs)
 
@@ -180,7 +187,13 @@ def _clip_merges(size: str, texts: list[str] | None) -> tuple[list[tuple[str, st
             return reference_text.openclip_bpe_merges(), "open_clip bpe_simple_vocab_16e6"
         except ImportError:
             pass
-    return reference_text.train_clip_merges(reference_text.corpus(extra=texts), vocab_size=4000), "trained"
+    return _trained_clip_merges(tuple(texts or ())), "trained"
+
+
+@functools.lru_cache(maxsize=4)
+def _trained_clip_merges(extra: tuple[str, ...]) -> list[tuple[str, str]]:
+    # cached: the learner is deterministic (tests/support/test_reference_text.py) and takes seconds on a busy machine
+    return reference_text.train_clip_merges(reference_text.corpus(extra=list(extra)), vocab_size=4000)
 
 
 CLIP_SHAPES = {
@@ -421,3 +434,27 @@ def sample_photos(dst: Path) -> list[Path]:
             arr = getattr(skimage.data, fn)()
             Image.fromarray(arr[0] if isinstance(arr, tuple) else arr).save(paths[-1])  # stereo pairs: left view
     return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m tests.support.reference_models FAMILY DST [--size base] [--seed N] [--arch ViT-B-16] [--captions TSV]:
+    build one reference folder (the parity benchmark's models; under artifacts/, never committed)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("family", choices=FAMILIES)
+    ap.add_argument("dst", type=Path)
+    ap.add_argument("--size", choices=["tiny", "base"], default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", help="open_clip only: the architecture of a base model (default ViT-B-32)")
+    ap.add_argument("--captions", type=Path, help="a TSV with a caption column (Flickr8k's captions.tsv) to add to "
+                                                  "the tokenizer training text")
+    args = ap.parse_args(argv)
+    extra = {"arch": args.arch} if args.arch else {}
+    texts = reference_text.caption_file_lines(args.captions) if args.captions else None
+    ref = build(args.family, args.dst, size=args.size, seed=args.seed, texts=texts, **extra)
+    print(json.dumps({"path": str(ref.path), "family": ref.family, "size": ref.size, "arch": ref.arch}))
+
+
+if __name__ == "__main__":
+    main()

@@ -96,3 +96,31 @@ def test_mclip_text_is_masked_mean_then_linear(tmp_path, no_network):
         mask = padded["attention_mask"].unsqueeze(2)
         by_hand = model.LinearTransformation((states * mask).sum(1) / mask.sum(1))
     np.testing.assert_allclose(own.numpy(), by_hand.numpy(), atol=1e-5)
+
+
+def test_clip_benchmark_runs_offline_and_agrees_with_the_reference(tmp_path, photos):
+    """clip-benchmark's own CLI (zero-shot retrieval, its flickr8k loader over a local folder and annotation file)
+    on the tiny open_clip model gives the recalls computed from the reference's embeddings, up to near-tied queries."""
+    from PIL import Image
+
+    from tests.support import clip_benchmark_run as cb
+
+    ref = rm.build("open_clip", tmp_path / "model", size="tiny")
+    images = tmp_path / "images"
+    images.mkdir()
+    captions = {}
+    pool = rt.sample_captions(2 * len(photos), seed=5)
+    for i, p in enumerate(photos):  # JPEG copies: its Flickr loader reads <name>.jpg only
+        Image.open(p).convert("RGB").save(images / f"{p.stem}.jpg", quality=95)
+        captions[f"{p.stem}.jpg"] = pool[2 * i:2 * i + 2]
+    ann = cb.write_annotation(tmp_path / "ann.txt", captions)
+    theirs = cb.run_cli(ref.path, images, ann, tmp_path / "out.json")
+
+    texts = [c for caps in captions.values() for c in caps]
+    text_image = np.repeat(np.arange(len(captions)), 2)
+    e = rm.reference_embeddings(ref, [images / n for n in captions], texts)
+    ours = cb.recalls(e.text, e.image, text_image)
+    ties = {k: cb.near_tie_queries(e.text, e.image, k, 1e-6) for k in (1, 5)}
+    for name, value in ours.items():
+        k = int(name.rsplit("@", 1)[1])
+        assert abs(theirs[name] - value) <= ties[k] / len(texts) + 1e-6, (name, theirs[name], value, ties)

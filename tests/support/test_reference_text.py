@@ -23,6 +23,7 @@ def test_clip_vocab_layout(tmp_path):
     """Bytes, bytes + </w>, one token per merge, then <|startoftext|>, <|endoftext|>: the layout whose ids open_clip's
     SimpleTokenizer and a Hugging Face CLIP folder share (49,406 / 49,407 for the real vocabulary)."""
     merges = rt.train_clip_merges(rt.corpus(languages=("en",)), vocab_size=800)
+    assert merges == rt.train_clip_merges(rt.corpus(languages=("en",)), vocab_size=800)  # reproducible
     vocab = rt.write_clip_bpe(tmp_path, merges)
     assert len(vocab) == 512 + len(merges) + 2
     assert vocab["a"] == 64 and vocab["a</w>"] == 256 + 64  # "!" (byte 33) comes first in the byte map

@@ -1,0 +1,153 @@
+"""Hugging Face CLIP and SigLIP exported (models/families/hf.py, writer.py) and served torch-free
+(models/inference/exported.py), against transformers' own processor, tokenizer and get_*_features: tiny random
+models, fp32 (issue 47's parity must-show; the full-size numbers: benchmarks/model_parity.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from crossprobe.models import families, inference
+from crossprobe.models.families import writer
+from crossprobe.models.families.base import TokenizerMismatch
+from crossprobe.models.inference import RuntimeOptions
+from tests.models.families.parity import CAPTIONS, TOLERANCE, compare, generated_photos, real_photos
+from tests.support import reference_models as rm
+
+FAMILIES = ["hf_clip", "hf_siglip"]
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refs")
+    return {f: rm.build(f, root / f, size="tiny") for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def exported(refs, tmp_path_factory):
+    """Each reference exported once: {family: (spec, graphs root)}."""
+    root = tmp_path_factory.mktemp("graphs")
+    return {f: (f"hf:{r.path}", root, families.export(f"hf:{r.path}", root)) for f, r in refs.items()}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return generated_photos(tmp_path_factory.mktemp("photos"))
+
+
+def _backend(exported, family):
+    spec, root, _ = exported[family]
+    return inference.load(spec, RuntimeOptions(graphs=root, threads=1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_on_generated_photos_and_captions_in_eight_languages(family, refs, exported, photos):
+    p = compare(_backend(exported, family), refs[family], photos, CAPTIONS)
+    assert p.ids_equal and p.pixels == 0.0
+    assert p.image <= TOLERANCE and p.text <= TOLERANCE, p
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_on_real_photos(family, refs, exported):
+    photos = real_photos(16)
+    if len(photos) < 16:
+        pytest.skip("coco-mini-dev is not on this machine (COCO_MINI_DEV_DIR): the real-photo parity needs 16 of its "
+                    "photos; the generated-photo test above still ran")
+    p = compare(_backend(exported, family), refs[family], photos, CAPTIONS)
+    assert p.ids_equal and p.pixels == 0.0 and p.max_abs_diff <= TOLERANCE, p
+
+
+def test_batches_and_single_queries_agree(exported):
+    """Padding to the batch's longest text changes nothing: one query alone gives its vector in a batch."""
+    b = _backend(exported, "hf_clip")
+    alone = np.stack([b.encode_texts([c])[0].g_q for c in CAPTIONS[:6]])
+    together = np.stack([v.g_q for v in b.encode_texts(CAPTIONS[:6])])
+    np.testing.assert_allclose(alone, together, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_states_are_the_trunks_final_ones(family, refs, exported, photos):
+    """image_grid's cells and text_tokens' states (what rerankers read) are the towers' final normalised states."""
+    from transformers import AutoModel
+
+    b = _backend(exported, family)
+    model = AutoModel.from_pretrained(refs[family].path).eval()
+    pixels = np.stack([b.preprocess(im) for im in rm.open_images(photos[:3])])
+    grid = b.image_grid(pixels)
+    emb, tokens, mask = b.text_tokens(CAPTIONS[:4])
+    ids, _ = b.tokenize(CAPTIONS[:4])
+    with torch.inference_mode():
+        vis = model.vision_model(pixel_values=torch.from_numpy(pixels)).last_hidden_state
+        want_cells = vis if family == "hf_siglip" else model.vision_model.post_layernorm(vis[:, 1:])
+        want_text = model.text_model(input_ids=torch.from_numpy(ids),
+                                     attention_mask=None if family == "hf_siglip" else torch.from_numpy(mask))
+    np.testing.assert_allclose(grid.cells, want_cells.numpy(), atol=1e-4)
+    np.testing.assert_allclose(tokens, want_text.last_hidden_state.numpy(), atol=1e-4)
+    meta = json.loads((exported[family][2] / "model.json").read_text())
+    assert grid.cells.shape[1:] == tuple(meta["dims"]["grid"]) and tokens.shape[-1] == meta["dims"]["text_width"]
+    assert grid.pooled.shape == (3, meta["dims"]["d"]) and emb.shape == (4, meta["dims"]["d"])
+
+
+def test_the_same_weights_give_the_same_folder_from_anywhere(refs, exported, tmp_path):
+    """The fingerprint hashes the weights and the architecture, not where they lie: a copy exports to the same
+    folder, which then answers to both specs; other weights get another folder."""
+    spec, root, folder = exported["hf_clip"]
+    copy = shutil.copytree(refs["hf_clip"].path, tmp_path / "copy")
+    assert families.export(f"hf:{copy}", root) == folder
+    meta = json.loads((folder / "model.json").read_text())
+    assert meta["spec"] == spec and f"hf:{copy}" in meta["aliases"]
+    assert inference.exported_folder(inference.parse(f"hf:{copy}"), root) == folder
+    other = rm.build("hf_clip", tmp_path / "seed1", size="tiny", seed=1)
+    assert families.export(f"hf:{other.path}", root) != folder
+
+
+def test_an_export_is_whole_or_absent(refs, tmp_path, monkeypatch):
+    """A graph that fails its check leaves nothing behind (no folder, no temp folder); a good export leaves the
+    four files, model.json last."""
+    monkeypatch.setattr(writer, "GRAPH_TOLERANCE", -1.0)  # every graph now "differs"
+    with pytest.raises(RuntimeError, match="differs from PyTorch"):
+        families.export(f"hf:{refs['hf_siglip'].path}", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    folder = families.export(f"hf:{refs['hf_siglip'].path}", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
+    assert sorted(p.name for p in folder.iterdir()) == ["image.onnx", "model.json", "text.onnx", "tokenizer.json"]
+
+
+def test_a_tokenizer_that_disagrees_is_refused(refs, tmp_path):
+    m = families.load(f"hf:{refs['hf_clip'].path}")
+    own = m.reference_ids
+    m.reference_ids = lambda t: own(t) if "dog" not in t else own(t)[:-1]  # a family that differs on some texts
+    with pytest.raises(TokenizerMismatch, match="disagrees"):
+        writer.write(m, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spec_not_exported_is_exported_on_first_use(refs, tmp_path):
+    b = inference.load(f"hf:{refs['hf_siglip'].path}", RuntimeOptions(graphs=tmp_path, threads=1))
+    assert (tmp_path / b.fingerprint / "model.json").exists() and b.rerankers == () and b.dims.item.n == 0
+    with pytest.raises(inference.RerankerUnavailable):
+        b.require_reranker("cp")
+
+
+def test_what_hf_does_not_serve_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(inference.BadSpec, match="model_type 'bert'"):
+        families.load(f"hf:{tmp_path}")
+    with pytest.raises(FileNotFoundError, match="pull"):
+        families.load("hf:nobody/no-such-model-here")
+
+
+def test_an_open_clip_spec_where_open_clip_is_missing_names_the_export_venv(tmp_path):
+    """The main .venv has no open_clip: a spec that needs it and has no folder yet is refused with what to do."""
+    pytest.importorskip("torch")
+    try:
+        import open_clip  # noqa: F401
+        pytest.skip("open_clip is installed here (the export venv): nothing to refuse")
+    except ImportError:
+        pass
+    with pytest.raises(inference.ModelUnavailable, match="openclip-env.sh"):
+        inference.load("open_clip:ViT-B-32/laion2b_s34b_b79k", RuntimeOptions(graphs=tmp_path))
