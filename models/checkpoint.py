@@ -44,14 +44,23 @@ def round_to_stored(model: SearchModel, prefixes: tuple[str, ...]) -> None:
 
 def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
     """Write the checkpoint directory atomically (a temp dir renamed into place)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tensors = stored(model.trained_state_dict())
     cfg = model.cfg.to_dict()
     fp = fingerprint(tensors, cfg)
+    write(out, tensors, {"model": cfg, "fingerprint": fp, **(meta or {})})
+    return fp
+
+
+def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, files: dict[str, str] | None = None) -> None:
+    """A checkpoint directory (model.safetensors, config.json, and `files`: name -> text) written whole into a temp
+    dir and renamed into place, replacing `out` if it exists: a reader sees the old directory or the new one."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".ckpt-"))
     save_file(tensors, str(tmp / "model.safetensors"))
-    (tmp / "config.json").write_text(json.dumps({"model": cfg, "fingerprint": fp, **(meta or {})}, indent=2))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is for everyone to read
     os.chmod(tmp / "model.safetensors", 0o644)
     if out.exists():
@@ -63,7 +72,6 @@ def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
         _rmtree(old)
     else:
         os.replace(tmp, out)
-    return fp
 
 
 def _rmtree(p: Path) -> None:

@@ -1,6 +1,8 @@
-"""The model stack's commands (typer): train, eval, frontier, ablate, promote, export, demo,
-`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py), and
-`models export | list | pull` (model families: models/cli_models.py).
+"""The model stack's commands (typer): train (also `--backbone`: reranker heads on another model's backbone), eval
+(also `--data`: any model on a captioned folder), frontier, ablate, promote, export, demo,
+`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py),
+`models export | list | pull` (model families: models/cli_models.py) and `data convert` (captioned folders from
+published caption files: models/cli_data.py).
 
 Part of the one `crossprobe` command, which service/cli/ composes with `index` and `serve`."""
 from __future__ import annotations
@@ -34,11 +36,18 @@ def _need_flickr() -> None:
         raise typer.Exit(2)
 
 
+_GRAPHS = typer.Option(Path("artifacts/service"), envvar="CROSSPROBE_ARTIFACTS_DIR",
+                       help="root folder of exported models, <root>/<fingerprint>/ (the service's)")
+
+
 @app.command()
 def train(
-    out: Path = typer.Option(None, help="where to write the checkpoint (default: models/checkpoints/default)"),
-    run_dir: Path = typer.Option(Path("runs/default"), help="resumable training state; run again to continue"),
-    cache_dir: Path = typer.Option(Path("cache/flickr8k"), help="frozen-backbone feature cache"),
+    out: Path = typer.Option(None, help="where to write the checkpoint (default: models/checkpoints/default; with "
+                                        "--backbone: artifacts/heads/<backbone fingerprint>)"),
+    run_dir: Path = typer.Option(None, help="resumable training state; run again to continue (default: runs/default; "
+                                            "with --backbone: runs/heads)"),
+    cache_dir: Path = typer.Option(None, help="frozen-backbone feature cache (default: cache/flickr8k; with --backbone: "
+                                              "cache/backbones)"),
     tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
     gray: float = typer.Option(0.0, min=0.0, max=1.0, help="share of training images the towers see as their grayscale copy"),
     methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
@@ -47,10 +56,22 @@ def train(
     refit_fusion: str = typer.Option("", help="reused rerankers whose fusion weight is fit again on this run's dev banks"),
     region: str = typer.Option("", help="region-label weights inside the rerankers' training logit, e.g. cp=0.5,temde=0.5 "
                                         "(models/region_labels.py); empty: none"),
+    backbone: str = typer.Option(None, help="train Cross-probe and T-EMDE heads on this model's frozen backbone (a "
+                                             "spec: hf:..., open_clip:...) instead of crossprobe's own model, on --data"),
+    data: Path = typer.Option(None, help="with --backbone: a captioned folder (images/ + captions.tsv with an optional "
+                                         "split column; docs/models.md)"),
+    graphs: Path = _GRAPHS,
+    heads: str = typer.Option("", help="with --backbone: training settings and head shapes, e.g. "
+                                       "epochs=12,lr=5e-4,cp.d=64,temde.N=40 (models/training/backbone_heads.py)"),
     seed: int = 0,
     threads: int = 2,
 ):
-    """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted)."""
+    """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted); with --backbone, reranker
+    heads on another model's backbone over your own captioned folder."""
+    if backbone is not None or data is not None:
+        _train_heads(backbone, data, out, run_dir, cache_dir, graphs, heads, seed, threads)
+        return
+    run_dir, cache_dir = run_dir or Path("runs/default"), cache_dir or Path("cache/flickr8k")
     _need_flickr()
     from crossprobe.models import checkpoint
     from crossprobe.models.training.run import TrainConfig, seed_from_checkpoint, train as run_train
@@ -79,6 +100,25 @@ def train(
     run_train(cfg, log=typer.echo)
 
 
+def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_dir: Path | None,
+                 cache_dir: Path | None, graphs: Path, settings: str, seed: int, threads: int) -> None:
+    if not backbone or data is None:
+        typer.echo("--backbone SPEC and --data FOLDER go together", err=True)
+        raise typer.Exit(2)
+    from crossprobe.models.inference import BadSpec, ModelUnavailable
+    from crossprobe.models.training.backbone_heads import HeadsTrainConfig, train_heads, with_settings
+
+    try:
+        cfg = with_settings(HeadsTrainConfig(backbone, data, out, graphs, cache=cache_dir or Path("cache/backbones"),
+                                             run_dir=run_dir or Path("runs/heads"), seed=seed, threads=threads,
+                                             command=_command()), settings)
+        report = train_heads(cfg, log=typer.echo)
+    except (BadSpec, ModelUnavailable, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo((Path(report["out"]) / "MODEL_CARD.md").read_text())
+
+
 @app.command("eval")
 def evaluate(
     ckpt: Path = CKPT,
@@ -95,8 +135,21 @@ def evaluate(
                                   "default, the model before the label bridge, is restored from git history by "
                                   "scripts/restore-checkpoint.sh pre-bridge)"),
     threads: int = 2,
+    data: Path = typer.Option(None, help="evaluate on this captioned folder instead (any model, through the serving "
+                                         "code: models/evaluation/captioned.py); the Flickr8k options do not apply"),
+    model: str = typer.Option(None, envvar="CROSSPROBE_MODEL", help="with --data: the model spec (default: --ckpt, "
+                                                                    "else the committed checkpoint)"),
+    split: str = typer.Option("test", help="with --data: train | dev | test | all"),
+    k: int = typer.Option(100, min=1, help="with --data: the shortlist each reranker reorders"),
+    graphs: Path = _GRAPHS,
+    json_out: Path = typer.Option(None, "--json", help="with --data: also write the results to this file"),
 ):
-    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text) and out of domain (coco-mini-dev)."""
+    """Evaluate a checkpoint on the Flickr8k test split (text->image and image->text) and out of domain (coco-mini-dev);
+    with --data, any model (--model SPEC) on a captioned folder: R@1/5/10 both ways, and each reranker's over the
+    two-tower top K."""
+    if data is not None:
+        _eval_folder(data, model or (f"crossprobe:{ckpt}" if ckpt else None), split, k, graphs, json_out, threads)
+        return
     _need_flickr()
     if ood and not (baseline / "config.json").exists():
         typer.echo(f"error: no baseline checkpoint at {baseline} for the out-of-domain rows: restore the default one "
@@ -123,6 +176,32 @@ def evaluate(
         from crossprobe.models.model_card import write_card
 
         write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o, rerank=_served())
+
+
+def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path, json_out: Path | None,
+                 threads: int) -> None:
+    import json
+
+    from crossprobe.models import inference
+    from crossprobe.models.data.captioned import CaptionedFolder
+    from crossprobe.models.evaluation.captioned import evaluate as run_eval
+    from crossprobe.models.evaluation.report import machine
+
+    try:
+        backend = inference.load(spec, inference.RuntimeOptions(graphs=graphs, threads=threads))
+        res = run_eval(backend, CaptionedFolder.load(data), split, k)
+    except (inference.BadSpec, inference.ModelUnavailable, ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    res = {"model": str(inference.parse(spec)), "fingerprint": backend.fingerprint, "data": str(data), "split": split,
+           **res, "command": _command(), "host": machine()}
+    text = json.dumps(res, indent=1)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_out.with_name(f".{json_out.name}.tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, json_out)
+    typer.echo(text)
 
 
 def _served() -> str:
@@ -348,6 +427,8 @@ def set_calibration(
     typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")
 
 
-from crossprobe.models.cli_models import models_app  # noqa: E402 (the group's commands import what they need lazily)
+from crossprobe.models.cli_data import data_app  # noqa: E402 (the groups' commands import what they need lazily)
+from crossprobe.models.cli_models import models_app  # noqa: E402
 
 app.add_typer(models_app, name="models")
+app.add_typer(data_app, name="data")

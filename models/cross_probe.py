@@ -61,7 +61,11 @@ class CrossProbeConfig:
 
 
 class CrossProbe(nn.Module):
-    def __init__(self, cfg: CrossProbeConfig):
+    def __init__(self, cfg: CrossProbeConfig, text_width: int = inputs.TEXT_FEAT_DIM,
+                 image_width: int = inputs.IMAGE_FEAT_DIM, grid: int | None = inputs.GRID):
+        """text_width, image_width: the backbone features' widths (MiniLM's states, Lite0's cells; another model's
+        token widths for reranker heads, models/heads.py). grid: the side of the image grid whose 2D positions are
+        added to its cells; None for features that carry their positions already (a ViT's patch tokens)."""
         super().__init__()
         self.cfg = cfg
         d = cfg.d
@@ -69,10 +73,10 @@ class CrossProbe(nn.Module):
             self.text_in = nn.Linear(cfg.d_in, d)
             self.vision_in = nn.Linear(cfg.d_in, d)
         if cfg.uses_backbone:  # LayerNorm first: Lite0's ReLU6 grid and MiniLM states have very different scales
-            self.text_bb = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, d))
-            self.vision_bb = nn.Sequential(nn.LayerNorm(inputs.IMAGE_FEAT_DIM), nn.Linear(inputs.IMAGE_FEAT_DIM, d))
+            self.text_bb = nn.Sequential(nn.LayerNorm(text_width), nn.Linear(text_width, d))
+            self.vision_bb = nn.Sequential(nn.LayerNorm(image_width), nn.Linear(image_width, d))
             # the raw grid has no positions (the vision tower adds its own to its tokens)
-            self.register_buffer("pos", grid_positions(inputs.GRID, d), persistent=False)  # (49, d)
+            self.register_buffer("pos", grid_positions(grid, d) if grid else None, persistent=False)  # (49, d)
         self.text_probes = ProbePool(cfg.m, d, cfg.heads, cfg.dropout)
         self.vision_probes = ProbePool(cfg.n, d, cfg.heads, cfg.dropout)
         self.type_emb = nn.Parameter(torch.zeros(2, d))  # text / vision, so cross layers know which is which
@@ -91,9 +95,10 @@ class CrossProbe(nn.Module):
         return self.text_probes(x, mask.bool()), masked_mean(x, mask.bool())
 
     def encode_image(self, tokens: torch.Tensor | None, grid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, 49, d_in) tower tokens and/or (B, 49, 1280) Lite0 grid -> P_v (B, n, d), b_bar (B, d)."""
+        """(B, 49, d_in) tower tokens and/or (B, 49, 1280) Lite0 grid (heads: (B, P, W) patch tokens)
+        -> P_v (B, n, d), b_bar (B, d)."""
         x = self._embed(tokens, grid, "vision_in", "vision_bb")
-        if self.cfg.uses_backbone:
+        if self.cfg.uses_backbone and self.pos is not None:
             x = x + self.pos
         return self.vision_probes(x), x.mean(1)
 

@@ -8,6 +8,8 @@ with another's graphs:
     <root>/<fingerprint>/<name>.onnx    query_tower, image_tower, cp_scorer, temde_scorer, explain, ...
     <root>/<fingerprint>/query_tower.int8.onnx   the int8 query tower, quantized from the fp32 one
     <root>/<fingerprint>/manifest.json  the fingerprint, opset and graphs present
+    <root>/<heads fingerprint>/image_head.onnx, text_head.onnx, cp_scorer.onnx, temde_scorer.onnx
+                                        reranker heads trained on another model's backbone (models/heads.py)
 
 What each graph computes is models/graphs.py. Every file is written under a temp name and renamed into
 place, so a reader (another process, a killed export's next run) never sees half a graph. When the
@@ -34,6 +36,8 @@ BACKBONE = "image_backbone.onnx"
 # PyTorch model is loaded anyway, but a folder without them still counts as ready (they come on first use)
 SEARCH_GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
 SERVICE_GRAPHS = SEARCH_GRAPHS + ("explain", "image_tower")
+# reranker heads on another model's backbone (models/heads.py; graphs.HEADS_GRAPHS says what each computes)
+HEADS_GRAPHS = ("image_head", "text_head", "cp_scorer", "temde_scorer")
 
 
 class GraphsUnavailable(RuntimeError):
@@ -83,18 +87,54 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
         if meta["fingerprint"] != fingerprint:
             raise ValueError(f"checkpoint {ckpt} has fingerprint {meta['fingerprint']}, not {fingerprint}")
     log.info("exporting ONNX graphs %s of checkpoint %s into %s", wanted, fingerprint, final)
+    _publish(final, wanted, fingerprint, lambda tmp: export_all(model, tmp, fingerprint, names=wanted))
+    return final
+
+
+def ensure_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fingerprint: str | None = None) -> Path:
+    """<root>/<fingerprint>/ holding the reranker heads' graphs (graphs.HEADS_GRAPHS: image_head, text_head,
+    cp_scorer, temde_scorer), exporting the missing ones from the in-memory `model` (with its `fingerprint`) or
+    from the heads checkpoint `ckpt` (models/heads.py), loaded only when something is missing."""
+    fingerprint = fingerprint or checkpoint_fingerprint(ckpt)
+    final = Path(root) / fingerprint
+    missing = [n for n in HEADS_GRAPHS if not (final / f"{n}.onnx").exists()]
+    if not missing:
+        return final
+    if model is None:
+        _torch_for_export(f"graphs {missing} of the reranker heads {fingerprint}", final)
+        from crossprobe.models import heads
+
+        model, meta = heads.load(ckpt)
+        if meta["fingerprint"] != fingerprint:
+            raise ValueError(f"heads checkpoint {ckpt} has fingerprint {meta['fingerprint']}, not {fingerprint}")
+    log.info("exporting ONNX graphs %s of the reranker heads %s into %s", missing, fingerprint, final)
+
+    def write(tmp: Path) -> None:
+        from crossprobe.models import graphs
+
+        model.eval()
+        ex = graphs.heads_example_inputs(model)
+        for name in missing:
+            make, inputs, outputs, dynamic = graphs.HEADS_GRAPHS[name]
+            _export(make(model), ex[name], tmp / f"{name}.onnx", inputs, outputs, dynamic)
+    _publish(final, missing, fingerprint, write)
+    return final
+
+
+def _publish(final: Path, names: list[str], fingerprint: str, write) -> None:
+    """write(tmp) the graphs `names` into a temp folder beside `final`, then move each into `final` by one rename
+    (a reader never sees half a graph) and rewrite its manifest."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".export-"))
     try:
-        export_all(model, tmp, fingerprint, names=wanted)
+        write(tmp)
         final.mkdir(exist_ok=True)
-        for name in wanted:  # each graph appears whole, by one rename
+        for name in names:  # each graph appears whole, by one rename
             os.chmod(tmp / f"{name}.onnx", 0o644)  # mkdtemp's 0600 would hide it from another uid (the image's)
             os.replace(tmp / f"{name}.onnx", final / f"{name}.onnx")
         _write_manifest(final, fingerprint)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def ensure_backbone(root: Path) -> Path:

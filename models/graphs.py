@@ -11,6 +11,11 @@
                 (+ q_cls (1, 1000) -> label_regions (K, 49) with region labels: each cell's label against the query)
   sm_scorer / tv_scorer  the references, for timing against CP.
 
+Reranker heads on another model's backbone (models/heads.py: no region labels, no explain maps):
+  image_head    tokens (B, P, W) -> p_v (B, n, dc), b_bar (B, dc), s_i (B, N*K)
+  text_head     tokens (B, T, W_t), attention_mask (B, T) -> p_t (B, m, dc), w_bar (B, dc), s_q (B, N*K)
+  cp_scorer, temde_scorer  as above
+
 models/export.py writes them to files; this module only says what they are.
 """
 from __future__ import annotations
@@ -185,23 +190,36 @@ class JointScorer(nn.Module):
         return self.mod.fusion(s_tt, s)
 
 
-def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tuple]:
-    cp, te = model.cp.cfg, model.temde.cfg  # modules' own configs (a frontier variant may be swapped in)
-    dc, nk = cp.d, te.N * te.K
-    ids = torch.randint(1000, 2000, (2, T))
-    ids[:, 0] = 101
+def _mask(T: int) -> torch.Tensor:
+    """(2, T): one full row, one with 3 padding positions."""
     mask = torch.ones(2, T, dtype=torch.long)
     mask[1, T - 3 :] = 0
+    return mask
+
+
+def scorer_inputs(model, K: int = 7) -> dict[str, tuple]:
+    """cp_scorer's and temde_scorer's example inputs (a SearchModel's or reranker heads')."""
+    cp, te = model.cp.cfg, model.temde.cfg  # modules' own configs (a frontier variant may be swapped in)
+    dc, nk = cp.d, te.N * te.K
     return {
-        "query_tower": (ids, mask),
-        "image_tower": (torch.randn(2, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM).abs(),),
         "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K))
         + region_inputs(model, "cp", K),
         "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + region_inputs(model, "temde", K),
+    }
+
+
+def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tuple]:
+    cp = model.cp.cfg
+    ids = torch.randint(1000, 2000, (2, T))
+    ids[:, 0] = 101
+    return {
+        "query_tower": (ids, _mask(T)),
+        "image_tower": (torch.randn(2, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM).abs(),),
+        **scorer_inputs(model, K),
         "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
         "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
         # a real grid is ReLU6 output: non-negative
-        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, dc))
+        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, cp.d))
         + ((F.normalize(torch.randn(1, 1000), dim=-1),) if model.cfg.region.enabled else ()),
     }
 
@@ -226,7 +244,43 @@ GRAPHS = {
 }
 
 
-def region_inputs(model: SearchModel, method: str, K: int) -> tuple:
+# Reranker heads on another model's backbone (models/heads.py): its image and text heads, and the same scorers
+class HeadsImageGraph(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, tokens):
+        return self.m.encode_image(tokens)
+
+
+class HeadsTextGraph(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, tokens, attention_mask):
+        return self.m.encode_text(tokens, attention_mask)
+
+
+HEADS_GRAPHS = {
+    "image_head": (HeadsImageGraph, ["tokens"], ["p_v", "b_bar", "s_i"],
+                   {"tokens": {0: "B"}, **{o: {0: "B"} for o in ("p_v", "b_bar", "s_i")}}),
+    "text_head": (HeadsTextGraph, ["tokens", "attention_mask"], ["p_t", "w_bar", "s_q"],
+                  {"tokens": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"},
+                   **{o: {0: "B"} for o in ("p_t", "w_bar", "s_q")}}),
+    "cp_scorer": GRAPHS["cp_scorer"],
+    "temde_scorer": GRAPHS["temde_scorer"],
+}
+
+
+def heads_example_inputs(model, K: int = 7, T: int = 9) -> dict[str, tuple]:
+    c = model.cfg
+    return {"image_head": (torch.randn(2, c.cells, c.image_width),),
+            "text_head": (torch.randn(2, T, c.text_width), _mask(T)), **scorer_inputs(model, K)}
+
+
+def region_inputs(model, method: str, K: int) -> tuple:
     """The scorer graph's extra inputs when the method has a region weight: q_cls (1, 1000), labels (K, 49)."""
     if model.cfg.region.weight(method) <= 0:
         return ()

@@ -78,13 +78,14 @@ class TemdeCoder(nn.Module):
 
 
 class Temde(nn.Module):
-    def __init__(self, cfg: TemdeConfig):
+    def __init__(self, cfg: TemdeConfig, text_width: int = inputs.TEXT_FEAT_DIM, image_width: int = inputs.IMAGE_FEAT_DIM):
+        """text_width, image_width: the backbone features' widths, as for CrossProbe (cross_probe.py)."""
         super().__init__()
         self.cfg = cfg
         self.centroids = nn.Parameter(torch.randn(cfg.N, cfg.K, cfg.inner))
         self.log_tau = nn.Parameter(torch.tensor(1.0).log())
-        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, inputs.TEXT_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
-        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, inputs.IMAGE_FEAT_DIM if cfg.uses_backbone else cfg.d_in)
+        self.text_coder = TemdeCoder(cfg, self.centroids, self.log_tau, text_width if cfg.uses_backbone else cfg.d_in)
+        self.image_coder = TemdeCoder(cfg, self.centroids, self.log_tau, image_width if cfg.uses_backbone else cfg.d_in)
         self.fusion = Fusion()
 
     @staticmethod

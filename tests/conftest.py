@@ -69,3 +69,11 @@ def small_model(small_cfg, bert):
 
     torch.manual_seed(0)
     return random_labels(SearchModel(copy.deepcopy(small_cfg), bert)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_heads(tmp_path_factory):
+    """Reranker heads trained by `crossprobe train --backbone` on a tiny random HF CLIP (tests/support/tiny_heads.py)."""
+    from tests.support import tiny_heads as th
+
+    return th.build(tmp_path_factory.mktemp("tiny-heads"))

@@ -2,7 +2,7 @@
 text gate reach a model, whatever its family and runtime; image decoding for it (decode.py), the one definition of
 the features it gives (layout.py), and what names a model (spec.py). Implementations: crossprobe.py (a crossprobe
 checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported graphs: open_clip, Hugging Face),
-immich.py (a folder in the layout Immich publishes).
+immich.py (a folder in the layout Immich publishes), heads.py (reranker heads on a family model's backbone).
 """
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
     spec = model if isinstance(model, ModelSpec) else parse(model)
     opts = replace(opts, device=resolve_device(opts.device))
     if spec.family == "crossprobe":
+        from crossprobe.models.inference.heads import HeadsBackend, backbone_spec
+
+        if (backbone := backbone_spec(spec.path)) is not None:  # reranker heads on the backbone the dir names
+            return HeadsBackend(spec.path, opts, load(backbone, opts))
         from crossprobe.models.inference.crossprobe import CrossprobeBackend
         from crossprobe.models.inference.torch_crossprobe import TorchCrossprobeBackend, onnxruntime_has_cuda
 

@@ -168,14 +168,7 @@ class CrossprobeBackend(Backend):
 
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
         """One query against its K candidates in one scorer run -> fused logits (K,)."""
-        s_tt = np.ascontiguousarray(s_tt, np.float32)
-        if kind == "cp":
-            feed = {"p_t": q.p_t[None], "w_bar": q.w_bar[None], "p_v": feats["p_v"], "b_bar": feats["b_bar"],
-                    "s_tt": s_tt}
-        elif kind == "temde":
-            feed = {"s_q": q.s_q[None], "s_i": feats["s_i"], "s_tt": s_tt}
-        else:
-            raise ValueError(f"unknown reranker {kind!r}")
+        feed = scorer_feed(kind, q, feats, s_tt)
         session, region = self._scorer(kind)
         if region:
             feed["q_cls"], feed["labels"] = q.q_cls[None], feats["labels"]
@@ -201,6 +194,16 @@ class CrossprobeBackend(Backend):
         from crossprobe.models.text_gate import TextGate
 
         return TextGate.load(threshold=threshold)
+
+
+def scorer_feed(kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> dict[str, np.ndarray]:
+    """cp_scorer's or temde_scorer's inputs (models/graphs.py) for one query against its K candidates."""
+    s_tt = np.ascontiguousarray(s_tt, np.float32)
+    if kind == "cp":
+        return {"p_t": q.p_t[None], "w_bar": q.w_bar[None], "p_v": feats["p_v"], "b_bar": feats["b_bar"], "s_tt": s_tt}
+    if kind == "temde":
+        return {"s_q": q.s_q[None], "s_i": feats["s_i"], "s_tt": s_tt}
+    raise ValueError(f"unknown reranker {kind!r}")
 
 
 # ---- what a checkpoint is, without loading it ------------------------------------------------------------
