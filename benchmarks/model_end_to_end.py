@@ -9,9 +9,9 @@ end_to_end: the Flickr8k dev photos (1,000; read from /work/shared, never copied
     order or membership between items whose reference scores lie within 2e-4 of each other (near-tie swaps).
 clip_benchmark: clip-benchmark's zero-shot retrieval (its CLI, offline, on an open_clip local model: docs/research/
     model_choice.md "clip-benchmark offline") over the first 100 dev photos and their 500 captions, on a random-weight
-    open_clip ViT-B-32 (seed 0), against crossprobe's evaluation of the same model exported through the seam (the
-    photos decoded as the indexer decodes them, the captions through the exported text graph), with clip-benchmark's
-    definitions of R@K; queries whose answer differs are counted and must be near-tied in the reference's scores.
+    open_clip ViT-B-32 (seed 0), against `crossprobe eval --data --model` on the same model exported through the seam
+    (the photos decoded as the indexer decodes them, the captions through the exported text graph), whose R@K are
+    clip-benchmark's; queries whose hit differs are counted and must be near-tied in the reference's scores.
 
     .venv/bin/python -m benchmarks.model_end_to_end [--parts end_to_end,clip_benchmark]
         -> docs/research/results/model_choice.json, its "end_to_end" and "clip_benchmark" sections (others kept)
@@ -131,37 +131,42 @@ def end_to_end(work: Path) -> dict:
 OPENCLIP_SIDE = r"""
 import json, sys
 from pathlib import Path
-work, images, annotation, photos_json = (Path(a) for a in sys.argv[1:5])
+import numpy as np
 from tests.support import reference_models as rm, clip_benchmark_run as cb
 from crossprobe.models import families
-names = json.loads(photos_json.read_text())["names"]
-captions = json.loads(photos_json.read_text())["captions"]
+work, images, annotation, photos_json = (Path(a) for a in sys.argv[1:5])
+names, captions = (json.loads(photos_json.read_text())[k] for k in ("names", "captions"))
 ref_dir = work / "open_clip_base"
 ref = rm.Reference.load(ref_dir) if (ref_dir / rm.META).exists() else rm.build("open_clip", ref_dir, size="base")
 spec = f"open_clip:ViT-B-32/{ref.path / 'open_clip_model.safetensors'}"
 folder = families.export(spec, work / "graphs", log=print)
 metrics = cb.run_cli(ref.path, images, annotation, work / "clip_benchmark.json")
 emb = rm.reference_embeddings(ref, [images / n for n in names], captions)
-np = __import__("numpy")
-np.save(work / "ref_image.npy", emb.image); np.save(work / "ref_text.npy", emb.text)
+np.save(work / "ref_image.npy", emb.image)
+np.save(work / "ref_text.npy", emb.text)
 print(json.dumps({"spec": spec, "fingerprint": folder.name, "metrics": metrics}))
 """
 
 
-def openclip_side(venv: Path, work: Path, names: list[str], captions: list[str]) -> dict:
-    """Build the open_clip reference, export it through crossprobe's exporter, run clip-benchmark: in the export venv,
-    with this checkout's crossprobe first on the path (the venv's editable install may belong to another checkout)."""
-    images = work / "cb_images"  # clip-benchmark reads a folder: links to the shared photos, not copies
-    images.mkdir(parents=True, exist_ok=True)
-    for n in names:
-        if not (images / n).exists():
-            (images / n).symlink_to(FLICKR / "images" / n)
+def captioned_folder(work: Path, names: list[str], caps: dict[str, list[str]]) -> Path:
+    """The photos as crossprobe's captioned folder (models/data/captioned.py; links to the shared files, not copies)
+    and as clip-benchmark's Flickr annotation file, in one order: the names sorted, as the folder lists them."""
     from tests.support.clip_benchmark_run import write_annotation
 
-    per_photo = dict.fromkeys(names)
-    for n, c in zip([n for n in names for _ in range(5)], captions):
-        per_photo[n] = (per_photo[n] or []) + [c]
-    annotation = write_annotation(work / "annotation.txt", per_photo)
+    folder = work / "cb_captioned"
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    for n in names:
+        if not (folder / "images" / n).exists():
+            (folder / "images" / n).symlink_to(FLICKR / "images" / n)
+    rows = [f"{n}\t{c}\ttest" for n in names for c in caps[n][:5]]
+    (folder / "captions.tsv").write_text("image\tcaption\tsplit\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    write_annotation(work / "annotation.txt", {n: caps[n][:5] for n in names})
+    return folder
+
+
+def openclip_side(venv: Path, work: Path, images: Path, names: list[str], captions: list[str]) -> dict:
+    """Build the open_clip reference, export it through crossprobe's exporter, run clip-benchmark: in the export venv,
+    with this checkout's crossprobe first on the path (the venv's editable install may belong to another checkout)."""
     (work / "photos.json").write_text(json.dumps({"names": names, "captions": captions}))
     overlay = work / "overlay"
     (overlay / "crossprobe").mkdir(parents=True, exist_ok=True)
@@ -169,25 +174,23 @@ def openclip_side(venv: Path, work: Path, names: list[str], captions: list[str])
         if not (overlay / "crossprobe" / pkg).exists():
             (overlay / "crossprobe" / pkg).symlink_to(REPO / pkg)
     env = {**os.environ, "PYTHONPATH": f"{overlay}{os.pathsep}{REPO}", "HF_HUB_OFFLINE": "1"}
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", OPENCLIP_SIDE, str(work), str(images), str(annotation),
-                        str(work / "photos.json")], env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", OPENCLIP_SIDE, str(work), str(images),
+                        str(work / "annotation.txt"), str(work / "photos.json")],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
     if p.returncode:
         raise SystemExit(f"the export venv's side failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def crossprobe_embeddings(spec: str, graphs: Path, paths: list[Path], captions: list[str]):
-    """Through the seam, as the indexer and the service run it: each photo decoded by decode_file with the model's
-    preprocessing, image_grid + image_features; the captions by encode_texts."""
-    from crossprobe.models import inference
-    from crossprobe.models.inference import RuntimeOptions
-    from crossprobe.models.inference.decode import decode_file
-
-    backend = inference.load(spec, RuntimeOptions(graphs=graphs))
-    px = np.stack([decode_file(str(p), 10**8, backend.preprocessor(), backend.image_size)[0] for p in paths])
-    image = np.concatenate([backend.encode_images(px[i:i + 32]).g for i in range(0, len(px), 32)])
-    text = np.stack([q.g_q for i in range(0, len(captions), 64) for q in backend.encode_texts(captions[i:i + 64])])
-    return image, text
+def crossprobe_eval(spec: str, folder: Path, graphs: Path, out: Path) -> dict:
+    """`crossprobe eval --data FOLDER --model SPEC`: the generic evaluation, as a user runs it."""
+    cmd = [sys.executable, "-m", "crossprobe.service.cli", "eval", "--data", str(folder), "--model", spec,
+           "--split", "all", "--graphs", str(graphs), "--json", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if p.returncode:
+        raise SystemExit(f"crossprobe eval failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 def hits(text: np.ndarray, image: np.ndarray, text_image: np.ndarray, k: int) -> np.ndarray:
@@ -197,36 +200,49 @@ def hits(text: np.ndarray, image: np.ndarray, text_image: np.ndarray, k: int) ->
 
 
 def clip_benchmark(work: Path, venv: Path) -> dict:
-    from tests.support.clip_benchmark_run import near_tie_queries, recalls
+    """clip-benchmark's R@1 / R@5 and `crossprobe eval`'s on the same model and photos; the queries whose hit differs
+    between crossprobe's embeddings (the same encode functions the eval command runs) and the reference's, and
+    whether each is a near tie in the reference's scores."""
+    from crossprobe.models import inference
+    from crossprobe.models.data.captioned import CaptionedFolder
+    from crossprobe.models.evaluation import captioned
 
     names, caps = dev_split()
-    names = names[:CB_PHOTOS]
+    names = sorted(names[:CB_PHOTOS])
     captions = [c for n in names for c in caps[n][:5]]
     text_image = np.repeat(np.arange(len(names)), 5)
-    side = openclip_side(venv, work, names, captions)
-    image, text = crossprobe_embeddings(side["spec"], work / "graphs", [FLICKR / "images" / n for n in names], captions)
-    ours = recalls(text, image, text_image)
+    folder = captioned_folder(work, names, caps)
+    side = openclip_side(venv, work, folder / "images", names, captions)
+    ours = crossprobe_eval(side["spec"], folder, work / "graphs", work / "crossprobe_eval.json")
+    backend = inference.load(side["spec"], inference.RuntimeOptions(graphs=work / "graphs"))
+    cf = CaptionedFolder.load(folder)
+    assert cf.images == names and cf.captions == captions  # one order for every side
+    feats, kept, _ = captioned.encode_images(backend, cf, list(range(len(names))))
+    image, text = feats.g, np.stack([q.g_q for q in captioned.encode_texts(backend, captions)])
     ref_image, ref_text = np.load(work / "ref_image.npy"), np.load(work / "ref_text.npy")
-    ref_scores = ref_text @ ref_image.T
+    srt = np.sort(ref_text @ ref_image.T, axis=1)[:, ::-1]
     out = {"model": "random-weight open_clip ViT-B-32, seed 0 (tests/support/reference_models.py)",
-           "spec_family": "open_clip", "fingerprint": side["fingerprint"], "photos": len(names),
-           "captions": len(captions), "tie_tolerance": TIE_TOL,
+           "spec_family": "open_clip", "fingerprint": side["fingerprint"], "photos": len(kept),
+           "captions": len(captions), "tie_tolerance": TIE_TOL, "exact_ties": ours["exact_ties"],
            "max_embedding_diff": float(max(np.abs(image - ref_image).max(), np.abs(text - ref_text).max()))}
     for k in (1, 5):
         flips = hits(text, image, text_image, k) != hits(ref_text, ref_image, text_image, k)
-        # a flip is explained when the caption's k-th and (k+1)-th best photos are near-tied in the reference
-        srt = np.sort(ref_scores, axis=1)[:, ::-1]
-        near = srt[:, k - 1] - srt[:, k] <= TIE_TOL
-        out[f"R@{k}"] = {"crossprobe": ours[f"image_retrieval_recall@{k}"],
-                         "clip_benchmark": side["metrics"][f"image_retrieval_recall@{k}"],
+        near = srt[:, k - 1] - srt[:, k] <= TIE_TOL  # the caption's k-th and (k+1)-th photos near-tied
+        out[f"R@{k}"] = {"crossprobe": round(ours["TT"]["t2i"][f"R@{k}"] / 100, 6),
+                         "clip_benchmark": round(side["metrics"][f"image_retrieval_recall@{k}"], 6),
                          "flipped_queries": int(flips.sum()), "flipped_not_near_tie": int((flips & ~near).sum()),
-                         "near_tie_queries": near_tie_queries(ref_text, ref_image, k, TIE_TOL)}
-        out[f"text_R@{k}"] = {"crossprobe": ours[f"text_retrieval_recall@{k}"],
-                              "clip_benchmark": side["metrics"][f"text_retrieval_recall@{k}"]}
-    out["definitions"] = ("R@k: clip-benchmark's image_retrieval_recall@k, the share of captions whose photo is among "
-                          "its top k (text_R@k: text_retrieval_recall@k, the share of photos with one of their "
-                          "captions among their top k); crossprobe's from its embeddings through the seam by the "
-                          "same definitions (tests/support/clip_benchmark_run.recalls)")
+                         "near_tie_queries": int(near.sum())}
+        out[f"image_to_text_R@{k}"] = {"crossprobe": round(ours["TT"]["i2t"][f"R@{k}"] / 100, 6),
+                                       "clip_benchmark": round(side["metrics"][f"text_retrieval_recall@{k}"], 6)}
+    out["definitions"] = ("R@k: text to image, the share of captions whose photo is among their top k "
+                          "(clip-benchmark's image_retrieval_recall@k; crossprobe eval's t2i R@k / 100); "
+                          "image_to_text_R@k: the share of photos with one of their captions among their top k "
+                          "(text_retrieval_recall@k; i2t R@k / 100). flipped_queries: captions whose hit at k differs "
+                          "between crossprobe's embeddings and the reference's (open_clip's own, what clip-benchmark "
+                          "computes); near_tie_queries: captions whose k-th and (k+1)-th photos lie within "
+                          "tie_tolerance in the reference's scores (those that could flip)")
+    out["crossprobe_command"] = ("crossprobe eval --data <the 100 photos as a captioned folder> --model "
+                                 "open_clip:ViT-B-32/<weights> --split all")
     return out
 
 

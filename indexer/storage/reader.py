@@ -110,10 +110,10 @@ def open_index(name: str, fingerprint: str | None, settings: StorageSettings | N
     if manifest is None:
         raise LookupError(f"index {name!r} version {version}: no manifest.json under {Path(settings.index_root) / name / version}")
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
+        built = manifest.get("model_spec") or "a crossprobe checkpoint"
         raise FingerprintMismatch(
-            f"index {name!r} version {version} was built with model {manifest['fingerprint']}, but the loaded model "
-            f"is {fingerprint}; its vectors and probes are not comparable. Either load the checkpoint of model "
-            f"{manifest['fingerprint']}, or move the index to model {fingerprint}: crossprobe index reindex {name} "
-            f"--ckpt <the checkpoint of {fingerprint}> (re-encodes its items from their recorded sources into a new "
-            f"version and activates it)")
+            f"index {name!r} version {version} was built with model {built} ({manifest['fingerprint']}), but the "
+            f"loaded model is {fingerprint}; its vectors and probes are not comparable. Either load the index's model, "
+            f"or move the index to this one: crossprobe index reindex {name} --model <this model's spec> (re-encodes "
+            f"its items from their recorded sources into a new version and activates it)")
     return IndexReader(store, name, version, manifest)

@@ -104,7 +104,7 @@ def test_other_fingerprint_is_refused(settings, gallery, ckpt, bert, small_cfg, 
     fp_other = checkpoint.save(SearchModel(small_cfg, bert).eval(), other)
     with pytest.raises(FingerprintMismatch, match="built with model"):
         open_index("fp", fp_other, settings)
-    with pytest.raises(FingerprintMismatch):
+    with pytest.raises(FingerprintMismatch, match=rf"crossprobe index reindex fp --model crossprobe:{other}; then add"):
         add("fp", images=gallery, settings=settings, ckpt=other, bert=bert, log=lambda *_: None)
     assert open_index("fp", checkpoint.read_config(ckpt)["fingerprint"], settings).version
 

@@ -103,7 +103,8 @@ def test_reindex_moves_an_index_to_another_checkpoint(settings, gallery, ckpt, c
     assert np.allclose(new.features(new.ids)["p_v"], ref.features(ref.ids)["p_v"], atol=2e-3)
 
     # the old model's service refuses the new version and names the way forward
-    with pytest.raises(FingerprintMismatch, match=r"crossprobe index reindex photos --ckpt"):
+    with pytest.raises(FingerprintMismatch, match=rf"built with model crossprobe:{ckpt_b} \({fp_b}\).*"
+                                                  r"crossprobe index reindex photos --model"):
         open_index("photos", fp_a, settings)
     # the old version stays (a service on checkpoint A keeps serving it) until gc
     states = {v.version: (v.state, v.fingerprint) for v in store.versions("photos")}
