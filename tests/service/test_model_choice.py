@@ -216,6 +216,22 @@ def test_a_service_of_another_model_refuses_the_index_and_says_what_to_do(indexe
             assert f"crossprobe index reindex photos --model crossprobe:{svc_ckpt}" in text
 
 
+def test_serve_takes_a_model_spec_and_refuses_a_bad_one_at_once(monkeypatch, tmp_path):
+    """`crossprobe serve --model SPEC`: a spec that names no model, or --model and --ckpt naming two, is a usage error
+    (exit 2, the reason said) before anything loads; --model replaces the environment's CROSSPROBE_CKPT."""
+    from typer.testing import CliRunner
+
+    from crossprobe.service import cli
+
+    monkeypatch.setattr("crossprobe.service.server.serve", lambda settings: print("SERVING", settings.model_spec))
+    r = CliRunner().invoke(cli.app, ["serve", "--model", "clip:ViT-B-32"])
+    assert r.exit_code == 2 and "unknown family 'clip'" in r.output, r.output
+    r = CliRunner().invoke(cli.app, ["serve", "--model", "hf:/m", "--ckpt", str(tmp_path)])
+    assert r.exit_code == 2 and "name different models" in r.output, r.output
+    r = CliRunner().invoke(cli.app, ["serve", "--model", "hf:/m"], env={"CROSSPROBE_CKPT": str(tmp_path)})
+    assert r.exit_code == 0 and "SERVING hf:/m" in r.output, r.output
+
+
 # ---- a library moved to another model under live traffic ----------------------------------------------------
 
 def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, graphs, svc_ckpt, artifacts, bert,
