@@ -42,6 +42,84 @@ def _minus(a: float, b: float) -> str:
     return f"{a - b:.1f}"
 
 
+# sizing.json (benchmarks/sizing.py): a block per Redis ("embedded", "server"), a record per size measured
+SIZING_SIZES = {"embedded": ("100000", "300000"), "server": ("100000",)}
+_SIZING = {  # figure -> its paths inside a size's record (several: the largest of them)
+    "service_rss": ("service/rss_bytes",),
+    "service_peak": ("service/peak_rss_bytes_at_end",),
+    "redis_steady": ("steady/redis_used_memory",),
+    "redis_add_peak": ("add/peak/redis_used_memory",),
+    "redis_watch_peak": ("watch/one_batch/peak/redis_used_memory", "watch/stream/peak/redis_used_memory"),
+    "redis_rss_peak": ("add/peak/redis_process_rss", "watch/stream/peak/redis_process_rss"),
+    "redis_cow": ("add/peak/redis_fork_cow_bytes", "watch/one_batch/peak/redis_fork_cow_bytes",
+                  "watch/stream/peak/redis_fork_cow_bytes"),
+    "redis_total": ("add/peak/redis_rss_plus_cow", "watch/one_batch/peak/redis_rss_plus_cow",
+                    "watch/stream/peak/redis_rss_plus_cow"),
+    "version_files": ("steady/version_files/total",),
+    "rdb": ("steady/redis_files/after_save",),
+    "disk_peak": ("add/peak/disk_bytes", "watch/stream/peak/disk_bytes"),
+    "add_rss": ("add/job/peak_rss_bytes",),
+    "watcher_rss": ("watch/watcher/peak_rss_bytes",),
+    "add_gc_freed": ("add/gc/redis_used_memory_freed",),
+    "add_gc_rss_freed": ("add/gc/redis_process_rss_freed",),
+    "watch_gc_rss_freed": ("watch/gc/redis_process_rss_freed",),
+    "aof_logged": ("steady/redis_files/aof_as_logged",),
+    "aof_rewritten": ("steady/redis_files/aof_after_rewrite",),
+}
+_SERVER_ONLY = ("aof_logged", "aof_rewritten")
+# the figures benchmarks/sizing.py's slopes() gives per item and projects to 1M, by its names
+_SIZING_SLOPE = {"service_rss": "service_rss", "service_peak": "service_peak_rss", "redis_steady": "redis_used_memory",
+                 "redis_add_peak": "redis_peak_add", "redis_watch_peak": "redis_peak_watch",
+                 "redis_rss_peak": "redis_rss_peak", "redis_cow": "redis_fork_cow_peak",
+                 "redis_total": "redis_rss_plus_cow_peak", "version_files": "index_files", "rdb": "redis_files",
+                 "disk_peak": "disk_peak", "add_rss": "add_job_peak_rss", "watcher_rss": "watcher_peak_rss"}
+
+
+def _mb_max(*nbytes: float) -> str:
+    return f"{max(nbytes) / 1e6:,.0f}"
+
+
+def _kb1(nbytes: float) -> str:
+    return f"{nbytes / 1000:.1f}"
+
+
+def _gb2(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f}"
+
+
+def _batch_seconds(lines: list[str]) -> str:
+    """The watcher's batches' seconds ("... live, N items (...) in 12.3s"): "lo to hi"."""
+    secs = [float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in lines]
+    return f"{min(secs):.0f} to {max(secs):.0f}"
+
+
+def _sizing(block: str, prefix: str) -> dict:
+    """The figures of one sizing.json block: prefix.<N>k.<figure>_mb per size; with two sizes or more, per item
+    (prefix.item.<figure>_kb) and projected to 1M (prefix.1m.<figure>_gb, labelled a projection on the page)."""
+    sizes = SIZING_SIZES[block]
+    out = {f"host.{prefix}": host("sizing.json", f"{block}/machine"),
+           f"{prefix}.redis": num("sizing.json", f"{block}/redis", "{}")}
+    for n in sizes:
+        k, at = f"{prefix}.{int(n) // 1000}k", f"{block}/sizes/{n}"
+        out.update({f"{k}.{name}_mb": calc("sizing.json", tuple(f"{at}/{p}" for p in paths), _mb_max)
+                    for name, paths in _SIZING.items() if block == "server" or name not in _SERVER_ONLY})
+        versions = tuple(f"{at}/watch/{phase}/peak/versions_on_disk" for phase in ("one_batch", "stream"))
+        out[f"{k}.watch_versions"] = calc("sizing.json", versions, lambda *v: f"{max(v)}")
+        out[f"{k}.idle_versions"] = num("sizing.json", f"{at}/watch/one_batch/idle_past_grace/versions_on_disk", "{}")
+        out[f"{k}.watch_batch_s"] = calc("sizing.json", (f"{at}/watch/batches",), _batch_seconds)
+        if block == "server":  # its Redis files after a save: the RDB and the append-only file (as logged then)
+            out[f"{k}.rdb_only_mb"] = calc("sizing.json", (f"{at}/steady/redis_files/after_save",
+                                                           f"{at}/steady/redis_files/aof_as_logged"), lambda a, b: _mb_max(a - b))
+        out[f"{k}.redis_rss_peak_gb"] = calc("sizing.json", tuple(f"{at}/{p}" for p in _SIZING["redis_rss_peak"]),
+                                             lambda *v: _gb2(max(v)))
+    if len(sizes) > 1:
+        out[f"{prefix}.between"] = calc("sizing.json", (f"{block}/between",), lambda b: f"{b[0]:,} and {b[1]:,}")
+        for name, slope in _SIZING_SLOPE.items():
+            out[f"{prefix}.item.{name}_kb"] = calc("sizing.json", (f"{block}/per_item_bytes/{slope}",), _kb1)
+            out[f"{prefix}.1m.{name}_gb"] = calc("sizing.json", (f"{block}/projected_1000000/{slope}",), _gb2)
+    return out
+
+
 # every p99 latency_region.json holds for the served checkpoint: (mode, clients, items) and its path
 _P99S = [((m, c, n), f"{{served}}/{n}/{m}/" + ("concurrent_8/" if c == 8 else "") + "p99_ms")
          for n in ("8091", "100000") for m in ("none", "temde", "cp") for c in (1, 8)]
@@ -270,6 +348,15 @@ FIGURES: dict[str, Fig | Block] = {
     "redis.recovery_s": num("redis_faults_load.json", "recovery_s/after_sigcont"),
     "redis.restart_recovery_s": num("redis_faults_load.json", "recovery_s/after_restart"),
     "host.redis_faults_load": host("redis_faults_load.json"),
+
+    # sizing: memory and disk by library size (benchmarks/sizing.py): the embedded Redis, and a compose-like server
+    **_sizing("embedded", "sizing"),
+    **_sizing("server", "sizing.server"),
+    "sizing.base_photos": num("sizing.json", "embedded/base_photos", "{:,}"),
+    "sizing.service_base_mb": calc("sizing.json", ("embedded/service_base/rss_bytes",), _mb_max),
+    "sizing.feature_bytes": num("sizing.json", "embedded/sizes/100000/steady/redis_values/feature_value_bytes", "{:,.0f}"),
+    "sizing.metadata_bytes": num("sizing.json", "embedded/sizes/100000/steady/redis_values/metadata_value_bytes",
+                                 "{:,.0f}"),
 }
 
 # Results files that record a checkpoint other than the served one, and why their figures hold for it
@@ -291,6 +378,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                     "`CROSSPROBE_MAX_BODY_BYTES` (1 MiB"),
     "docs/security.md": ("`CROSSPROBE_MAX_BODY_BYTES` (1 MiB)", "`CROSSPROBE_QUERY_IMAGE_MAX_BYTES` (768 KiB decoded)"),
     "docs/indexing.md": ("(100 million) pixels", "`CROSSPROBE_INDEX_REINDEX_MAX_LOST`, 1%"),
+    "docs/troubleshooting.md": ("`--max-lost` (default 1%)",),
     "docs/operations.md": ("more than 1% of user-facing requests", "`crossprobe:search_p99_budget_seconds` (150 ms)",
                            "a 200 ms timeout", "`PING` every 0.5 s", "`--max-lost` (1%)"),
 }
