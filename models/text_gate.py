@@ -60,11 +60,14 @@ class TextGate:
                 int(round((c1 + 1) * width / GRID)), int(round((r1 + 1) * height / GRID)))
 
     def save(self, folder: Path, about: dict | None = None) -> None:
+        """The folder (model.safetensors, config.json), written whole under a temporary name and renamed."""
         from safetensors.numpy import save_file
 
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({"w": self.w, "b": np.asarray([self.b], np.float32)}, str(folder / "model.safetensors"))
-        (folder / "config.json").write_text(json.dumps({"gate": asdict(self.cfg), **(about or {})}, indent=1) + "\n")
+        from crossprobe.models.atomic import atomic_dir
+
+        with atomic_dir(folder) as tmp:
+            save_file({"w": self.w, "b": np.asarray([self.b], np.float32)}, str(tmp / "model.safetensors"))
+            (tmp / "config.json").write_text(json.dumps({"gate": asdict(self.cfg), **(about or {})}, indent=1) + "\n")
 
     @classmethod
     def load(cls, folder: Path = DEFAULT_GATE, threshold: float | None = None) -> "TextGate":

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from crossprobe.models import checkpoint
+from crossprobe.models.atomic import atomic_write
 from crossprobe.models import export as ex
 from crossprobe.models import runtime
 from crossprobe.models.evaluation import metrics as M
@@ -307,9 +308,7 @@ class Runner:
                 self.log(f"ablation: {name}")
                 rows[name] = fn()
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rows[name], indent=2))
-            tmp.replace(path)
+            atomic_write(path, json.dumps(rows[name], indent=2))
             self.log(f"ablation {name}: t2i R@1 {rows[name]['t2i']['R@1']} i2t R@1 {rows[name]['i2t']['R@1']} "
                      f"ms {rows[name]['ms_per_query']}")
         for row in rows.values():

@@ -8,7 +8,6 @@ current one from its last completed epoch.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -16,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crossprobe.models.atomic import atomic_path, atomic_write
+
 
 def atomic_save(obj, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def rng_state() -> dict:
@@ -50,9 +50,7 @@ class Timings:
     def add(self, stage: str, seconds: float) -> None:
         self.data[stage] = round(self.data.get(stage, 0.0) + seconds, 1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(self.data, indent=2))
 
     def timer(self, stage: str):
         timings = self
