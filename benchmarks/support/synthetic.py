@@ -4,7 +4,7 @@ Each generated item is a real item's vector plus Gaussian noise (sigma 0.3 / sqr
 neighbour of its source, as a near-duplicate photo would be) and a copy of the source's Redis values (features
 and metadata) under its own id, written as one complete version through the store's own layout (FAISS factory
 chosen by size as the indexer does, ids, vectors.npy, manifest last) and activated with the one SET. Used by
-benchmarks/service_bench.py (the 100K-item latency index), benchmarks/search_features_bench.py and the
+benchmarks/harness.py (the 100K-item latency index), benchmarks/filter_latency.py, benchmarks/scale_bench.py and the
 filter tests (a 1%-selective filter over 100K items).
 
 ann_backend="milvus": the version's vectors go into a Milvus collection instead of index.faiss (the backend's own
