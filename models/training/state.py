@@ -34,6 +34,32 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+class EpochState:
+    """One stage's `<stage>.pt`: its weights (under `key`: "model" for the towers, "module" for a reranker, as runs
+    already on disk have them), optimizer, schedule, epochs done, best so far, history and RNG, saved after every
+    epoch. resume() at the start of the stage continues a killed run after its last completed epoch, with the
+    random stream it had."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key = Path(path), key
+
+    def resume(self, load_weights, opt, sched, best: dict, name: str, log=print) -> tuple[int, dict, list]:
+        """-> (first epoch to run, best so far, history); (0, best, []) where nothing was saved yet."""
+        if not self.path.exists():
+            return 0, best, []
+        st = torch.load(self.path, weights_only=False)
+        load_weights(st[self.key])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        set_rng_state(st["rng"])
+        log(f"{name}: resuming after epoch {st['epoch']}")
+        return st["epoch"], st["best"], st["history"]
+
+    def save(self, weights: dict, opt, sched, epoch: int, best: dict, history: list) -> None:
+        atomic_save({self.key: weights, "opt": opt.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
+                     "best": best, "history": history, "rng": rng_state()}, self.path)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
