@@ -36,14 +36,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.harness import (FEATURES_SECTION, NAME, ensure_flickr8k, features_section, machine, require_flickr8k,
-                                server_env, start_server, stop_server, synthesize)
+from benchmarks.harness import (FEATURES_SECTION, NAME, ensure_flickr8k, features_section, flickr8k_setup, machine,
+                                require_flickr8k, server_env, start_server, stop_server, synthesize)
 from benchmarks.support import synthetic
 from crossprobe.indexer import open_index
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 
 MODES = ("text", "filter_0.01", "filter_0.1", "filter_1.0", "image")
@@ -122,12 +119,7 @@ def main() -> None:
     require_flickr8k()
     command = "python -m benchmarks.filter_latency " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     mach = machine()  # before the work: its load average is the idle machine's
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    redis_client = connect(ixs)
+    ds, paths, fp, ixs, redis_client = flickr8k_setup(args.workdir)
     try:
         ensure_flickr8k(ixs, fp, paths)
         big = synthesize(ixs, args.total)

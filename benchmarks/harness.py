@@ -83,6 +83,22 @@ def ensure_flickr8k(ixs: IndexerSettings, fp: str, paths: list[Path], ckpt: Path
     return res.count
 
 
+def flickr8k_setup(workdir: Path):
+    """Flickr8k, its photos in dataset order, the committed checkpoint's fingerprint, and index settings under
+    workdir on an embedded Redis (the service reaches it through its unix socket; the caller stops it:
+    close_embedded) -> (dataset, paths, fingerprint, index settings, redis client)."""
+    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.models import checkpoint
+    from crossprobe.models.data.flickr8k import Flickr8k
+
+    ds = Flickr8k.load()
+    paths = [ds.image_path(i) for i in range(len(ds.images))]
+    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
+    workdir.mkdir(parents=True, exist_ok=True)
+    ixs = IndexerSettings(redis_url=None, index_root=workdir / "indexes", progress=False)
+    return ds, paths, fp, ixs, connect(ixs)
+
+
 def synthesize(ixs: IndexerSettings, total: int, seed: int = 0) -> str:
     """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours (benchmarks/support/synthetic.py), with
     the selectivity tags sel-0.01 / sel-0.1 / sel-1.0; reused when a complete one of that size (with them) exists."""

@@ -29,11 +29,9 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks.harness import NAME, ensure_flickr8k, machine, require_flickr8k, server_env, start_server, stop_server
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, server_env, start_server,
+                                stop_server)
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 
 CROP, SIDE, QUALITY = 0.8, 192, 70
@@ -85,12 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     require_flickr8k()
     command = "python -m benchmarks.image_query_quality " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
+    ds, paths, fp, ixs, redis_client = flickr8k_setup(args.workdir)
     try:
         ensure_flickr8k(ixs, fp, paths)
         test = ds.splits["test"][: args.limit]

@@ -50,12 +50,10 @@ import numpy as np
 
 from crossprobe.indexer import open_index
 from benchmarks.support import synthetic
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
-from benchmarks.harness import NAME, ensure_flickr8k, machine, require_flickr8k, start_server, stop_server, text_vectors
+from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, start_server, stop_server,
+                                text_vectors)
 
 RERANKS = ("none", "temde", "cp")
 SELECTIVITIES = ("0.01", "0.1", "1.0")
@@ -284,11 +282,7 @@ def main() -> None:
     command = "python -m benchmarks.scale_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
     mach = machine()
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    r = connect(ixs)
+    ds, paths, fp, ixs, r = flickr8k_setup(args.workdir)
     test = ds.splits["test"]
     captions = [ds.captions[ds.captions_of([i])[0]] for i in test]
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
