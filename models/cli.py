@@ -368,6 +368,12 @@ def fit_text_gate(
         raise typer.Exit(2)
     from crossprobe.models.text_gate import DEFAULT_GATE
     from crossprobe.models.training.text_gate import GateFitConfig, fit_text_gate as run_fit
+    from crossprobe.models.training.text_gate_sets import missing_fonts
+
+    if missing_fonts():  # the sets would be drawn otherwise than the served gate's: refuse rather than differ
+        typer.echo(f"the generated signs and documents are drawn with fonts this machine lacks: {missing_fonts()} "
+                   "(Debian: apt-get install fonts-dejavu-core fonts-liberation)", err=True)
+        raise typer.Exit(2)
 
     cfg = GateFitConfig(workdir=workdir, real=real, documents=documents, l2=l2, pass_pct=pass_pct)
     run_fit(cfg, out or DEFAULT_GATE, _command(), log=typer.echo)

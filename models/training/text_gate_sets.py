@@ -50,6 +50,12 @@ def phrase(rng: random.Random) -> list[str]:
     return words
 
 
+def missing_fonts() -> list[str]:
+    """The FONTS this machine lacks (Debian: fonts-dejavu-core, fonts-liberation). With any missing, font() draws
+    with the others and the random stream takes another course: other sets, and another gate fitted on them."""
+    return [f for f in FONTS if not Path(f).exists()]
+
+
 def font(rng: random.Random, size: int) -> ImageFont.FreeTypeFont:
     have = [f for f in FONTS if Path(f).exists()]
     return ImageFont.truetype(rng.choice(have), size) if have else ImageFont.load_default(size=size)
