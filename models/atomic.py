@@ -45,7 +45,7 @@ def atomic_path(path: Path, *, fsync: bool = False, mode: int | None = None, uni
             os.chmod(tmp, mode)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
+        if os.path.lexists(tmp):  # lexists: a temporary symlink (a linked image) counts too
             tmp.unlink()
 
 

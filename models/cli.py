@@ -197,10 +197,10 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
            **res, "command": _command(), "host": machine()}
     text = json.dumps(res, indent=1)
     if json_out is not None:
+        from crossprobe.models.atomic import atomic_write
+
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_out.with_name(f".{json_out.name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, json_out)
+        atomic_write(json_out, text + "\n")
     typer.echo(text)
 
 
