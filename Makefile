@@ -77,7 +77,7 @@ test-milvus: $(STAMP) milvus-server
 
 ## make milvus-server: install that server's virtualenv (artifacts/milvus-server/venv; the tests do it too when missing)
 milvus-server: $(STAMP)
-	$(BIN)/python -c "from crossprobe.indexer.storage.local_milvus import ensure_server; print(ensure_server())"
+	$(BIN)/python -c "from benchmarks.support.local_milvus import ensure_server; print(ensure_server())"
 
 ## make openclip-env: open_clip's export environment (issue 47), a virtualenv of its own in $(OPENCLIP_VENV): torch 2.14.1 +
 ## torchvision 0.29.1 (PyPI's builds, which run on CPU; no CPU torchvision exists for the main .venv's torch 2.13.0),

@@ -207,7 +207,7 @@ def main() -> None:
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one, args.data)))
         return
-    from benchmarks.indexer_bench import machine
+    from benchmarks.harness import machine
 
     command = "python -m benchmarks.ann_backends " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     vec_path = args.vectors or find_vectors()

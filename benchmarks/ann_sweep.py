@@ -67,8 +67,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     command = "python -m benchmarks.ann_sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from benchmarks.indexer_bench import machine
-    from benchmarks.service_bench import text_vectors
+    from benchmarks.harness import machine, text_vectors
 
     mach = machine()
     vdir = newest_version(args.index)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.loadgen import Generator, search_requests
-from benchmarks.service_bench import stop_server
+from benchmarks.harness import stop_server
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
 

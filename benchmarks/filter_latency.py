@@ -6,7 +6,7 @@ beside the unfiltered text query and the image query (issue 17's latency table).
            benchmarks/image_query_quality.py writes are kept)
 
 Index: the 8,091 Flickr8k images built by the indexer with the committed checkpoint (the same --workdir as
-image_query_quality.py, reused when present), grown to --total items by indexer/jobs/synthetic.py (each generated item
+image_query_quality.py, reused when present: benchmarks/harness.py), grown to --total items by benchmarks/support/synthetic.py (each generated item
 a real one's vector plus noise with a copy of its Redis values; FAISS factory chosen by size as the indexer does:
 HNSW32 at 100K), whose selectivity tags sel-0.01 / sel-0.1 / sel-1.0 sit on a seeded random 1% / 10% / all of
 the items. `crossprobe serve` in a subprocess on loopback, the shipped defaults (rerank cp, shortlist 100, k 10)
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -37,14 +36,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.harness import (FEATURES_SECTION, NAME, ensure_flickr8k, features_section, flickr8k_setup, machine,
+                                require_flickr8k, server_env, start_server, stop_server, synthesize)
+from benchmarks.support import synthetic
 from crossprobe.indexer import open_index
-from crossprobe.indexer.jobs import synthetic
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
-from benchmarks.indexer_bench import machine, require_flickr8k
 
 MODES = ("text", "filter_0.01", "filter_0.1", "filter_1.0", "image")
 
@@ -104,46 +101,10 @@ def ann_recall(reader, queries: np.ndarray, shortlist: int = 100) -> dict:
     return out
 
 
-SECTION = "## Search features over the 100K-item index"
-
-
-def features_section(docs: Path) -> list[str]:
-    """docs/research/latency.md's section for this benchmark, from docs/research/results/search_features.json ([] before a run).
-    service_bench.py's write() appends it too, so either benchmark rewrites the page whole."""
-    f = docs / "results" / "search_features.json"
-    res = json.loads(f.read_text()) if f.exists() else {}
-    lat = res.get("latency_100k")
-    if not lat:
-        return []
-    ix, rec = lat["index"], lat.get("ann_recall", {})
-    lines = ["", SECTION, "",
-             f"`{lat['command']}` (issue 17). Machine: {lat['machine']}. Index: {ix['items']:,} items ({ix['base']}; "
-             f"FAISS {ix['factory']}); the shipped defaults (rerank cp, shortlist {lat['shortlist']}, k {lat['k']}); "
-             f"{lat['queries']} Flickr8k test captions, each sent in every mode in turn; one client over loopback, "
-             "client-side latency. Filters: `{\"field\": \"tags\", \"eq\": \"sel-F\"}` on a seeded random 1% / 10% "
-             "/ all of the items. Target: every filtered mode p99 <= 50 ms with cp; image query p50 <= 40 ms.", "",
-             "| mode | rerank | p50 ms | p95 ms | p99 ms | max ms | filter / ann / rerank ms (median) | how the filtered ANN answered | ANN recall@100 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for m, r in lat["modes"].items():
-        st = r["stages_ms"]
-        how = ", ".join(f"{k} {v}" for k, v in r.get("methods", {}).items()) or "-"
-        recall = rec.get(m, {}).get("recall", rec.get("unfiltered", {}).get("recall") if m == "text" else None)
-        lines.append(f"| {m} | {r['rerank']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['max_ms']} | "
-                     f"{st.get('filter', '-')} / {st.get('ann', '-')} / {st.get('rerank', '-')} | {how} | "
-                     f"{'-' if recall is None else recall} |")
-    if rec:
-        lines += ["", f"ANN recall@100: the filtered ANN stage alone (indexer/storage/filter_columns.py, offline, the test images' "
-                  f"stored vectors as {rec['queries']} queries) against an exhaustive search of the matching rows; "
-                  "\"exact-scan\": at most CROSSPROBE_FILTER_EXACT_MAX (20,000) items match, so their stored vectors "
-                  "are scanned exactly; \"faiss-idselector\": HNSW searched with the filter's bitmap. Reading the 100K items' metadata into filter columns (done while a version "
-                  f"loads, CROSSPROBE_FILTER_PRELOAD): {rec['preload_s']} s."]
-    return lines
-
-
 def write_section(docs: Path) -> None:
     page = docs / "latency.md"
     text = page.read_text() if page.exists() else "# Search service latency\n"
-    head = text.split("\n" + SECTION, 1)[0].rstrip("\n")
+    head = text.split("\n" + FEATURES_SECTION, 1)[0].rstrip("\n")
     page.write_text(head + "\n" + "\n".join(features_section(docs)) + "\n")
 
 
@@ -157,34 +118,17 @@ def main() -> None:
     args = ap.parse_args()
     require_flickr8k()
     command = "python -m benchmarks.filter_latency " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from benchmarks.image_query_quality import NAME, ensure_index
-    from benchmarks.service_bench import start_server, stop_server
-
     mach = machine()  # before the work: its load average is the idle machine's
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    redis_client = connect(ixs)
-    big = f"{NAME}-{args.total // 1000}k"
+    ds, paths, fp, ixs, redis_client = flickr8k_setup(args.workdir)
     try:
-        ensure_index(ixs, fp, paths)
-        try:
-            ok = len(rd := open_index(big, fp, ixs)) == args.total and "selectivity_tags" in rd.manifest
-        except Exception:  # noqa: BLE001 - missing or stale: grow it again
-            ok = False
-        if not ok:
-            synthetic.grow(ixs, NAME, big, args.total)
+        ensure_flickr8k(ixs, fp, paths)
+        big = synthesize(ixs, args.total)
         factory = open_index(big, fp, ixs).manifest["factory"]
         test = ds.splits["test"]
         captions = [ds.captions[ds.captions_of([i])[0]] for i in test][: args.queries]
         images = [base64.b64encode(ds.image_path(i).read_bytes()).decode() for i in test][: args.queries]
-        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
-               "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
-               "CROSSPROBE_INDEXES": big, "HF_HUB_OFFLINE": "1"}
         port = free_port()
-        proc = start_server(env, port, args.workdir / "server.log")
+        proc = start_server(server_env(ixs, redis_client, [big]), port, args.workdir / "server.log")
         lat: dict[str, list[float]] = {m: [] for m in MODES}
         outs: dict[str, list[dict]] = {m: [] for m in MODES}
         try:

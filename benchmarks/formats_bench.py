@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks import library_files
+from benchmarks.harness import machine
 
 GRAIN = 8  # sensor-like noise: files of a phone's size (a 50 MP JPEG ~10 MB), not a smooth picture's 2 MB
 # name -> (kind, width, height, options, what it stands for)
@@ -39,12 +40,6 @@ FORMATS = {
     "dng-24mp-preview": ("dng", 6000, 4000, {"preview": 1024}, "DNG with a 1024 px JPEG preview (the usual case)"),
     "dng-24mp-mosaic": ("dng", 6000, 4000, {"preview": None}, "DNG with no preview: demosaiced at half size"),
 }
-
-
-def machine() -> str:
-    from crossprobe.models.evaluation.report import machine as describe
-
-    return f"{describe()}, load average {os.getloadavg()[0]:.2f} at start"
 
 
 def make(folder: Path, name: str, count: int, distinct: int) -> tuple[list[Path], float]:

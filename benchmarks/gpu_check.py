@@ -46,7 +46,7 @@ import numpy as np
 from benchmarks import gpu_inputs
 from benchmarks.loadgen import Generator, search_requests
 from benchmarks.service_bench import load as service_load
-from benchmarks.service_bench import service_env, stop_server
+from benchmarks.harness import service_env, stop_server
 
 RERANKS = ("none", "cp", "temde")
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-3, "bf16": 1e-3}  # max abs diff per output (issue 48)

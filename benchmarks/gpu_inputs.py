@@ -148,7 +148,8 @@ def grow(ixs, base: str, name: str, total: int, factory: str = "IVF1024,Flat", s
     with its Redis values (a copy's are its source's features and metadata, under its own id) -> timings."""
     from crossprobe.indexer.storage import faiss_io
     from crossprobe.indexer.storage.reader import open_index
-    from crossprobe.indexer.storage.store import atomic_write, new_version
+    from crossprobe.indexer.storage.store import new_version
+    from crossprobe.models.atomic import durable_write as atomic_write
 
     t0 = time.perf_counter()
     src_ix = open_index(base, None, ixs)

@@ -6,7 +6,7 @@
 The worst case for the keyword side: every item carries a caption (its first Flickr8k caption, as a manifest
 with captions would give it), so a query's words ("a dog runs on the grass") match tens of thousands of items
 and BM25 ranks them all, where OCR text alone is sparse. The 100K index is the 8,091 real items plus noisy
-copies (indexer/jobs/synthetic.py), metadata and keyword index included. One client, the served default
+copies (benchmarks/support/synthetic.py), metadata and keyword index included. One client, the served default
 reranker (T-EMDE), k 10; the modes alternate request by request (the same query in both, back to back), so drift
 on a shared host hits both alike. Client-side wall time per request; the server's own stage timings as medians.
 """
@@ -21,10 +21,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.indexer_bench import machine, require_flickr8k
-from benchmarks.service_bench import ensure_ckpt, service_env, start_server, stop_server, usable
+from benchmarks.harness import ensure_ckpt, machine, require_flickr8k, service_env, start_server, stop_server, usable
 from crossprobe.indexer import build
-from crossprobe.indexer.jobs import synthetic
+from benchmarks.support import synthetic
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.models.data.flickr8k import Flickr8k

@@ -19,7 +19,6 @@ import argparse
 import base64
 import io
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -30,15 +29,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from crossprobe.indexer import build, open_index
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, server_env, start_server,
+                                stop_server)
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
-from benchmarks.indexer_bench import machine, require_flickr8k
 
-NAME = "flickr8k"
 CROP, SIDE, QUALITY = 0.8, 192, 70
 ALTERATION = f"centre crop to {CROP:.0%} of each side, resized to {SIDE}x{SIDE} (Lanczos), JPEG quality {QUALITY}"
 
@@ -54,20 +49,6 @@ def altered(path: Path) -> bytes:
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=QUALITY)
     return buf.getvalue()
-
-
-def ensure_index(ixs: IndexerSettings, fp: str, paths: list[Path]) -> None:
-    try:
-        rd = open_index(NAME, fp, ixs)
-        rd.features(rd.ids[:1] + rd.ids[-1:])
-        if len(rd) == len(paths):
-            return
-    except Exception:  # noqa: BLE001 - anything missing: build
-        pass
-    manifest = Path(ixs.index_root) / f"{NAME}.jsonl"
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
-    print(build(NAME, manifest=manifest, settings=ixs, log=print).summary())
 
 
 def run(http: httpx.Client, bodies: list[dict], gold: list[str], warmup: int) -> dict:
@@ -102,25 +83,15 @@ def main() -> None:
     args = ap.parse_args()
     require_flickr8k()
     command = "python -m benchmarks.image_query_quality " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from benchmarks.service_bench import start_server, stop_server
-
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
+    ds, paths, fp, ixs, redis_client = flickr8k_setup(args.workdir)
     try:
-        ensure_index(ixs, fp, paths)
+        ensure_flickr8k(ixs, fp, paths)
         test = ds.splits["test"][: args.limit]
         gold = [ds.images[i] for i in test]
         images = [base64.b64encode(altered(ds.image_path(i))).decode() for i in test]
         captions = [ds.captions[ds.captions_of([i])[0]] for i in test]
-        env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
-               "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
-               "CROSSPROBE_INDEXES": NAME, "HF_HUB_OFFLINE": "1"}
         port = free_port()
-        proc, url = start_server(env, port, args.workdir / "server.log"), f"http://127.0.0.1:{port}"
+        proc, url = start_server(server_env(ixs, redis_client, [NAME]), port, args.workdir / "server.log"), f"http://127.0.0.1:{port}"
         try:
             with httpx.Client(base_url=url, timeout=60) as http:
                 res = {

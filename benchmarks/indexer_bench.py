@@ -32,28 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import machine
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import dataset_root
 from crossprobe.indexer import IndexerSettings, build, connect, open_index
 from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.indexer.storage.store import Store
-
-
-def require_flickr8k() -> None:
-    """Exit 0 with a message when ../shared/datasets/flickr8k (or FLICKR8K_DIR) is missing: the benchmarks that
-    need it are skipped, not failed, on a machine without the data."""
-    from crossprobe.models.data.flickr8k import available, dataset_root
-
-    if not available():
-        print(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); the benchmark needs it. Skipped.")
-        sys.exit(0)
-
-
-def machine() -> str:
-    """The shared machine description plus the load at start (this bench is sensitive to it)."""
-    from crossprobe.models.evaluation.report import machine as describe
-
-    return f"{describe()}, load average {os.getloadavg()[0]:.2f} at start"
 
 
 def redis_bytes(rd, sample: int = 200) -> dict:

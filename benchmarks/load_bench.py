@@ -8,7 +8,7 @@ count and time and stops by itself.
     .venv/bin/python -m benchmarks.load_bench profile [--clients 16] [--seconds 20]
         -> docs/research/results/load.json (one section per command, each with its command line, machine and load average)
 
-The indexes, the embedded Redis and the service are service_bench.py's (prepare, service_env, start_server): the
+The indexes, the embedded Redis and the service are benchmarks/harness.py's (prepare, service_env, start_server): the
 Flickr8k index (8,091 items) and the 100K one (those items plus noisy copies), `crossprobe serve` in a subprocess
 with the shipped defaults except access log off, no reload polling and CROSSPROBE_QUEUE_SIZE=256; `--env K=V`
 changes a setting for a comparison. The load comes from loadgen.py (one asyncio process, raw HTTP/1.1 keep-alive).
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import service_bench as sb
+from benchmarks import harness
 from benchmarks.loadgen import Generator, Record, Run, search_requests
 from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.models.evaluation.report import machine as describe
@@ -106,18 +106,18 @@ def wait_idle(max_wait_s: float, below: float = 0.3, window_s: float = 5.0) -> f
 @contextmanager
 def service(args):
     """-> (port, server process, names {size: index}, queries, checkpoint fingerprint); everything stopped after."""
-    ixs, redis_client, ckpt, fp, _, names, queries = sb.prepare(args.workdir, args.ckpt, None, args.big)
+    ixs, redis_client, ckpt, fp, _, names, queries = harness.prepare(args.workdir, args.ckpt, None, args.big)
     names = {s: n for s, n in names.items() if s in args.sizes.split(",")} if args.sizes else names
     Meter.redis_pid = redis_client.pid
     proc = None
     try:
-        env = sb.service_env(ixs, redis_client, ckpt, names, args.query_precision, args.threads)
+        env = harness.service_env(ixs, redis_client, ckpt, names, args.query_precision, args.threads)
         env.update(kv.split("=", 1) for kv in args.env)
         port = free_port()
-        proc = sb.start_server(env, port, args.workdir / "server.log")
+        proc = harness.start_server(env, port, args.workdir / "server.log")
         yield port, proc, names, queries, fp
     finally:
-        sb.stop_server(proc)
+        harness.stop_server(proc)
         close_embedded()
 
 
@@ -325,7 +325,7 @@ def main() -> None:
     ap.add_argument("--wait-idle-s", type=float, default=300.0,
                     help="first wait up to this long for other jobs to leave the cores (0: do not wait)")
     args = ap.parse_args()
-    sb.require_flickr8k()
+    harness.require_flickr8k()
     if args.what in ("soak", "profile") and not args.sizes:
         args.sizes = "8091"
     command = "python -m benchmarks.load_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])

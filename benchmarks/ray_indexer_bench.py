@@ -27,17 +27,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.harness import machine
 from crossprobe.indexer import IndexerSettings, build
 from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.models.data.flickr8k import dataset_root
 
 RESULTS = Path("docs/research/results/ray_indexer.json")
-
-
-def machine() -> str:
-    from crossprobe.models.evaluation.report import machine as describe
-
-    return f"{describe()}, load average {os.getloadavg()[0]:.2f} at start"
 
 
 def parse_config(text: str) -> tuple[str, dict]:

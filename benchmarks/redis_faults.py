@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.service.server import free_port
-from benchmarks.service_bench import start_server, stop_server
+from benchmarks.harness import start_server, stop_server
 
 INDEX = "faults"
 QUERIES = ["a dog running on the beach", "a red car", "two people on a bench", "a city at night", "snow"]

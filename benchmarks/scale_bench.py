@@ -7,9 +7,9 @@ recall@100 against exact search, build time, RSS and bytes per item, for FAISS H
         -> docs/research/results/scale.json (the "<total>" block's faiss_* / milvus_server keys; other keys are kept)
            and the 1M rows of docs/research/scaling.md / scaling-milvus.md's tables (written by hand from this JSON)
 
---milvus-server: a Milvus 2.3.5 standalone server (crossprobe.indexer.storage.local_milvus: PyPI's `milvus` wheel in
+--milvus-server: a Milvus 2.3.5 standalone server (benchmarks.support.local_milvus: PyPI's `milvus` wheel in
 its own venv, data dir under --workdir), the same grown index written into a collection by the Milvus backend's
-writer (indexer/jobs/synthetic.py ann_backend="milvus": every item's metadata with its selectivity tags), HNSW
+writer (benchmarks/support/synthetic.py ann_backend="milvus": every item's metadata with its selectivity tags), HNSW
 with --milvus-m / --milvus-efc; the search beam ef is the smallest of EF_GRID whose recall@100 on 500 Flickr8k
 DEV captions reaches --target-recall (--milvus-ef auto; or a number), and recall@100 / ANN p50 / p99 are then
 reported on the 1,000 TEST captions (the FAISS rows' queries). The service runs with CROSSPROBE_MILVUS_EF set to
@@ -20,7 +20,7 @@ embedded etcd runs in it), beside the service's own rss_gb; build_s is insert + 
 
 Index: the 8,091 Flickr8k images built by the indexer with the committed checkpoint (the --workdir that
 benchmarks/image_query_quality.py and filter_latency.py share, reused), grown to --total items by
-indexer/jobs/synthetic.py (real items plus noisy copies with copies of their Redis values, written through the
+benchmarks/support/synthetic.py (real items plus noisy copies with copies of their Redis values, written through the
 store's own layout), once per FAISS factory; the previous factory's index is dropped first (its 2M Redis keys
 would double the embedded Redis's memory). Per factory:
   build_s       the FAISS build alone (train + add), as the indexer's build_faiss does it
@@ -49,13 +49,11 @@ import httpx
 import numpy as np
 
 from crossprobe.indexer import open_index
-from crossprobe.indexer.jobs import synthetic
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import Flickr8k
+from benchmarks.support import synthetic
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
-from benchmarks.indexer_bench import machine, require_flickr8k
+from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, start_server, stop_server,
+                                text_vectors)
 
 RERANKS = ("none", "temde", "cp")
 SELECTIVITIES = ("0.01", "0.1", "1.0")
@@ -181,9 +179,7 @@ def milvus_server_row(args, ixs, r, fp, captions: list[str], queries: np.ndarray
     import importlib.metadata as md
     import shutil
 
-    from benchmarks.image_query_quality import NAME
-    from benchmarks.service_bench import start_server, stop_server
-    from crossprobe.indexer.storage import local_milvus
+    from benchmarks.support import local_milvus
     from crossprobe.indexer.storage.ann import milvus_backend
 
     name = f"{NAME}-{args.total // 1000}k-milvus"
@@ -284,26 +280,18 @@ def main() -> None:
     require_flickr8k()
     factories = [f for f in args.factories.split(";") if f]
     command = "python -m benchmarks.scale_bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    from benchmarks.image_query_quality import NAME, ensure_index
-    from benchmarks.service_bench import start_server, stop_server
 
     mach = machine()
-    ds = Flickr8k.load()
-    paths = [ds.image_path(i) for i in range(len(ds.images))]
-    fp = checkpoint.read_config(checkpoint.DEFAULT_CHECKPOINT)["fingerprint"]
-    ixs = IndexerSettings(redis_url=None, index_root=args.workdir / "indexes", progress=False)
-    r = connect(ixs)
+    ds, paths, fp, ixs, r = flickr8k_setup(args.workdir)
     test = ds.splits["test"]
     captions = [ds.captions[ds.captions_of([i])[0]] for i in test]
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     block = res.setdefault(str(args.total), {})
     try:
-        ensure_index(ixs, fp, paths)
+        ensure_flickr8k(ixs, fp, paths)
         # ANN queries: the served query tower's vectors of the 1,000 test captions (what the service searches
         # with). The test images' stored vectors are reported too, but they flatter recall here: every real item
         # has ~(total / 8,091) noisy copies packed around it, and an exact top 100 made of them is easy to find
-        from benchmarks.service_bench import text_vectors
-
         queries = text_vectors(captions[:1000])
         dev = None
         if args.milvus_server:  # the Milvus row's ef is chosen on dev captions, reported on test
@@ -359,7 +347,7 @@ def main() -> None:
             block["milvus_server"] = milvus_server_row(args, ixs, r, fp, captions, queries, dev, command, mach)
     finally:
         close_embedded()
-    block.update(items=args.total, base=f"{NAME} ({len(paths)} images) + generated neighbours (indexer/jobs/synthetic.py)")
+    block.update(items=args.total, base=f"{NAME} ({len(paths)} images) + generated neighbours (benchmarks/support/synthetic.py)")
     res["command_1m"], res["machine_1m"] = command, mach
     res.setdefault("command", command)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -31,99 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models.data.flickr8k import Flickr8k, dataset_root
-from crossprobe.indexer import build, open_index
-from crossprobe.indexer.jobs import synthetic
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
+from benchmarks.harness import (features_section, machine, prepare, require_flickr8k, service_env, start_server,
+                                stop_server)
+from crossprobe.indexer.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
-from benchmarks.filter_latency import features_section
-from benchmarks.indexer_bench import machine, require_flickr8k
 
 RERANKS = ("none", "temde", "cp")
-
-
-def ensure_ckpt(ckpt: Path | None, workdir: Path) -> tuple[Path, bool]:
-    """-> (checkpoint dir, weights are random)."""
-    from crossprobe.models import checkpoint
-
-    path = Path(ckpt or checkpoint.DEFAULT_CHECKPOINT)
-    if (path / "config.json").exists():
-        return path, False
-    if ckpt:
-        sys.exit(f"no checkpoint at {ckpt}")
-    rnd = workdir / "random-ckpt"
-    if not (rnd / "config.json").exists():
-        import torch
-
-        from crossprobe.models.model import ModelConfig, SearchModel
-
-        torch.manual_seed(0)
-        checkpoint.save(SearchModel(ModelConfig()).eval(), rnd, {"note": "random init, for latency only"})
-    print(f"no committed checkpoint: using a random-init default-config model at {rnd} (latency only)")
-    return rnd, True
-
-
-def usable(name: str, fp: str, ixs: IndexerSettings, count: int) -> bool:
-    try:
-        rd = open_index(name, fp, ixs)
-        rd.features(rd.ids[:1] + rd.ids[-1:])
-        return len(rd) == count
-    except Exception:  # noqa: BLE001 - anything missing: rebuild
-        return False
-
-
-def build_flickr(ixs: IndexerSettings, ckpt: Path, fp: str, limit: int | None) -> int:
-    paths = sorted((dataset_root() / "images").glob("*.jpg"))[:limit]
-    if usable("flickr8k", fp, ixs, len(paths)):
-        return len(paths)
-    manifest = Path(ixs.index_root) / "flickr8k.jsonl"
-    manifest.parent.mkdir(parents=True, exist_ok=True)
-    manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))
-    res = build("flickr8k", manifest=manifest, settings=ixs, ckpt=ckpt, log=print)
-    print(res.summary())
-    return res.count
-
-
-def synthesize(ixs: IndexerSettings, total: int, seed: int = 0) -> str:
-    """Index `flickr8k-<total>`: the flickr8k items plus generated neighbours (indexer/jobs/synthetic.py), with the
-    selectivity tags sel-0.01 / sel-0.1 / sel-1.0; reused when a complete one of that size (with them) exists."""
-    name = f"flickr8k-{total // 1000}k" if total % 1000 == 0 else f"flickr8k-{total}"
-    base = open_index("flickr8k", None, ixs)
-    if usable(name, base.fingerprint, ixs, total) and "selectivity_tags" in open_index(name, None, ixs).manifest:
-        return name
-    synthetic.grow(ixs, "flickr8k", name, total, seed)
-    return name
-
-
-def start_server(env: dict, port: int, log: Path) -> subprocess.Popen:
-    out = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)], env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
-    import httpx
-
-    deadline = time.monotonic() + 600
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if http.get("/readyz").status_code == 200:
-                    return proc
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"service did not become ready; see {log}:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL after 30 s: a benchmark's server never outlives it."""
-    if proc is None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n: int, warmup: int) -> dict:
@@ -174,28 +86,6 @@ def load(url: str, index: str, rerank: str, queries: list[str], clients: int, n:
             "stages_ms": {k: round(statistics.median(s.get(k, 0.0) for s in stages), 3) for k in keys}}
 
 
-def text_vectors(texts: list[str]) -> np.ndarray:
-    """The served query tower's g_q (the service's own model: the committed checkpoint, int8 ONNX graph, the
-    shipped settings) for these texts -> (N, d) float32: ANN queries as the service makes them."""
-    from crossprobe.service.settings import Settings as ServiceSettings
-    from crossprobe.service.state import load_model
-
-    model = load_model(ServiceSettings(redis_url=None))
-    return np.stack([v.g_q for v in model.encode_texts(list(texts))]).astype(np.float32)
-
-
-def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp32", threads: int | None = None) -> dict:
-    """The environment of `crossprobe serve` for these indexes (the shipped defaults except access log off, no
-    reload polling and a deeper admission queue), on the benchmark's embedded Redis through its unix socket."""
-    env = {**os.environ, "REDIS_URL": f"unix://{redis_client.socket_file}", "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
-           "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
-           "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_QUEUE_SIZE": "256", "HF_HUB_OFFLINE": "1",
-           "CROSSPROBE_INDEXES": ",".join(names.values()), "CROSSPROBE_QUERY_PRECISION": precision}
-    if threads:
-        env["CROSSPROBE_THREADS"] = str(threads)
-    return env
-
-
 def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[str], precision: str) -> dict:
     """Start `crossprobe serve` with this query-tower precision, load it, stop it -> {size: {rerank: row}}."""
     port = free_port()
@@ -220,25 +110,6 @@ def run_service(args, ixs, redis_client, ckpt: Path, names: dict, queries: list[
     finally:
         stop_server(proc)
     return res
-
-
-def prepare(workdir: Path, ckpt: Path | None, limit: int | None, big: int):
-    """Checkpoint, embedded Redis and the indexes (built when missing) under workdir, and the query captions
-    -> (index settings, redis client, checkpoint dir, fingerprint, random weights, {size: index name}, queries).
-    The caller stops the embedded Redis (close_embedded)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt, random_weights = ensure_ckpt(ckpt, workdir)
-    fp = json.loads((ckpt / "config.json").read_text())["fingerprint"]
-    ixs = IndexerSettings(redis_url=None, index_root=workdir / "indexes", progress=True)
-    redis_client = connect(ixs)  # embedded; the service reaches it through its unix socket
-    n_small = build_flickr(ixs, ckpt, fp, limit)
-    names = {str(n_small): "flickr8k"}
-    if big and big > n_small:
-        names[str(big)] = synthesize(ixs, big)
-    captions = Flickr8k.load()
-    test = set(captions.splits["test"])
-    queries = [c for c, i in zip(captions.captions, captions.caption_image) if i in test][:1000]
-    return ixs, redis_client, ckpt, fp, random_weights, names, queries
 
 
 def main() -> None:

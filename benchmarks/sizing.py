@@ -48,18 +48,16 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.service_bench import start_server, stop_server
+from benchmarks.harness import start_server, stop_server
 from benchmarks.sizing_stack import BASE, LIB, Launched, Sampler, Stack, files_bytes, rss, run_job, vm_hwm
+from benchmarks.support import synthetic
 from benchmarks.watch_bench import copy_in
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.store import atomic_write
+from crossprobe.models.atomic import durable_write as atomic_write
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.models.evaluation.report import machine
 from crossprobe.service.server import free_port
-
-# the synthetic-library builder, imported here only (it is moving to the benchmarks' harness: retarget this line)
-from crossprobe.indexer.jobs import synthetic
 
 QUERIES = ["a dog running on the beach", "children playing in a park", "a man riding a bike", "a snowy mountain",
            "two people sitting on a bench", "a black dog jumping", "a girl in a red dress", "a crowd at a concert"]

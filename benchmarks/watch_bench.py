@@ -36,10 +36,10 @@ import numpy as np
 import redis
 
 from benchmarks.loadgen import Generator, search_requests
-from benchmarks.service_bench import stop_server
+from benchmarks.harness import stop_server
 from crossprobe.indexer import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage import local_cluster
+from benchmarks.support import local_cluster
 from crossprobe.indexer.storage.store import Store
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.models.evaluation.report import machine

@@ -25,11 +25,50 @@ through anchors and measures distance along the resulting graph:
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from crossprobe.models import inputs
+
+
+@dataclass
+class AceRpeConfig:
+    """ACE-RPE in a joint reranker (TV: models/single_stream.py, SM: models/split_merge.py), one group per head."""
+    enabled: bool = False  # anchor-based cross-modal relative positions
+    shrink: float = 0.2  # lambda of the soft-shrink: weaker token-patch matches are no anchor
+    max_dist: int = 8  # distances beyond this share the "far" bucket
+    anchor_loss: float = 0.0  # weight of the anchor loss in reranker training (0 = off)
+    # A checkpoint's config.json holds these flat in the reranker's config, under the names they had before they
+    # were nested; its fingerprint hashes that form, so it is the one written and read (AceRpeField).
+    FLAT: ClassVar[dict[str, str]] = {"enabled": "ace_rpe", "shrink": "ace_shrink", "max_dist": "ace_max_dist",
+                                      "anchor_loss": "anchor_loss"}
+
+
+class AceRpeField:
+    """For a reranker config with an `ace: AceRpeConfig` field: to_dict / from_dict in the flat saved form."""
+
+    def to_dict(self) -> dict:
+        out: dict = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out.update({flat: getattr(v, name) for name, flat in AceRpeConfig.FLAT.items()} if f.name == "ace"
+                       else {f.name: v})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        ace = {name: d[flat] for name, flat in AceRpeConfig.FLAT.items() if flat in d}
+        rest = {k: v for k, v in d.items() if k not in AceRpeConfig.FLAT.values()}
+        return cls(**rest, ace=AceRpeConfig(**ace))
+
+
+def ace_field():
+    return field(default_factory=AceRpeConfig)
 
 
 def grid_manhattan(grid: int = inputs.GRID) -> torch.Tensor:
@@ -74,10 +113,12 @@ class AceRpe(nn.Module):
 
     (P, T, d) text inputs, (P, T) mask, (P, 49, d) region inputs -> (P, G, c+T+49, c+T+49), c = int(cls)."""
 
-    def __init__(self, d: int, groups: int, shrink: float = 0.2, max_dist: int = 8, cls: bool = True):
+    def __init__(self, d: int, groups: int, cfg: AceRpeConfig | None = None, cls: bool = True):
         super().__init__()
         assert d % groups == 0, (d, groups)
-        self.G, self.shrink, self.cap, self.c = groups, shrink, max_dist + 1, int(cls)
+        cfg = cfg or AceRpeConfig(enabled=True)
+        max_dist = cfg.max_dist
+        self.G, self.shrink, self.cap, self.c = groups, cfg.shrink, max_dist + 1, int(cls)
         self.t_proj = nn.Linear(d, d)
         self.v_proj = nn.Linear(d, d)
         self.table = nn.Parameter(torch.zeros(groups, max_dist + 3))  # buckets 0..max_dist, far, [CLS]

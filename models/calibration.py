@@ -2,8 +2,8 @@
 
 A score means different things per mode (a cosine near 0.3 for none, a fused logit near 10 for cp), so no
 min_score threshold means "relevant". Each mode gets a monotone curve fitted by isotonic regression on the
-dev captions' served results (research/calibration/fit.py): for every caption, its shortlist through the
-API, labelled 1 where the result is the caption's own photo. The curve is stored beside the checkpoint's
+dev captions' served results (`crossprobe calibrate`, models/training/calibrate.py): for every caption, its
+shortlist through the API, labelled 1 where the result is the caption's own photo. The curve is stored beside the checkpoint's
 weights as calibration.json, so it travels with the model it was fitted for (it is not part of the
 fingerprint: refitting needs no reindex). Applying it needs only numpy (np.interp between the fitted points),
 so the torch-free runtime image uses it too.
@@ -59,7 +59,7 @@ class Curve:
 @dataclass
 class Calibration:
     curves: dict[str, Curve]  # rerank mode (none | cp | temde) -> its curve
-    meta: dict  # how it was fitted: data, command, ECE per set (research/calibration/fit.py)
+    meta: dict  # how it was fitted: data, command, ECE per set (models/training/calibrate.py)
 
     def relevance(self, mode: str, scores: np.ndarray) -> np.ndarray | None:
         """scores: every candidate of one query's shortlist, as ranked in `mode` -> their relevance (None: the
@@ -77,11 +77,10 @@ class Calibration:
         return cls({m: Curve.from_json(c) for m, c in d["curves"].items()}, d.get("meta", {}))
 
     def save(self, ckpt: Path) -> None:
-        p = Path(ckpt) / FILE
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"curves": {m: c.to_json() for m, c in self.curves.items()}, "meta": self.meta},
-                                  indent=1))
-        tmp.replace(p)
+        from crossprobe.models.atomic import atomic_write
+
+        atomic_write(Path(ckpt) / FILE, json.dumps({"curves": {m: c.to_json() for m, c in self.curves.items()},
+                                                    "meta": self.meta}, indent=1))
 
 
 def fit(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None, max_points: int = 200,

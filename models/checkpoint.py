@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from crossprobe.models import DEFAULT_CHECKPOINT, read_config  # noqa: F401  (checkpoint.X for callers)
+from crossprobe.models.atomic import atomic_dir
 from crossprobe.models.model import ModelConfig, SearchModel
 
 
@@ -53,31 +53,17 @@ def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
 
 def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, files: dict[str, str] | None = None) -> None:
     """A checkpoint directory (model.safetensors, config.json, and `files`: name -> text) written whole into a temp
-    dir and renamed into place, replacing `out` if it exists: a reader sees the old directory or the new one."""
+    dir and renamed into place, replacing `out` if it exists: a reader sees the old directory or the new one
+    (models/atomic.py)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".ckpt-"))
-    save_file(tensors, str(tmp / "model.safetensors"))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text)
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is for everyone to read
-    os.chmod(tmp / "model.safetensors", 0o644)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        if old.exists():
-            _rmtree(old)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        _rmtree(old)
-    else:
-        os.replace(tmp, out)
-
-
-def _rmtree(p: Path) -> None:
-    import shutil
-
-    shutil.rmtree(p, ignore_errors=True)
+    # a checkpoint is for everyone to read (0755 / 0644, whatever the umask)
+    with atomic_dir(out, mode=0o755, unique=True) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+        os.chmod(tmp / "model.safetensors", 0o644)
 
 
 def load(path: Path | None = None, bert=None) -> tuple[SearchModel, dict]:

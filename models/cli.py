@@ -1,5 +1,5 @@
 """The model stack's commands (typer): train (also `--backbone`: reranker heads on another model's backbone), eval
-(also `--data`: any model on a captioned folder), frontier, ablate, promote, export, demo,
+(also `--data`: any model on a captioned folder), frontier, ablate, promote, export, demo, fit-text-gate,
 `checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py),
 `models export | list | pull` (model families: models/cli_models.py) and `data convert` (captioned folders from
 published caption files: models/cli_data.py).
@@ -197,10 +197,10 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
            **res, "command": _command(), "host": machine()}
     text = json.dumps(res, indent=1)
     if json_out is not None:
+        from crossprobe.models.atomic import atomic_write
+
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_out.with_name(f".{json_out.name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, json_out)
+        atomic_write(json_out, text + "\n")
     typer.echo(text)
 
 
@@ -347,6 +347,38 @@ def demo(
     run_demo(images, query or None, top, ckpt, echo=typer.echo, rerank=rerank or _served())
 
 
+@app.command("fit-text-gate")
+def fit_text_gate(
+    out: Path = typer.Option(None, help="where to write the gate (default: models/checkpoints/text_gate)"),
+    workdir: Path = typer.Option(Path("artifacts/text-gate"), help="generated sets, OCR and grid caches (kept: a "
+                                 "rerun takes seconds)"),
+    real: int = typer.Option(2000, help="train photos whose real writing full OCR reads (0: none)"),
+    documents: int = typer.Option(400, help="generated train documents and screens (0: none)"),
+    l2: float = typer.Option(0.1, help="L2 weight of the logistic regression"),
+    pass_pct: float = typer.Option(None, "--pass", min=0.0, max=100.0, help="the threshold: this % of the dev "
+                                   "photos without a sign pass (default: as many as the detector gate passes)"),
+):
+    """Fit the text gate that decides which photos OCR reads (models/text_gate.py): a probe over each cell of the
+    backbone's grid, trained on Flickr8k train photos, its threshold chosen on dev (needs the ocr extra)."""
+    _need_flickr()
+    import importlib.util
+
+    if importlib.util.find_spec("rapidocr_onnxruntime") is None:  # full OCR finds the real writing, its detector the threshold
+        typer.echo("the text gate's fit reads photos with rapidocr: pip install 'crossprobe[ocr]'", err=True)
+        raise typer.Exit(2)
+    from crossprobe.models.text_gate import DEFAULT_GATE
+    from crossprobe.models.training.text_gate import GateFitConfig, fit_text_gate as run_fit
+    from crossprobe.models.training.text_gate_sets import missing_fonts
+
+    if missing_fonts():  # the sets would be drawn otherwise than the served gate's: refuse rather than differ
+        typer.echo(f"the generated signs and documents are drawn with fonts this machine lacks: {missing_fonts()} "
+                   "(Debian: apt-get install fonts-dejavu-core fonts-liberation)", err=True)
+        raise typer.Exit(2)
+
+    cfg = GateFitConfig(workdir=workdir, real=real, documents=documents, l2=l2, pass_pct=pass_pct)
+    run_fit(cfg, out or DEFAULT_GATE, _command(), log=typer.echo)
+
+
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
                              help="Write a checkpoint with a chosen setting (a new fingerprint: build indexes with it).")
 app.add_typer(checkpoint_app, name="checkpoint")
@@ -402,7 +434,8 @@ def set_temde(
 
 @checkpoint_app.command("set-calibration")
 def set_calibration(
-    curves: Path = typer.Option(..., help="research/calibration/fit.py's docs/research/results/calibration.json"),
+    curves: Path = typer.Option(..., help="`crossprobe calibrate --results FILE`'s FILE (or research/calibration/fit.py's "
+                                "docs/research/results/calibration.json)"),
     ckpt: Path = CKPT,
 ):
     """Store relevance curves (one per rerank mode) in the checkpoint directory as calibration.json. The weights
@@ -410,6 +443,7 @@ def set_calibration(
     import json
 
     from crossprobe.models import DEFAULT_CHECKPOINT, calibration, read_config
+    from crossprobe.models.training.calibrate import served
 
     path = Path(ckpt or DEFAULT_CHECKPOINT)
     d = json.loads(curves.read_text())
@@ -418,8 +452,7 @@ def set_calibration(
         typer.echo(f"{curves} was fitted for checkpoint {want}; {path} is {fp}: fit it again with --ckpt {path}", err=True)
         raise typer.Exit(2)
     try:
-        cal = calibration.Calibration({m: calibration.Curve.from_json(c) for m, c in d["curves"].items()},
-                                      {k: d[k] for k in ("ece", "ece_top1", "sets") if k in d} | d["meta"])
+        cal = served(d)
     except (KeyError, ValueError) as e:
         typer.echo(f"{curves}: {e}", err=True)
         raise typer.Exit(2)

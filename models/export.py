@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from crossprobe.models import DEFAULT_CHECKPOINT, read_config
+from crossprobe.models.atomic import atomic_path, atomic_write
 
 log = logging.getLogger("crossprobe.models")
 
@@ -182,26 +183,17 @@ def export_all(model, out_dir: Path, fingerprint: str, names: Iterable[str] | No
 
 def _write_manifest(folder: Path, fingerprint: str) -> None:
     manifest = {"fingerprint": fingerprint, "opset": OPSET, "graphs": sorted(p.name for p in folder.glob("*.onnx"))}
-    tmp = folder / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, folder / "manifest.json")
+    atomic_write(folder / "manifest.json", json.dumps(manifest, indent=2))
 
 
 def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".onnx")
-    os.close(fd)
-    try:
-        with torch.no_grad():
-            torch.onnx.export(module.eval(), args, tmp, input_names=inputs, output_names=outputs,
-                              dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600, as in ensure_graphs
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    # a unique temp name: the service and the indexer may export the same graph at once; 0644 as in ensure_graphs
+    with atomic_path(path, mode=0o644, unique=True) as tmp, torch.no_grad():
+        torch.onnx.export(module.eval(), args, str(tmp), input_names=inputs, output_names=outputs,
+                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
 
 
 # The query tower's MatMuls after the MiniLM layers: small (cheap in fp32) and
@@ -220,14 +212,7 @@ def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> 
     # the head MatMuls, and the class-table MatMul that produces q_cls (region labels) directly
     exclude = [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output] \
         if keep_heads_fp32 else []
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=".quant-", suffix=".onnx")
-    os.close(fd)
-    try:
-        quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8, per_channel=True,
+    with atomic_path(dst, mode=0o644, unique=True) as tmp:  # as _export
+        quantize_dynamic(str(src), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
                          op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600, as in ensure_graphs
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return dst

@@ -35,6 +35,16 @@ SAVED_DEFAULTS = {
 }
 
 
+def _saved(value):
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else copy.deepcopy(value)
+
+
+def _loaded(kind, d: dict):
+    return kind.from_dict(d) if hasattr(kind, "from_dict") else kind(**d)
+
+
 @dataclass
 class ModelConfig:
     """The whole stack's shape. Its defaults are the served model's (models/checkpoints/default/config.json),
@@ -66,7 +76,9 @@ class ModelConfig:
                              "(bridge.beta > 0) or switch them off (region=RegionConfig())")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The dict config.json holds and the fingerprint hashes: each sub-config as it saves itself (the joint
+        rerankers keep ACE-RPE's fields flat, models/ace_rpe.py), the rest as dataclasses.asdict gives it."""
+        return {f.name: _saved(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -76,7 +88,7 @@ class ModelConfig:
             "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig, "bridge": BridgeConfig,
             "region": RegionConfig,
         }
-        kw = {k: (sub[k](**{**SAVED_DEFAULTS.get(k, {}), **v}) if k in sub else v) for k, v in d.items() if k in kinds}
+        kw = {k: (_loaded(sub[k], {**SAVED_DEFAULTS.get(k, {}), **v}) if k in sub else v) for k, v in d.items() if k in kinds}
         kw.setdefault("bridge", BridgeConfig.off())  # saved without the label bridge: it stays off
         kw.setdefault("region", RegionConfig())  # saved without region labels: they stay off
         return cls(**kw)

@@ -12,22 +12,19 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models import inputs
-from crossprobe.models.ace_rpe import AceRpe
+from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
 
 
 @dataclass
-class SingleStreamConfig:
+class SingleStreamConfig(AceRpeField):
     d: int = 128
     layers: int = 4  # = vision tower layers (2) + cross layers (2)
     heads: int = 4
     dropout: float = 0.1
     attention: str = "standard"  # "standard" | "zodiac" (models/zodiac.py)
     zodiac_dropout: float = 0.2
-    ace_rpe: bool = False  # anchor-based cross-modal relative positions (models/ace_rpe.py), one group per head
-    ace_shrink: float = 0.2
-    ace_max_dist: int = 8
-    anchor_loss: float = 0.0  # weight of ACE-RPE's anchor loss in reranker training (0 = off)
+    ace: AceRpeConfig = ace_field()  # anchor-based cross-modal relative positions (models/ace_rpe.py)
 
 
 class SingleStream(nn.Module):
@@ -44,7 +41,7 @@ class SingleStream(nn.Module):
             Block(d, cfg.heads, dropout=cfg.dropout, attention=cfg.attention, zodiac_dropout=cfg.zodiac_dropout)
             for _ in range(cfg.layers)
         )
-        self.ace = AceRpe(d, cfg.heads, cfg.ace_shrink, cfg.ace_max_dist) if cfg.ace_rpe else None
+        self.ace = AceRpe(d, cfg.heads, cfg.ace) if cfg.ace.enabled else None
         self.alignment: torch.Tensor | None = None  # (Q, K) ACE-RPE alignment of the last rerank call
         self.head = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 1))
         self.fusion = Fusion(beta=1.0)

@@ -13,21 +13,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models.ace_rpe import AceRpe
+from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 from crossprobe.models.layers import Block, Fusion, joint_pairs, masked_mean
 
 
 @dataclass
-class SplitMergeConfig:
+class SplitMergeConfig(AceRpeField):
     d_in: int = 256
     d: int = 128
     layers: int = 2
     heads: int = 4
     dropout: float = 0.1
-    ace_rpe: bool = False  # anchor-based cross-modal relative positions in the joint layers, one group per head
-    ace_shrink: float = 0.2
-    ace_max_dist: int = 8
-    anchor_loss: float = 0.0  # weight of ACE-RPE's anchor loss in reranker training (0 = off)
+    ace: AceRpeConfig = ace_field()  # anchor-based cross-modal relative positions in the joint layers
 
 
 class SplitMerge(nn.Module):
@@ -38,7 +35,7 @@ class SplitMerge(nn.Module):
         self.vision_in = nn.Linear(cfg.d_in, cfg.d)
         self.type_emb = nn.Parameter(torch.zeros(2, cfg.d))
         self.cross = nn.ModuleList(Block(cfg.d, cfg.heads, dropout=cfg.dropout) for _ in range(cfg.layers))
-        self.ace = AceRpe(cfg.d, cfg.heads, cfg.ace_shrink, cfg.ace_max_dist, cls=False) if cfg.ace_rpe else None
+        self.ace = AceRpe(cfg.d, cfg.heads, cfg.ace, cls=False) if cfg.ace.enabled else None
         self.alignment: torch.Tensor | None = None  # (Q, K) ACE-RPE alignment of the last rerank call
         self.fusion = Fusion()
 

@@ -9,10 +9,10 @@ encoder's 16 ms). This gate is a logistic regression over each cell's frozen Eff
     crop = the cells with p_j >= threshold, widened by `margin` cells: the part of the photo OCR reads
 
 It costs one (49 x 1280) . (1280) product per photo, where rapidocr's own detector as a gate costs about 13 ms.
-Trained by research/text_search/feature_gate.py on Flickr8k train photos with synthetic signs (a cell is writing
-where the sign covers it), on the real writing full OCR reads in other train photos, and on generated documents
-and screens; the threshold is chosen there on dev, and its recall and pass rate are in docs/research/text_search.md. The backbone is the same for every
-crossprobe checkpoint, so one gate serves them all.
+Trained by `crossprobe fit-text-gate` (models/training/text_gate.py) on Flickr8k train photos with synthetic signs
+(a cell is writing where the sign covers it), on the real writing full OCR reads in other train photos, and on
+generated documents and screens; the threshold is chosen there on dev, and its recall and pass rate are in
+docs/research/text_search.md. The backbone is the same for every crossprobe checkpoint, so one gate serves them all.
 """
 from __future__ import annotations
 
@@ -60,11 +60,14 @@ class TextGate:
                 int(round((c1 + 1) * width / GRID)), int(round((r1 + 1) * height / GRID)))
 
     def save(self, folder: Path, about: dict | None = None) -> None:
+        """The folder (model.safetensors, config.json), written whole under a temporary name and renamed."""
         from safetensors.numpy import save_file
 
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({"w": self.w, "b": np.asarray([self.b], np.float32)}, str(folder / "model.safetensors"))
-        (folder / "config.json").write_text(json.dumps({"gate": asdict(self.cfg), **(about or {})}, indent=1) + "\n")
+        from crossprobe.models.atomic import atomic_dir
+
+        with atomic_dir(folder) as tmp:
+            save_file({"w": self.w, "b": np.asarray([self.b], np.float32)}, str(tmp / "model.safetensors"))
+            (tmp / "config.json").write_text(json.dumps({"gate": asdict(self.cfg), **(about or {})}, indent=1) + "\n")
 
     @classmethod
     def load(cls, folder: Path = DEFAULT_GATE, threshold: float | None = None) -> "TextGate":

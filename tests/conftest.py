@@ -11,9 +11,9 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def milvus_server():
     """A real Milvus standalone server (2.3.5, PyPI's `milvus` wheel, installed on first use into
-    artifacts/milvus-server/venv by crossprobe.indexer.storage.local_milvus) on a free loopback port with a temp
+    artifacts/milvus-server/venv by benchmarks.support.local_milvus) on a free loopback port with a temp
     data dir, stopped by PID. Only tests marked milvus_server use it (`make test-milvus`)."""
-    from crossprobe.indexer.storage.local_milvus import LocalMilvus
+    from benchmarks.support.local_milvus import LocalMilvus
 
     with LocalMilvus() as server:
         yield server

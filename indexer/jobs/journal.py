@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.indexer.storage.store import atomic_write
+from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.models.atomic import atomic_path
 
 
 class Journal:
@@ -55,16 +56,11 @@ class Journal:
 
     def commit(self, batch: int, rows: list[int], g: np.ndarray, skips: list[tuple[int, Skip]]) -> None:
         """rows (b,), g (b, d) float32; skips [(position, Skip)]. Atomic: temp file, fsync, rename."""
-        final = self.batches / f"{batch:06d}.npz"
-        tmp = self.batches / f".{batch:06d}.tmp"
-        with open(tmp, "wb") as f:
+        with atomic_path(self.batches / f"{batch:06d}.npz", fsync=True) as tmp, open(tmp, "wb") as f:
             np.savez(f, rows=np.asarray(rows, np.int64), g=np.asarray(g, np.float32),
                      skip_rows=np.asarray([r for r, _ in skips], np.int64),
                      skip_reason=np.asarray([s.reason for _, s in skips], dtype=str),
                      skip_error=np.asarray([s.error for _, s in skips], dtype=str))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
 
     def progress(self, items: list[Item], batch_size: int) -> tuple[int, int]:
         """(items done, of which skipped) in the committed batches: where a resumed run starts its count."""

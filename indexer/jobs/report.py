@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from crossprobe.indexer.jobs.sources import Skip
-from crossprobe.indexer.storage.store import atomic_write
+from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.models.runtime import StageTimer
 
 

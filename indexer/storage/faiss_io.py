@@ -9,14 +9,14 @@ StorageSettings.factory / --factory overrides (any faiss.index_factory string).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import faiss
 import numpy as np
 
 from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.indexer.storage.store import atomic_write
+from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.models.atomic import atomic_path
 
 
 def choose_factory(n: int, d: int, settings: StorageSettings) -> str:
@@ -48,15 +48,13 @@ def build_faiss(vectors: np.ndarray, factory: str, seed: int = 0) -> faiss.Index
 
 
 def write_index(index: faiss.Index, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        faiss.write_index(index, str(tmp))
 
 
 def write_vectors(vectors: np.ndarray, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, vectors)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.save adds no ".npy"
+        np.save(f, vectors)
 
 
 def write_ids(ids: list[str], path: Path) -> None:

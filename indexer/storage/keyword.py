@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from crossprobe.models.atomic import atomic_dir
+
 log = logging.getLogger("crossprobe.indexer")
 
 DIR = "text"
@@ -158,40 +160,36 @@ def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | N
     (their metadata's "text_error": the item is indexed, its words are not)}"""
     import tantivy
 
-    path, tmp = vdir / DIR, vdir / (DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if base is not None:
-        shutil.copytree(base / DIR, tmp)
-    else:
-        tmp.mkdir()
-    index = _open(tmp)
-    writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
-    deleted = 0
-    if base is not None:
+    with atomic_dir(vdir / DIR) as tmp:  # a leftover of a killed run is removed first
+        if base is not None:
+            shutil.copytree(base / DIR, tmp, dirs_exist_ok=True)
+        index = _open(tmp)
+        writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        deleted = 0
+        if base is not None:
+            index.reload()
+            held = index.searcher()
+            for item_id in drop:
+                if held.search(tantivy.Query.term_query(index.schema, "id", item_id), 1).count:
+                    writer.delete_documents_by_term("id", item_id)
+                    deleted += 1
+        inserted = ocr_failed = 0
+        for i in range(0, len(ids), chunk):
+            part = ids[i:i + chunk]
+            for item_id, meta in zip(part, metas(part)):
+                ocr_failed += bool(isinstance(meta, dict) and meta.get("text_error"))
+                doc = document(meta)
+                if doc is None or not any(doc.values()):
+                    continue
+                if base is not None:  # an item added again (add replaces it): one document per id
+                    writer.delete_documents_by_term("id", item_id)
+                writer.add_document(tantivy.Document(id=item_id, grams=doc["text"], **doc))
+                inserted += 1
+        writer.commit()
+        writer.wait_merging_threads()
         index.reload()
-        held = index.searcher()
-        for item_id in drop:
-            if held.search(tantivy.Query.term_query(index.schema, "id", item_id), 1).count:
-                writer.delete_documents_by_term("id", item_id)
-                deleted += 1
-    inserted = ocr_failed = 0
-    for i in range(0, len(ids), chunk):
-        part = ids[i:i + chunk]
-        for item_id, meta in zip(part, metas(part)):
-            ocr_failed += bool(isinstance(meta, dict) and meta.get("text_error"))
-            doc = document(meta)
-            if doc is None or not any(doc.values()):
-                continue
-            if base is not None:  # an item added again (add replaces it): one document per id
-                writer.delete_documents_by_term("id", item_id)
-            writer.add_document(tantivy.Document(id=item_id, grams=doc["text"], **doc))
-            inserted += 1
-    writer.commit()
-    writer.wait_merging_threads()
-    index.reload()
-    indexed = index.searcher().num_docs
-    _fsync_tree(tmp)
-    os.replace(tmp, path)
+        indexed = index.searcher().num_docs
+        _fsync_tree(tmp)
     return {"indexed": indexed, "inserted": inserted, "deleted": deleted, "ocr_failed": ocr_failed}
 
 

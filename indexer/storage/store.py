@@ -55,15 +55,6 @@ def new_version() -> str:
     return time.strftime("v%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t * 1e6) % 1_000_000:06d}"
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class KeyLayout:
     """The Redis key names of one version's values (see the module docstring)."""

@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from crossprobe.models.atomic import atomic_path
+
 log = logging.getLogger("crossprobe.models.data")
 
 DEFAULT_COCO = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "coco-mini-dev"
@@ -151,11 +153,7 @@ def write_captions(path: Path, rows: list[tuple[str, str, str]]) -> None:
     """[(image, caption, split)] -> captions.tsv, atomically (a temp file renamed into place): a reader sees the
     old file or the new one, never half of it. Whitespace inside a caption (tabs, newlines) becomes one space."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
+    with atomic_path(path, fsync=True) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
         f.write("image\tcaption\tsplit\n")
         for name, caption, split in rows:
             f.write(f"{name}\t{' '.join(caption.split())}\t{split}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

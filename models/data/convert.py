@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from crossprobe.models.atomic import atomic_path
 from crossprobe.models.data.captioned import CAPTIONS, SPLITS, read_captions, write_captions
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "dev", "test": "test"}
@@ -198,19 +198,11 @@ def _place(p: Pair, dest: Path, link: bool, report: Report) -> bool:
             pass
         report.skip("another file of that name is in the folder", f"{dest} is not {p.source}")
         return False
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
-    os.unlink(tmp)
-    try:
+    with atomic_path(dest, mode=None if link else 0o644, unique=True) as tmp:  # the image appears whole, by one rename
         if link:
             os.symlink(p.source.resolve(), tmp)
         else:
             shutil.copyfile(p.source, tmp)
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)  # the image appears whole, by one rename
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
     report.images += 1
     return True
 

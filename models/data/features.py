@@ -13,7 +13,6 @@ run continues where it stopped instead of starting again.
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,12 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from crossprobe.models import inputs
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from crossprobe.models.atomic import atomic_write
 
 
 class ChunkedCache:
@@ -44,7 +38,7 @@ class ChunkedCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
             self.done = 0
-            _atomic_write(self.progress, json.dumps({"rows": 0}))
+            atomic_write(self.progress, json.dumps({"rows": 0}))
 
     @property
     def complete(self) -> bool:
@@ -54,7 +48,7 @@ class ChunkedCache:
         self.arr[start : start + len(values)] = values
         self.arr.flush()
         self.done = start + len(values)
-        _atomic_write(self.progress, json.dumps({"rows": self.done}))
+        atomic_write(self.progress, json.dumps({"rows": self.done}))
 
 
 def image_backbone_session(cache_dir: Path, threads: int | None = None, spinning: bool | None = None):

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from crossprobe.models.atomic import atomic_path
 from crossprobe.models.families.base import FamilyModel, TokenizerMismatch
 from crossprobe.models.families.text import PROBE
 from crossprobe.models.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
@@ -172,9 +173,5 @@ def record_alias(folder: Path, m: FamilyModel) -> None:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic_path(path, mode=0o644, unique=True) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

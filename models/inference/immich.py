@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from crossprobe.models.atomic import atomic_path
 from crossprobe.models.inference.base import ImageGrid, RuntimeOptions
 from crossprobe.models.inference.exported import ExportedBackend, ImagePreprocess
 
@@ -139,10 +138,8 @@ def fingerprint(folder: Path, cache_root: Path | None) -> str:
 def _write_cache(path: Path, obj: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
+        with atomic_path(path, unique=True) as tmp:  # unique: two processes may hash one folder at once
+            tmp.write_text(json.dumps(obj))
     except OSError:
         pass  # a read-only graphs folder: hashed again next time
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from crossprobe.models import checkpoint
+from crossprobe.models.atomic import atomic_write
 from crossprobe.models import export as ex
 from crossprobe.models import runtime
 from crossprobe.models.evaluation import metrics as M
@@ -66,12 +67,15 @@ class Option:
 
 
 def _set(**changes):
-    """-> apply(model_cfg, tower_cfg) setting dotted fields, e.g. text__pool_hops=4."""
+    """-> apply(model_cfg, tower_cfg) setting dotted fields, e.g. text__pool_hops=4, tv__ace__enabled=True."""
 
     def apply(mc: ModelConfig, tc: TowerTrainConfig) -> None:
         for key, value in changes.items():
-            obj_name, attr = key.split("__")
-            setattr(tc if obj_name == "train" else getattr(mc, obj_name), attr, value)
+            first, *path, attr = key.split("__")
+            obj = tc if first == "train" else getattr(mc, first)
+            for name in path:
+                obj = getattr(obj, name)
+            setattr(obj, attr, value)
 
     return apply
 
@@ -87,12 +91,12 @@ OPTIONS: dict[str, Option] = {
                          _set(text__pool="temde", vision__pool="temde")),
     "zodiac-cp": Option("cp", "ZoDIAC attention in the CP cross layers", _set(cp__attention="zodiac")),
     "ace-rpe-tv": Option("tv", "ACE-RPE relative positions in TV (4 groups = heads, shrink 0.2, max distance 8)",
-                         _set(tv__ace_rpe=True)),
+                         _set(tv__ace__enabled=True)),
     "ace-rpe-tv+anchor": Option("tv", "ACE-RPE in TV plus the anchor loss (weight 0.5)",
-                                _set(tv__ace_rpe=True, tv__anchor_loss=0.5)),
+                                _set(tv__ace__enabled=True, tv__ace__anchor_loss=0.5)),
     "zodiac-tv": Option("tv", "ZoDIAC attention in every TV layer", _set(tv__attention="zodiac")),
     "ace-rpe-sm": Option("sm", "ACE-RPE relative positions in SM's joint layers (4 groups = heads, shrink 0.2, "
-                         "max distance 8; no [CLS])", _set(sm__ace_rpe=True)),
+                         "max distance 8; no [CLS])", _set(sm__ace__enabled=True)),
 }
 RERANKERS = {"cp": CrossProbe, "sm": SplitMerge, "tv": SingleStream}
 JOINT = ("sm", "tv")  # all tokens x all regions: evaluated on one caption per image, timed in PyTorch
@@ -307,9 +311,7 @@ class Runner:
                 self.log(f"ablation: {name}")
                 rows[name] = fn()
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rows[name], indent=2))
-            tmp.replace(path)
+            atomic_write(path, json.dumps(rows[name], indent=2))
             self.log(f"ablation {name}: t2i R@1 {rows[name]['t2i']['R@1']} i2t R@1 {rows[name]['i2t']['R@1']} "
                      f"ms {rows[name]['ms_per_query']}")
         for row in rows.values():

@@ -26,7 +26,7 @@ from crossprobe.models.evaluation.encode import ImageBank, PairScorer, TextBank
 from crossprobe.models.evaluation.retrieval import reranked
 from crossprobe.models.losses import listwise
 from crossprobe.models.temde import merge
-from crossprobe.models.training.state import atomic_save, rng_state, set_rng_state
+from crossprobe.models.training.state import EpochState, atomic_save
 from crossprobe.models.training.towers import cosine_schedule
 
 
@@ -92,36 +92,18 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     text, images, gold = train
     if cfg.pool_negatives and method != "temde":
         raise ValueError(f"pool_negatives is for T-EMDE (a dot product per pair); {method} would score every pair jointly")
-    module = getattr(model, method)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in module.parameters():
-        p.requires_grad_(True)
-    if cfg.standalone:  # alpha stays 0 (and out of the optimiser) until fit_fusion sets the mix
-        with torch.no_grad():
-            module.fusion.alpha.zero_()
-    params = [p for n, p in module.named_parameters() if not (cfg.standalone and n == "fusion.alpha")]
+    module, params = _trainable(model, method, cfg)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     cap_by_img = captions_by_image(gold)
-    n_imgs = len(cap_by_img)
-    steps = math.ceil(n_imgs * cfg.captions_per_image / cfg.queries)
+    steps = math.ceil(len(cap_by_img) * cfg.captions_per_image / cfg.queries)
     sched = cosine_schedule(opt, cfg.epochs * steps, min(50, steps))
     hard = mine(text, images, gold, cfg.mine_k)
     pre = pretrain_inbatch(model, method, train, cfg, state_path.with_name(state_path.stem + ".pretrained.pt"), seed, log)
-    start, best, history = 0, {"score": -1.0}, []
-    if state_path.exists():
-        st = torch.load(state_path, weights_only=False)
-        module.load_state_dict(st["module"])
-        opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
-        start, best, history = st["epoch"], st["best"], st["history"]
-        set_rng_state(st["rng"])
-        log(f"{method}: resuming after epoch {start}")
+    state = EpochState(state_path, "module")
+    start, best, history = state.resume(module.load_state_dict, opt, sched, {"score": -1.0}, method, log)
     # the region term (region_labels.py) sits inside the training logit when the model has a weight for this
     # reranker: it learns what the cells' labels do not already say, instead of being summed with them afterwards
-    scorer = PairScorer(model, method, text, images, precompute=False)
-    teacher = _teacher(model, method, cfg, text, images)
-    anchor_w = getattr(module.cfg, "anchor_loss", 0.0) if getattr(module, "ace", None) is not None else 0.0
+    loss_of = _StepLoss(model, method, cfg, text, images, gold)
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + 1000 + epoch)
         module.train()
@@ -131,35 +113,72 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         for s in tqdm(range(0, len(queries), cfg.queries), desc=f"{method} epoch {epoch + 1}/{cfg.epochs}", leave=False):
             q = queries[s : s + cfg.queries]
             neg = np.stack([rng.choice(hard[c], cfg.negatives, replace=False) for c in q])
-            cand = np.concatenate([gold[q][:, None], neg], 1)  # positive in column 0
-            if cfg.pool_negatives:
-                logits, target = pooled_logits(scorer, module, q, cand, gold)
-                loss = F.cross_entropy(logits, target)
-            else:
-                logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
-                loss = listwise(logits)
-                if teacher is not None:  # residuals over the two-tower logit on both sides (alpha is 0 when standalone)
-                    own = logits - module.fusion.alpha * scorer.tt(torch.from_numpy(q), torch.from_numpy(cand))
-                    loss = loss + cfg.distill_weight * distill_loss(own, teacher, q, cand, cfg.distill_tau)
-            if anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
-                assert module.alignment is not None and module.alignment.shape == logits.shape
-                loss = loss + anchor_w * listwise(ANCHOR_SCALE * module.alignment)
-            total += _step(loss, params, opt, sched)
+            total += _step(loss_of(q, np.concatenate([gold[q][:, None], neg], 1)), params, opt, sched)  # positive first
         module.eval()
-        rec = {"epoch": epoch + 1, "loss": total / steps}
-        if cfg.standalone:  # epoch and mix chosen together on fusion_queries dev captions
-            w, score = fit_fusion(model, method, dev, cfg, queries=cfg.fusion_queries)
-            rec["fusion_w"] = w
-        else:
-            score = dev_score(model, method, dev, cfg)
-        rec[f"dev_t2i_R@1@{cfg.dev_k}"] = score
+        rec = {"epoch": epoch + 1, "loss": total / steps, **_select(model, method, dev, cfg)}
         history.append(rec)
         log(f"{method} {rec}")
-        if score > best["score"]:
-            best = {"score": score, "epoch": epoch + 1, "weights": {k: v.clone() for k, v in module.state_dict().items()},
-                    "fusion_w": rec.get("fusion_w")}
-        atomic_save({"module": module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "epoch": epoch + 1,
-                     "best": best, "history": history, "rng": rng_state()}, state_path)
+        if rec[f"dev_t2i_R@1@{cfg.dev_k}"] > best["score"]:
+            best = {"score": rec[f"dev_t2i_R@1@{cfg.dev_k}"], "epoch": epoch + 1,
+                    "weights": {k: v.clone() for k, v in module.state_dict().items()}, "fusion_w": rec.get("fusion_w")}
+        state.save(module.state_dict(), opt, sched, epoch + 1, best, history)
+    fusion = _keep_best(model, method, best, dev, cfg, log)
+    return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre, **fusion}
+
+
+def _trainable(model, method: str, cfg: RerankTrainConfig):
+    """Freeze everything but the reranker -> (its module, the parameters its optimiser steps)."""
+    module = getattr(model, method)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in module.parameters():
+        p.requires_grad_(True)
+    if cfg.standalone:  # alpha stays 0 (and out of the optimiser) until fit_fusion sets the mix
+        with torch.no_grad():
+            module.fusion.alpha.zero_()
+    return module, [p for n, p in module.named_parameters() if not (cfg.standalone and n == "fusion.alpha")]
+
+
+class _StepLoss:
+    """The training loss of one step: (Q,) caption rows, (Q, C) candidate image columns (positive first) -> loss.
+    Listwise over each caption's candidates (or over the whole step's, pool_negatives), plus distillation from a
+    teacher reranker and ACE-RPE's anchor loss where configured."""
+
+    def __init__(self, model, method: str, cfg: RerankTrainConfig, text, images, gold: np.ndarray):
+        self.module, self.cfg, self.gold = getattr(model, method), cfg, gold
+        self.scorer = PairScorer(model, method, text, images, precompute=False)
+        self.teacher = _teacher(model, method, cfg, text, images)
+        self.anchor_w = self.module.cfg.ace.anchor_loss if getattr(self.module, "ace", None) is not None else 0.0
+
+    def __call__(self, q: np.ndarray, cand: np.ndarray) -> torch.Tensor:
+        cfg, module, scorer = self.cfg, self.module, self.scorer
+        if cfg.pool_negatives:
+            logits, target = pooled_logits(scorer, module, q, cand, self.gold)
+            loss = F.cross_entropy(logits, target)
+        else:
+            logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
+            loss = listwise(logits)
+            if self.teacher is not None:  # residuals over the two-tower logit on both sides (alpha is 0 when standalone)
+                own = logits - module.fusion.alpha * scorer.tt(torch.from_numpy(q), torch.from_numpy(cand))
+                loss = loss + cfg.distill_weight * distill_loss(own, self.teacher, q, cand, cfg.distill_tau)
+        if self.anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
+            assert module.alignment is not None and module.alignment.shape == logits.shape
+            loss = loss + self.anchor_w * listwise(ANCHOR_SCALE * module.alignment)
+        return loss
+
+
+def _select(model, method: str, dev, cfg: RerankTrainConfig) -> dict:
+    """An epoch's selection score on dev (and, standalone, the fusion weight chosen with it)."""
+    if cfg.standalone:  # epoch and mix chosen together on fusion_queries dev captions
+        w, score = fit_fusion(model, method, dev, cfg, queries=cfg.fusion_queries)
+        return {"fusion_w": w, f"dev_t2i_R@1@{cfg.dev_k}": score}
+    return {f"dev_t2i_R@1@{cfg.dev_k}": dev_score(model, method, dev, cfg)}
+
+
+def _keep_best(model, method: str, best: dict, dev, cfg: RerankTrainConfig, log) -> dict:
+    """The best epoch's weights (and, standalone, its fusion weight) back into the model; every parameter trainable
+    again -> the fusion facts for the report."""
+    module = getattr(model, method)
     module.load_state_dict(best["weights"])
     fusion = {}
     if cfg.standalone:
@@ -170,7 +189,7 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         log(f"{method} fusion {fusion}")
     for p in model.parameters():
         p.requires_grad_(True)
-    return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre, **fusion}
+    return fusion
 
 
 def _teacher(model, method: str, cfg: RerankTrainConfig, text, images) -> PairScorer | None:

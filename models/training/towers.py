@@ -20,7 +20,7 @@ from crossprobe.models import inputs
 from crossprobe.models.losses import info_nce, order_hinge, vsepp_max_violation
 from crossprobe.models.model import SearchModel
 from crossprobe.models.training.data import CachedData
-from crossprobe.models.training.state import atomic_save, rng_state, set_rng_state
+from crossprobe.models.training.state import EpochState
 
 
 @dataclass
@@ -103,15 +103,9 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
     train_imgs = np.asarray(data.split_images("train"))
     steps_per_epoch = math.ceil(len(train_imgs) / cfg.batch)
     sched = cosine_schedule(opt, cfg.epochs * steps_per_epoch, cfg.warmup_steps)
-    start, best, history = 0, {"rsum": -1.0}, []
-    if state_path.exists():  # resume
-        st = torch.load(state_path, weights_only=False)
-        model.load_state_dict(st["model"], strict=False)
-        opt.load_state_dict(st["opt"])
-        sched.load_state_dict(st["sched"])
-        start, best, history = st["epoch"], st["best"], st["history"]
-        set_rng_state(st["rng"])
-        log(f"towers: resuming after epoch {start}")
+    state = EpochState(state_path, "model")
+    start, best, history = state.resume(lambda w: model.load_state_dict(w, strict=False), opt, sched, {"rsum": -1.0},
+                                        "towers", log)
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + epoch)  # per-epoch stream: resume reproduces the same batches
         model.train()
@@ -139,10 +133,6 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
         log(f"towers {rec}")
         if dev["rsum"] > best["rsum"]:
             best = {"rsum": dev["rsum"], "epoch": epoch + 1, "weights": {k: v.clone() for k, v in model.tower_state_dict().items()}}
-        atomic_save(
-            {"model": model.tower_state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-             "epoch": epoch + 1, "best": best, "history": history, "rng": rng_state()},
-            state_path,
-        )
+        state.save(model.tower_state_dict(), opt, sched, epoch + 1, best, history)
     model.load_state_dict(best["weights"], strict=False)
     return {"best_epoch": best["epoch"], "dev_rsum": best["rsum"], "history": history}

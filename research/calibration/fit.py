@@ -1,123 +1,23 @@
-"""Fit the relevance curves (models/calibration.py) on the two dev sets, through the API, and measure them.
+"""Fit the relevance curves (models/calibration.py) on the two dev sets, through the API, and measure them: the
+write-up of `crossprobe calibrate` (models/training/calibrate.py says how the curves are fitted and measured).
 
     .venv/bin/python -m research.calibration.fit [--limit N] [--ckpt DIR]
         -> docs/research/results/calibration.json (curves, ECE, reliability, absent-query cutoffs)
-           docs/research/calibration.md, docs/images/reliability.svg
-    then: crossprobe checkpoint set-calibration --curves docs/research/results/calibration.json
+           docs/research/calibration.md's numbers, docs/images/reliability.svg
+    crossprobe calibrate [--ckpt DIR]   the same fit, stored in the checkpoint as calibration.json
 
-Data: each caption of a dev set is a POST /v1/search (k = shortlist = 100) per rerank mode to a server on
-loopback over an index of the set's photos, as a user's query would be; every returned result is a row
-(score, 1 if it is the caption's own photo else 0). The curve maps score - shift x (the mean score of the
-query's shortlist): shift, from SHIFTS, is chosen per mode by out-of-sample log loss over the top 10 rows
-(shift 0 is the plain score; a larger one judges a result against what the same query gives every candidate).
-Scores are cached per checkpoint under --workdir (--refresh queries again).
-  f8k-dev   the 5,000 Flickr8k dev captions over the 1,000 dev photos
-  ood-dev   coco-mini-dev's 400 captions over its 80 photos among the 1,000 Flickr8k dev photos
-The two sets weigh the same in the fit (out of domain is the product; Flickr8k dev has 12x the captions).
-ECE is measured out of sample: the photos of each set are split in two halves by a fixed seed, the curve
-fitted on one half's captions (both sets) scores the other's, and the other way round. The curve shipped is
-fitted on all of it. Absent queries: 50 descriptions of things none of the 1,080 photos shows; for each cutoff,
-how many of them return nothing and how many dev captions keep their own photo; and at the cutoff that keeps the
-own photo of 90% of the captions that have it in their top 10 (both sets pooled, each weighing the same), how
-many of the 50 return nothing.
+Scores are cached per checkpoint under --workdir (--refresh queries again): after one of the two, the other
+fits in seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-
-from crossprobe.indexer import build
-from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.models import DEFAULT_CHECKPOINT, calibration, read_config
-from crossprobe.models.data.captioned import CaptionedFolder, coco_root
-from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
-from crossprobe.models.evaluation.report import machine
-from crossprobe.service.server import running, wait_ready
-from crossprobe.service.settings import Settings
-
-MODES = ("none", "cp", "temde")
-K = 100  # results per caption: the whole default shortlist, so its mean is the one the service computes
-SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0)  # how much of the shortlist's mean score is taken off before the curve (chosen on dev)
-CUTOFFS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-# 50 descriptions of things no photo of either dev set shows: the key word of each appears in none of Flickr8k's
-# 40,000 captions and none of coco-mini-dev's 400 (checked with a word-boundary search over both caption files)
-ABSENT = ["an x-ray of a broken arm", "a spreadsheet full of numbers", "a screenshot of computer code",
-          "a microscope image of cells", "a bowl of ramen noodles", "a jellyfish in dark water",
-          "a solar panel on a roof", "a pile of old coins", "a snail on a leaf", "a volcano erupting",
-          "a yellow submarine under the sea", "a cactus in a clay pot", "an octopus on the sea floor",
-          "a shop receipt on a table", "an open passport", "a barcode label", "a qr code poster",
-          "a calculator on a desk", "a thermometer reading", "a doctor's stethoscope", "a syringe and a vial",
-          "a brain scan", "an astronaut floating in space", "a satellite orbiting the earth", "a spiral galaxy",
-          "a purple orchid", "a sliced pineapple", "a plate of broccoli", "a postage stamp", "an old typewriter",
-          "an hourglass with sand", "a brass compass", "a wooden abacus", "a xylophone", "a starfish on the sand",
-          "a hedgehog in the leaves", "a sloth hanging from a branch", "a koala in a eucalyptus tree",
-          "a pink flamingo", "a peacock with its tail open", "a scorpion on a rock", "a hairy tarantula",
-          "a head of cauliflower", "a purple eggplant", "an avocado cut in half", "a buttery croissant",
-          "a plate of dumplings", "a fossil in a stone", "a tornado over a field",
-          "an iceberg in the ocean"]
-assert len(ABSENT) == 50
-
-
-def dev_sets(ds: Flickr8k, workdir: Path, limit: int | None) -> dict:
-    dev = ds.splits["dev"]
-    f8k_items = [(f"f8k/{ds.images[i]}", ds.image_path(i)) for i in dev]
-    f8k_pairs = [(ds.captions[j], f"f8k/{ds.images[ds.caption_image[j]]}") for j in ds.captions_of(dev)]
-    coco = CaptionedFolder.load(coco_root())
-    coco_items = [(f"coco/{n}", coco.image_path(i)) for i, n in enumerate(coco.images)]
-    coco_pairs = [(c, f"coco/{coco.images[coco.caption_image[j]]}") for j, c in enumerate(coco.captions)]
-    sets = {"f8k-dev": (f8k_items, f8k_pairs), "ood-dev": (coco_items + f8k_items, coco_pairs)}
-    out = {}
-    for name, (items, pairs) in sets.items():
-        manifest = workdir / f"{name}.jsonl"
-        manifest.write_text("".join(json.dumps({"id": i, "uri": str(u)}) + "\n" for i, u in items))
-        out[name] = {"manifest": manifest, "pairs": pairs[:limit], "images": len(items)}
-    return out
-
-
-def collect(client: httpx.Client, index: str, pairs: list, mode: str) -> dict:
-    """Every caption's whole ranked shortlist (k = shortlist = 100) -> rows {"score", "label", "rank", "query"}."""
-    rows = {"score": [], "label": [], "rank": [], "query": []}
-    for q, (text, gold) in enumerate(pairs):
-        r = client.post("/v1/search", json={"query": text, "mode": "vector", "k": K, "rerank": mode, "shortlist": K, "index": index})
-        r.raise_for_status()
-        for rank, hit in enumerate(r.json()["results"]):
-            rows["score"].append(hit["score"])
-            rows["label"].append(int(hit["id"] == gold))
-            rows["rank"].append(rank)
-            rows["query"].append(q)
-    return {k: np.asarray(v) for k, v in rows.items()}
-
-
-def centred(d: dict, shift: float) -> np.ndarray:
-    """score - shift x the mean score of the query's shortlist (Calibration.relevance does the same at serving)."""
-    n = d["query"].max() + 1
-    mean = np.bincount(d["query"], d["score"], n) / np.maximum(np.bincount(d["query"], minlength=n), 1)
-    return d["score"] - shift * mean[d["query"]]
-
-
-def split_of(pairs: list, seed: int = 0) -> np.ndarray:
-    """Per caption, fold 0 or 1 by its photo (a photo's captions stay together)."""
-    golds = sorted({g for _, g in pairs})
-    fold = dict(zip(golds, np.random.default_rng(seed).permutation(len(golds)) % 2))
-    return np.asarray([fold[g] for _, g in pairs])
-
-
-def weights(data: dict, sets: list[str], mask: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of several sets, each set weighing the same in total."""
-    s, y, w = [], [], []
-    for name in sets:
-        m = mask[name]
-        n = int(m.sum())
-        s.append(data[name]["score"][m])
-        y.append(data[name]["label"][m])
-        w.append(np.full(n, 1.0 / max(n, 1)))
-    return np.concatenate(s), np.concatenate(y), np.concatenate(w)
+from crossprobe.models import DEFAULT_CHECKPOINT
+from crossprobe.models.training.calibrate import MODES
+from crossprobe.service.cli.calibrate import fit_calibration
 
 
 def svg(reliab: dict, path: Path) -> None:
@@ -154,30 +54,11 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("artifacts/calibration"))
     ap.add_argument("--refresh", action="store_true", help="query again even if the scores are cached")
     args = ap.parse_args()
-    if not available() or not CaptionedFolder.available(coco_root()):
-        print(f"Flickr8k ({dataset_root()}) or coco-mini-dev ({coco_root()}) not found")
-        sys.exit(2)
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    root = args.workdir / "indexes"
-    sets = dev_sets(Flickr8k.load(), args.workdir, args.limit)
-    ixs = IndexerSettings(index_root=root, progress=False)
-    for name, s in sets.items():
-        build(f"cal-{name}", manifest=s["manifest"], settings=ixs, ckpt=args.ckpt, log=lambda *_: None)
-    cache = args.workdir / f"scores-{read_config(args.ckpt)['fingerprint']}.json"
-    t = time.perf_counter()
-    if cache.exists() and not args.refresh:
-        raw = json.loads(cache.read_text())
-        data = {m: {n: {k: np.asarray(v) for k, v in d.items()} for n, d in raw["data"][m].items()} for m in MODES}
-        absent = raw["absent"]
-    else:
-        data, absent = query_all(args, sets, root)
-        cache.write_text(json.dumps({"data": {m: {n: {k: v.tolist() for k, v in d.items()} for n, d in data[m].items()}
-                                              for m in MODES}, "absent": absent}))
-    out = analyse(data, absent, sets)
-    cfg = read_config(args.ckpt)
-    out["meta"] = {"fingerprint": cfg["fingerprint"], "fitted_on": "f8k-dev + ood-dev, each set weighted equally",
-                   "command": "python -m research.calibration.fit" + (f" --limit {args.limit}" if args.limit else ""),
-                   "machine": machine(), "seconds": round(time.perf_counter() - t, 1), "absent_queries": ABSENT}
+    command = "python -m research.calibration.fit" + (f" --limit {args.limit}" if args.limit else "")
+    try:
+        out = fit_calibration(args.ckpt, args.workdir, args.limit, args.refresh, command)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{e}") from None
     res = Path("docs/research/results")
     res.mkdir(parents=True, exist_ok=True)
     (res / "calibration.json").write_text(json.dumps(out, indent=1))
@@ -197,99 +78,6 @@ def summarise(out: dict, path: Path) -> None:
                       "absent_at_90pct_gold_kept": {m: a["at_90pct_gold_kept"] for m, a in out["absent"].items()},
                       "absent_by_cutoff": {m: a["by_cutoff"] for m, a in out["absent"].items()}}
     path.write_text(json.dumps(j, indent=1))
-
-
-def query_all(args, sets: dict, root: Path) -> tuple[dict, dict]:
-    settings = Settings(index_root=root, port=0, indexes=",".join(f"cal-{n}" for n in sets), ckpt=args.ckpt,
-                        access_log=False, log_level="warning")
-    data: dict = {m: {} for m in MODES}
-    absent: dict = {m: [] for m in MODES}
-    t = time.perf_counter()
-    with running(settings) as url, httpx.Client(base_url=url, timeout=30) as client:
-        wait_ready(client)
-        for mode in MODES:
-            for name, s in sets.items():
-                data[mode][name] = collect(client, f"cal-{name}", s["pairs"], mode)
-                print(f"{mode} {name}: {len(s['pairs'])} captions, {time.perf_counter() - t:.0f}s", flush=True)
-            for q in ABSENT:  # over the larger index, the 1,080 photos: the whole shortlist's scores
-                r = client.post("/v1/search", json={"query": q, "mode": "vector", "k": K, "rerank": mode, "shortlist": K,
-                                                    "index": "cal-ood-dev"})
-                r.raise_for_status()
-                absent[mode].append([h["score"] for h in r.json()["results"]])
-    return data, absent
-
-
-def logloss(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p, 1e-6, 1 - 1e-6)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-
-
-def crossfit(d: dict, sets: dict, folds: dict, shift: float) -> dict:
-    """Out-of-sample relevance of every row: fitted on one half of both sets' photos, applied to the other."""
-    row_fold = {n: folds[n][d[n]["query"]] for n in sets}
-    z = {n: centred(d[n], shift) for n in sets}
-    pred = {n: np.zeros(len(z[n])) for n in sets}
-    for held in (0, 1):
-        zz = {n: {"score": z[n], "label": d[n]["label"]} for n in sets}
-        curve = calibration.fit(*weights(zz, list(sets), {n: row_fold[n] != held for n in sets}))
-        for n in sets:
-            m = row_fold[n] == held
-            pred[n][m] = curve(z[n][m])
-    return pred
-
-
-def analyse(data: dict, absent: dict, sets: dict) -> dict:
-    folds = {name: split_of(s["pairs"]) for name, s in sets.items()}
-    out: dict = {"curves": {}, "sets": {n: {"captions": len(s["pairs"]), "photos": s["images"]} for n, s in sets.items()},
-                 "shift_sweep": {}, "ece": {}, "ece_top1": {}, "ece_top100": {}, "reliability": {}, "absent": {},
-                 "positives_top10": {}}
-    for mode in MODES:
-        d = data[mode]
-        top10 = {n: d[n]["rank"] < 10 for n in sets}
-        sweep = {}
-        for shift in SHIFTS:  # chosen by out-of-sample log loss over the top 10 (both sets, equal weight)
-            pred = crossfit(d, sets, folds, shift)
-            sweep[shift] = {n: round(logloss(pred[n][top10[n]], d[n]["label"][top10[n]]), 5) for n in sets}
-        shift = min(SHIFTS, key=lambda s: sum(sweep[s].values()))
-        out["shift_sweep"][mode] = {str(s): v for s, v in sweep.items()}
-        pred = crossfit(d, sets, folds, shift)
-        out["ece"][mode] = {n: round(calibration.ece(pred[n][top10[n]], d[n]["label"][top10[n]]), 4) for n in sets}
-        out["ece_top100"][mode] = {n: round(calibration.ece(pred[n], d[n]["label"]), 4) for n in sets}
-        out["ece_top1"][mode] = {n: round(calibration.ece(pred[n][d[n]["rank"] == 0],
-                                                           d[n]["label"][d[n]["rank"] == 0]), 4) for n in sets}
-        out["reliability"][mode] = {n: calibration.reliability(pred[n][top10[n]], d[n]["label"][top10[n]])
-                                    for n in sets}
-        out["positives_top10"][mode] = {n: round(float(d[n]["label"][top10[n]].mean()), 4) for n in sets}
-        zz = {n: {"score": centred(d[n], shift), "label": d[n]["label"]} for n in sets}
-        curve = calibration.fit(*weights(zz, list(sets), {n: np.ones(len(d[n]["score"]), bool) for n in sets}),
-                                shift=shift)
-        cal = calibration.Calibration({mode: curve}, {})
-        out["curves"][mode] = cal.curves[mode].to_json()
-        top_abs = np.asarray([cal.relevance(mode, np.asarray(a)).max() for a in absent[mode]])
-        gold = {}  # per caption: its own photo's relevance (0 when not in its top 10)
-        for n in sets:
-            g = np.zeros(len(sets[n]["pairs"]))
-            pos = (d[n]["label"] == 1) & top10[n]
-            g[d[n]["query"][pos]] = curve(zz[n]["score"][pos])
-            gold[n] = g
-        rows = {}
-        for c in CUTOFFS:  # what a cutoff does: absent queries emptied vs dev captions keeping their photo
-            rows[str(c)] = {"absent_empty": int(np.sum(top_abs < c)),
-                            "gold_kept_%": {n: round(float(np.mean(gold[n] >= c)) * 100, 1) for n in sets}}
-        # the cutoff that keeps the own photo of 90% of the captions that have it in their top 10: the 10th
-        # percentile of those photos' relevance, both sets pooled with equal weight
-        inside = {n: gold[n][gold[n] > 0] for n in sets}
-        vals = np.concatenate([inside[n] for n in sets])
-        w = np.concatenate([np.full(len(inside[n]), 1.0 / len(inside[n])) for n in sets])
-        order = np.argsort(vals)
-        cum = np.cumsum(w[order]) / w.sum()
-        cut90 = float(vals[order][np.searchsorted(cum, 0.1)])
-        at90 = {"cutoff": round(cut90, 4), "absent_empty": int(np.sum(top_abs < cut90)), "absent_queries": len(ABSENT),
-                "gold_kept_of_top10_%": {n: round(float(np.mean(inside[n] >= cut90)) * 100, 1) for n in sets},
-                "gold_kept_of_all_%": {n: round(float(np.mean(gold[n] >= cut90)) * 100, 1) for n in sets}}
-        out["absent"][mode] = {"top1_relevance": [round(float(v), 4) for v in top_abs], "by_cutoff": rows,
-                               "at_90pct_gold_kept": at90}
-    return out
 
 
 if __name__ == "__main__":

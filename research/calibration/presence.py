@@ -38,7 +38,7 @@ from crossprobe.models.evaluation.report import machine
 from crossprobe.models.region_labels import region_score
 
 from research.bridge.sweep import dev_views, require_dev_sets
-from research.calibration.fit import ABSENT
+from crossprobe.models.training.calibrate import ABSENT
 from research.region_labels.sweep import cell_probs
 
 K = 100

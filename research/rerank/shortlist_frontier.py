@@ -24,12 +24,11 @@ import numpy as np
 
 from crossprobe.indexer import build
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.metrics import paired_bootstrap
 from crossprobe.models.evaluation.report import machine
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
-from research.calibration.fit import dev_sets
+from crossprobe.models.training.calibrate import dev_sets
 
 CONFIGS = [("none", 100)] + [(m, k) for m in ("cp", "temde") for k in (10, 20, 50, 100)]
 DEFAULT = ("cp", 100)
@@ -58,7 +57,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("docs/research/results/shortlist_frontier.json"))
     args = ap.parse_args()
     root = args.workdir / "indexes"
-    sets = dev_sets(Flickr8k.load(), args.workdir, None)
+    sets = dev_sets(args.workdir, None)
     sets["f8k-dev"]["pairs"] = sets["f8k-dev"]["pairs"][:args.f8k_captions]
     ixs = IndexerSettings(index_root=root, progress=False)
     for name, s in sets.items():

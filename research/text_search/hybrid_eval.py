@@ -46,7 +46,7 @@ from crossprobe.indexer.storage.keyword import KeywordQuery
 from crossprobe.service import hybrid
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings
-from research.calibration.fit import dev_sets
+from crossprobe.models.training.calibrate import dev_sets
 from research.text_search import textset
 
 KS = (5, 10, 20, 60)
@@ -129,7 +129,7 @@ def main() -> None:
     if not args.text_only:
         sets[f"f8k-{args.split}"] = ordinary(ds, args.split, args.workdir, limit)
     if args.split == "dev" and not args.text_only:
-        ood = dev_sets(ds, args.workdir, None)["ood-dev"]
+        ood = dev_sets(args.workdir, None)["ood-dev"]
         sets["ood-dev"] = {"manifest": ood["manifest"], "images": ood["images"],
                            "queries": [(t, "caption", {g}, g, []) for t, g in ood["pairs"]]}
     root = args.workdir / "indexes"

@@ -3,7 +3,7 @@
     python -m research.text_search.milvus_bm25
         prints the server's version, then either a BM25 search's answer or the server's refusal
 
-It starts the local server (indexer/storage/local_milvus.py), creates a collection whose VARCHAR field feeds a
+It starts the local server (benchmarks/support/local_milvus.py), creates a collection whose VARCHAR field feeds a
 BM25 function into a sparse vector field (pymilvus 3's Function API, Milvus 2.5's schema), inserts two texts and
 searches one word, then stops the server.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 def main() -> None:
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
-    from crossprobe.indexer.storage.local_milvus import LocalMilvus
+    from benchmarks.support.local_milvus import LocalMilvus
 
     server = LocalMilvus(Path(tempfile.mkdtemp(prefix="bm25-probe-"))).start()
     try:

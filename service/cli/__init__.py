@@ -1,8 +1,9 @@
 """The command line: the layer above the batch jobs and the service (the only code that imports both).
 
 The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
-train, eval, frontier, ablate, promote, export, demo, and `crossprobe checkpoint ...`), the indexer's (`crossprobe index ...`,
-indexer/jobs/cli.py) and the service's own (serve, demo-service), defined here."""
+train, eval, frontier, ablate, promote, export, demo, fit-text-gate and `crossprobe checkpoint ...`), the indexer's
+(`crossprobe index ...`, indexer/jobs/cli.py) and those defined here: serve, demo-service, and calibrate (it runs both
+the batch jobs and the service: calibrate.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import typer
 
 from crossprobe.indexer.jobs.cli import index_app
-from crossprobe.models.cli import CKPT
+from crossprobe.models.cli import CKPT, _command
 from crossprobe.models.cli import app as models_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
@@ -83,6 +84,39 @@ def demo_service(
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(
+    ckpt: Path = CKPT,
+    workdir: Path = typer.Option(Path("artifacts/calibration"), help="the dev indexes and the served scores (cached "
+                                 "per checkpoint)"),
+    limit: int = typer.Option(None, help="first N captions of each dev set (default: all)"),
+    refresh: bool = typer.Option(False, help="query again even if the scores are cached"),
+    results: Path = typer.Option(None, help="also write the whole analysis as JSON (shift sweep, ECE, reliability, "
+                                 "absent-query cutoffs), e.g. docs/research/results/calibration.json"),
+):
+    """Fit a checkpoint's relevance curves (one per rerank mode) on the two dev sets' served results and store
+    them beside its weights as calibration.json (models/training/calibrate.py). The fingerprint does not change:
+    no index is rebuilt. Needs Flickr8k and coco-mini-dev."""
+    import json
+
+    from crossprobe.models import DEFAULT_CHECKPOINT
+    from crossprobe.models.training.calibrate import served
+    from crossprobe.service.cli.calibrate import fit_calibration
+
+    path = Path(ckpt or DEFAULT_CHECKPOINT)
+    try:
+        out = fit_calibration(path, workdir, limit, refresh, _command(), log=typer.echo)
+    except FileNotFoundError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+    if results:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps(out, indent=1))
+    cal = served(out)
+    cal.save(path)
+    typer.echo(f"{path / 'calibration.json'}: relevance curves for {', '.join(cal.curves)}; ECE top-10 {out['ece']}")
 
 
 if __name__ == "__main__":

@@ -157,9 +157,9 @@ def gateway_values(url: str, job: str, index: str) -> dict[str, float]:
 @pytest.fixture(scope="session")
 def redis_cluster():
     """A real Redis Cluster: 3 masters + 3 replicas (redis-server processes on free loopback ports, created with
-    `redis-cli --cluster create`; crossprobe.indexer.storage.local_cluster), cluster-node-timeout 1 s so a failover
+    `redis-cli --cluster create`; benchmarks.support.local_cluster), cluster-node-timeout 1 s so a failover
     happens within a test. Stopped by PID. Tests that pause or kill a node start a cluster of their own."""
-    from crossprobe.indexer.storage.local_cluster import LocalCluster
+    from benchmarks.support.local_cluster import LocalCluster
 
     with LocalCluster(node_timeout_ms=1000) as cluster:
         yield cluster

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from crossprobe.models.ace_rpe import AceRpe, anchor_distances, grid_manhattan
+from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, anchor_distances, grid_manhattan
 from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
 from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
 
@@ -83,8 +83,8 @@ def test_without_cls_the_bias_is_the_cls_bias_minus_its_row_and_column():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: SingleStream(SingleStreamConfig(d=32, layers=2, ace_rpe=True, anchor_loss=0.5)),
-    lambda: SplitMerge(SplitMergeConfig(d_in=32, d=32, layers=2, ace_rpe=True, anchor_loss=0.5)),
+    lambda: SingleStream(SingleStreamConfig(d=32, layers=2, ace=AceRpeConfig(enabled=True, anchor_loss=0.5))),
+    lambda: SplitMerge(SplitMergeConfig(d_in=32, d=32, layers=2, ace=AceRpeConfig(enabled=True, anchor_loss=0.5))),
 ], ids=["tv", "sm"])
 def test_ace_rpe_ignores_padding_and_reports_alignment(make):
     torch.manual_seed(0)
@@ -102,7 +102,7 @@ def test_ace_rpe_ignores_padding_and_reports_alignment(make):
 def test_anchor_loss_trains_the_anchor_projections():
     """Gradient reaches the anchor projections through the similarity term (distances are discrete)."""
     torch.manual_seed(0)
-    tv = SingleStream(SingleStreamConfig(d=32, layers=1, ace_rpe=True)).train()
+    tv = SingleStream(SingleStreamConfig(d=32, layers=1, ace=AceRpeConfig(enabled=True))).train()
     s = tv.score(torch.randn(4, 5, 32), torch.ones(4, 5, dtype=torch.bool), torch.randn(4, 49, 32))
     (s.sum() + tv.ace.alignment.sum()).backward()
     assert tv.ace.t_proj.weight.grad.abs().sum() > 0 and tv.ace.table.grad.abs().sum() > 0

@@ -30,3 +30,26 @@ def test_tampered_weights_are_refused(small_model, bert, tmp_path):
     cfgp.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="fingerprint"):
         checkpoint.load(tmp_path / "ck", bert)
+
+
+COMMITTED = sorted(p.parent.name for p in checkpoint.DEFAULT_CHECKPOINT.parent.glob("*/model.safetensors")
+                   if "model" in json.loads((p.parent / "config.json").read_text()))  # not the text gate
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_checkpoints_load_and_keep_their_saved_config(name, bert):
+    """ACE-RPE's fields are nested in code (AceRpeConfig) but saved flat, as every checkpoint has them: a committed
+    checkpoint loads (its fingerprint checked), and its joint rerankers' configs save back to the bytes it holds."""
+    from crossprobe.models.ace_rpe import AceRpeConfig
+    from crossprobe.models.model import ModelConfig
+
+    path = checkpoint.DEFAULT_CHECKPOINT.parent / name
+    model, meta = checkpoint.load(path, bert)
+    saved = ModelConfig.from_dict(meta["model"]).to_dict()
+    for joint in ("sm", "tv"):
+        assert json.dumps(saved[joint]) == json.dumps(meta["model"][joint])
+        assert set(AceRpeConfig.FLAT.values()) <= set(saved[joint])
+    assert isinstance(model.cfg.tv.ace, AceRpeConfig) and model.cfg.tv.ace.enabled is False
+    if name == "default":  # today's defaults are the served model's: the whole config saves back unchanged
+        assert json.dumps(saved) == json.dumps(meta["model"])
+        assert checkpoint.fingerprint(checkpoint.stored(model.trained_state_dict()), saved) == meta["fingerprint"]

@@ -58,3 +58,17 @@ def test_set_temde_takes_a_train_stage_file(src, small_model, bert, tmp_path):
     bad = _run("set-temde", tmp_path / "bad.pt", "--ckpt", src, "--out", tmp_path / "out2")
     assert bad.exit_code == 2 and not (tmp_path / "out2").exists()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["fingerprint"] == meta["fingerprint"]
+
+
+def test_fit_text_gate_refuses_other_fonts_and_writes_nothing(tmp_path, monkeypatch):
+    """Drawn with other fonts, the generated signs are other sets and the fit another gate: the command says what to
+    install instead of overwriting the served gate with it."""
+    pytest.importorskip("rapidocr_onnxruntime")  # the ocr extra: its own message comes first without it
+    from crossprobe.models.data import flickr8k
+    from crossprobe.models.training import text_gate_sets
+
+    monkeypatch.setattr(flickr8k, "available", lambda root=None: True)
+    monkeypatch.setattr(text_gate_sets, "FONTS", text_gate_sets.FONTS + ["/nonexistent/LiberationSans-Regular.ttf"])
+    out = runner.invoke(app, ["fit-text-gate", "--out", str(tmp_path / "gate"), "--workdir", str(tmp_path / "w")])
+    assert out.exit_code == 2 and "fonts-liberation" in out.output and "/nonexistent/" in out.output
+    assert not (tmp_path / "gate").exists() and not (tmp_path / "w").exists()

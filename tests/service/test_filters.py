@@ -1,7 +1,7 @@
 """Issue 17: filters over every recorded field (EXIF date taken and camera, the manifest's own fields), the
 multipart upload, and a 1%-selective filter over a 100K-item HNSW index.
 
-Against real indexes built by the indexer (and, for 100K items, grown by indexer/jobs/synthetic.py through the
+Against real indexes built by the indexer (and, for 100K items, grown by benchmarks/support/synthetic.py through the
 store's own layout) in a real Redis, searched in process through the service (TestClient).
 """
 from __future__ import annotations
@@ -157,9 +157,9 @@ def test_multipart_upload_with_a_filter(described, client, built):
 # ---- 1% of a 100K-item index -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def big(built, client):
-    """Index "big": the 12 gallery items grown to 100,000 (indexer/jobs/synthetic.py): HNSW32, as the indexer
+    """Index "big": the 12 gallery items grown to 100,000 (benchmarks/support/synthetic.py): HNSW32, as the indexer
     chooses at this size, with the selectivity tags sel-0.01 (1,000 items) / sel-0.1 / sel-1.0."""
-    from crossprobe.indexer.jobs import synthetic
+    from benchmarks.support import synthetic
 
     synthetic.grow(built.ixs, "photos", "big", 100_000, seed=3, log=lambda *_: None)
     _reload(client)

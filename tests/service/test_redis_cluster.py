@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from crossprobe.indexer.storage.local_cluster import LocalCluster
+from benchmarks.support.local_cluster import LocalCluster
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.service.server import wait_ready

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from crossprobe.indexer.storage.local_cluster import Secure, binaries, free_ports
+from benchmarks.support.local_cluster import Secure, binaries, free_ports
 
 PASSWORD = "s3cr3t-Tok/en?x#y@z:9"
 USER = "crossprobe"

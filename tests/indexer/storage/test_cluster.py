@@ -12,7 +12,7 @@ import redis
 from redis.crc import key_slot
 
 from crossprobe.indexer import add, build, delete, open_index, reindex
-from crossprobe.indexer.storage.local_cluster import LocalCluster
+from benchmarks.support.local_cluster import LocalCluster
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import KeyLayout, Store

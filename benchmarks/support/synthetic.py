@@ -4,7 +4,7 @@ Each generated item is a real item's vector plus Gaussian noise (sigma 0.3 / sqr
 neighbour of its source, as a near-duplicate photo would be) and a copy of the source's Redis values (features
 and metadata) under its own id, written as one complete version through the store's own layout (FAISS factory
 chosen by size as the indexer does, ids, vectors.npy, manifest last) and activated with the one SET. Used by
-benchmarks/service_bench.py (the 100K-item latency index), benchmarks/search_features_bench.py and the
+benchmarks/harness.py (the 100K-item latency index), benchmarks/filter_latency.py, benchmarks/scale_bench.py and the
 filter tests (a 1%-selective filter over 100K items).
 
 ann_backend="milvus": the version's vectors go into a Milvus collection instead of index.faiss (the backend's own
@@ -26,7 +26,8 @@ import numpy as np
 from crossprobe.indexer.storage import faiss_io, keyword
 from crossprobe.indexer.storage.reader import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.store import atomic_write, new_version
+from crossprobe.indexer.storage.store import new_version
+from crossprobe.models.atomic import durable_write as atomic_write
 
 SELECTIVITY = (0.01, 0.1, 1.0)
 
