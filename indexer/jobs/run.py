@@ -162,11 +162,12 @@ def same_model_as_base(job: JobContext) -> None:
     """add and sync put new items beside the base's: both must come from one model."""
     was = job.base_manifest["fingerprint"]
     if was != job.fingerprint:
+        built = job.base_manifest.get("model_spec")
         raise FingerprintMismatch(
-            f"index {job.name!r} (version {job.base}) was built with model "
-            f"{job.base_manifest.get('model_spec') or ''} {was}; this job's model {job.model_spec} is {job.fingerprint}. "
-            f"Move the index to this model first: crossprobe index reindex {job.name} --model {job.model_spec}; "
-            f"then add (or run this job with --model {job.base_manifest.get('model_spec') or '<the index model>'}).")
+            f"index {job.name!r} (version {job.base}) was built with model {built or 'a crossprobe checkpoint'} "
+            f"({was}); this job's model {job.model_spec} is {job.fingerprint}. Move the index to this model first: "
+            f"crossprobe index reindex {job.name} --model {job.model_spec}; then add (or run this job with --model "
+            f"{built or '<the index model>'}).")
 
 
 def digest(obj) -> str:
