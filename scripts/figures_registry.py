@@ -172,9 +172,63 @@ def _readme_results(v) -> str:
     return "\n".join(lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
 
 
+# model_choice.json (benchmarks/model_costs.py, benchmarks/model_parity.py, benchmarks/model_end_to_end.py; the
+# published rows copied from their sources): docs/models.md, "Choose a model"
+MC = "model_choice.json"
+COST_ROWS = ("default", "vit_b32", "vit_b16", "siglip_base", "mclip")
+
+
+def _speedup(fp: float, q8: float) -> str:
+    return f"{fp / q8:.1f}"
+
+
+def _choose_table(v) -> str:
+    """docs/models.md's table: one row per family, measured costs beside the published quality."""
+    label = {"default": "crossprobe (the committed checkpoint; `crossprobe:`)", "vit_b32": "CLIP ViT-B/32 (`open_clip:ViT-B-32/...`)",
+             "vit_b16": "CLIP ViT-B/16 (`open_clip:ViT-B-16/...`)", "siglip_base": "SigLIP base (`hf:google/siglip-base-patch16-224`)",
+             "mclip": "M-CLIP XLM-R large + ViT-B/32, multilingual (`hf:M-CLIP/XLM-Roberta-Large-Vit-B-32`)"}
+    pub = {"default": "Flickr8k test R@1 " + v("f8k.temde.r1") + " (ours, T-EMDE)",
+           "vit_b32": f"Flickr30k {v('pub.vit_b32.f30k')}, COCO {v('pub.vit_b32.coco')} (laion2b); OpenAI's weights "
+                      f"{v('pub.vit_b32_openai.f30k')} / {v('pub.vit_b32_openai.coco')}",
+           "vit_b16": f"Flickr30k {v('pub.vit_b16.f30k')}, COCO {v('pub.vit_b16.coco')} (laion2b)",
+           "siglip_base": f"Flickr30k {v('pub.siglip_base.f30k')}, COCO {v('pub.siglip_base.coco')} (webli)",
+           "mclip": f"R@10 on translated COCO: en {v('pub.mclip.en')}, zh {v('pub.mclip.zh')}, ru {v('pub.mclip.ru')}"}
+    head = ("| model | graphs MB | indexed images/s | query p50 / p99 ms | service RSS MB | int8: image, query x faster "
+            "(cosine to fp32) | published text->image retrieval (below) |\n|---|---|---|---|---|---|---|")
+    rows = []
+    for m in COST_ROWS:
+        q8 = (f"{v(f'cost.{m}.int8.img')}, {v(f'cost.{m}.int8.query')} (>= {v(f'cost.{m}.int8.cos')})"
+              if m != "default" else "query tower only: `CROSSPROBE_QUERY_PRECISION=int8`")
+        rows.append(f"| {label[m]} | {v(f'cost.{m}.graphs')} | {v(f'cost.{m}.ips')} | {v(f'cost.{m}.p50')} / "
+                    f"{v(f'cost.{m}.p99')} | {v(f'cost.{m}.rss')} | {q8} | {pub[m]} |")
+    return "\n".join([head, *rows])
+
+
 FIGURES: dict[str, Fig | Block] = {
     "readme.results": Block(_readme_results),
     "ckpt.fingerprint": Fig(SERVED, ("fingerprint",)),
+
+    # choosing a model (model_choice.json)
+    "models.choose": Block(_choose_table),
+    "host.model_costs": host(MC, "costs/machine"),
+    **{f"cost.{m}.{k}": num(MC, f"costs/rows/{m}/{path}", fmt) for m in COST_ROWS for k, path, fmt in (
+        ("graphs", "graphs_mb", "{:,.0f}"), ("ips", "images_per_s", "{:.1f}"), ("p50", "query_p50_ms", "{:.1f}"),
+        ("p99", "query_p99_ms", "{:.1f}"), ("rss", "service_rss_mb", "{:,.0f}"))},
+    **{f"cost.{m}.int8.img": calc(MC, (f"costs/rows/{m}/int8/fp32/image_ms_per_photo",
+                                        f"costs/rows/{m}/int8/int8/image_ms_per_photo"), _speedup) for m in COST_ROWS[1:]},
+    **{f"cost.{m}.int8.query": calc(MC, (f"costs/rows/{m}/int8/fp32/query_encode_p50_ms",
+                                          f"costs/rows/{m}/int8/int8/query_encode_p50_ms"), _speedup)
+       for m in COST_ROWS[1:]},
+    **{f"cost.{m}.int8.cos": calc(MC, (f"costs/rows/{m}/int8/cosine_to_fp32/image_min",
+                                        f"costs/rows/{m}/int8/cosine_to_fp32/query_min"), lambda a, b: f"{min(a, b):.4f}")
+       for m in COST_ROWS[1:]},
+    **{f"pub.{m}.{k}": num(MC, f"published/rows/{m}/{path}", "{:.1f}") for m in ("vit_b32", "vit_b32_openai", "vit_b16",
+       "siglip_base", "xlmr_base") for k, path in (("f30k", "flickr30k_t2i_r1"), ("coco", "mscoco_t2i_r1"))},
+    **{f"pub.mclip.{lang}": num(MC, f"published/rows/mclip/humanly_translated_mscoco_t2i_r10/{lang}", "{:.1f}")
+       for lang in ("en", "zh", "ru")},
+    **{f"parity.{c}": num(MC, f"parity/{c}/max_abs_diff", "{:.1e}") for c in ("open_clip", "hf_clip", "hf_siglip", "mclip")},
+    "e2e.agree": calc(MC, ("end_to_end/agree", "end_to_end/queries"), lambda a, q: f"{a} of {q}"),
+    "e2e.max_score_diff": num(MC, "end_to_end/max_score_diff", "{:.1e}"),
 
     # Flickr8k test, the served checkpoint (crossprobe eval --no-ood ...)
     **{f"f8k.{m}.r{k}": num("region_served_test.json", f"t2i/{src}/R@{k}")

@@ -127,10 +127,15 @@ class ExportedBackend(Backend):
         self.dims = FeatureDims(int(self.meta["dims"]["d"]), ItemDims(0, 0, 0, 0))
         self.rerankers = ()
         self.calibration = None  # relevance curves are fitted per model: none for a family model yet
+        self.query_precision = opts.query_precision
 
     def _session(self, name: str):
-        return self._part(name, lambda: runtime.session(self.folder / self.meta["graphs"][name], self.opts.threads,
-                                                         self.opts.spinning, self.opts.device))
+        def make():
+            path = self.folder / self.meta["graphs"][name]
+            if name == "text" and self.query_precision == "int8":
+                path = int8_graph(path)
+            return runtime.session(path, self.opts.threads, self.opts.spinning, self.opts.device)
+        return self._part(name, make)
 
     def warm(self, *parts: str) -> None:
         for p in parts:
@@ -182,8 +187,10 @@ class ExportedBackend(Backend):
         return emb, tokens, mask
 
     def encode_texts(self, texts: list[str]) -> list[QueryVectors]:
-        emb, _, _ = self.text_tokens(texts)
-        return [QueryVectors(g, None, None, None) for g in unit(emb)]
+        """fp32: one run for the batch. int8: one run per text, because dynamic quantization scales activations by
+        the whole input tensor's range, so batch-mates and padding would change a query's vector."""
+        groups = [texts] if self.query_precision != "int8" else [[t] for t in texts]
+        return [QueryVectors(g, None, None, None) for group in groups for g in unit(self.text_tokens(group)[0])]
 
     # ---- scoring ---------------------------------------------------------------------------------------
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
@@ -210,6 +217,23 @@ def tokenize(tok, text: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]
     how, lower = text.get("clean", "none"), bool(text.get("lowercase"))
     enc = tok.encode_batch([clean_text(t, how).lower() if lower else clean_text(t, how) for t in texts])
     return np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64)
+
+
+def int8_graph(src: Path) -> Path:
+    """<graph>.int8.onnx beside an exported graph: its MatMul weights quantized to int8 once (dynamic, one scale per
+    output channel, as crossprobe's own int8 query tower), written whole under a temp name and renamed. Measured per
+    family (query encode time and the int8 vector's cosine to fp32): docs/models.md, "Choose a model"."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from crossprobe.models.atomic import atomic_dir
+
+    dst = src.with_name(src.stem + ".int8")  # a folder: the graph and, over 2 GiB, its external weights
+    graph = dst / src.name
+    if not graph.exists():
+        with atomic_dir(dst, mode=0o755, unique=True) as tmp:  # two processes at once: each its own temp
+            quantize_dynamic(str(src), str(Path(tmp) / src.name), weight_type=QuantType.QInt8, per_channel=True,
+                             op_types_to_quantize=["MatMul"], use_external_data_format=True)
+    return graph
 
 
 def unit(x: np.ndarray) -> np.ndarray:

@@ -151,3 +151,19 @@ def test_an_open_clip_spec_where_open_clip_is_missing_names_the_export_venv(tmp_
         pass
     with pytest.raises(inference.ModelUnavailable, match="openclip-env.sh"):
         inference.load("open_clip:ViT-B-32/laion2b_s34b_b79k", RuntimeOptions(graphs=tmp_path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_int8_queries_stay_close_to_fp32_and_do_not_depend_on_batch_mates(exported, family):
+    """CROSSPROBE_QUERY_PRECISION=int8 on a family model: the text graph's MatMuls quantized once beside it; each
+    query runs alone (dynamic quantization's activation range would otherwise depend on its batch-mates)."""
+    spec, root, folder = exported[family]
+    texts = ["a dog runs on the beach", "一只狗在海滩上奔跑", "two people ride bikes down a long road in the rain"]
+    fp = inference.load(spec, RuntimeOptions(graphs=root, threads=1)).encode_texts(texts)
+    q8 = inference.load(spec, RuntimeOptions(graphs=root, threads=1, query_precision="int8"))
+    batch = q8.encode_texts(texts)
+    alone = [q8.encode_texts([t])[0] for t in texts]
+    assert (folder / "text.int8" / "text.onnx").exists()
+    for a, b, c in zip(fp, batch, alone):
+        np.testing.assert_array_equal(b.g_q, c.g_q)
+        assert float(a.g_q @ b.g_q) > 0.99 and not np.array_equal(a.g_q, b.g_q)
