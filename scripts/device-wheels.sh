@@ -9,7 +9,8 @@
 # --no-deps for cp312 manylinux x86_64 at the version this checkout's .venv holds (what the tests ran here), so
 # every dependency is named below; the check then reads each wheel's Requires-Dist and fails on one that is
 # neither fetched nor on the machines (DEVICE_HAS, which benchmarks/gpu_check.py checks there before it runs).
-# Variables: PYTHON (default .venv/bin/python), DEVICE_WHEELS_DIR (default .whl), DEVICE_LIMIT_MIB (default 64).
+# Variables: PYTHON (default .venv/bin/python), DEVICE_WHEELS_DIR (default .whl), DEVICE_LIMIT_MIB (default 64),
+# DEVICE_TRAVEL_JSON (a file to write the sizes to: docs/research/results/device_travel.json, which the docs quote).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DW_PY=${PYTHON:-.venv/bin/python} DW_OUT=${DEVICE_WHEELS_DIR:-.whl} DW_LIMIT_MIB=${DEVICE_LIMIT_MIB:-64}
@@ -122,6 +123,17 @@ print(f"working tree (git ls-files: tracked + untracked not ignored): {len(tree)
 print(f"travels: {travels / MiB:.2f} MiB of {limit:g} MiB ({(limit * MiB - travels) / MiB:.2f} MiB left)")
 if travels > limit * MiB:
     problems.append(f"{travels / MiB:.2f} MiB would travel, over the {limit:g} MiB limit")
+if os.environ.get("DEVICE_TRAVEL_JSON"):  # the figures docs/deployment.md quotes (scripts/figures.py binds them)
+    import json
+
+    from crossprobe.models.evaluation.report import machine
+
+    rec = {"wheels_mib": round(total / MiB, 2), "wheels": {p.name: round(p.stat().st_size / MiB, 2) for p in found.values()},
+           "minilm_files_mib": round(extra / MiB, 2), "tree_mib": round(tree_bytes / MiB, 2), "tree_files": len(tree),
+           "travels_mib": round(travels / MiB, 2), "limit_mib": limit, "left_mib": round((limit * MiB - travels) / MiB, 2),
+           "command": "DEVICE_TRAVEL_JSON=docs/research/results/device_travel.json scripts/device-wheels.sh",
+           "machine": machine()}
+    Path(os.environ["DEVICE_TRAVEL_JSON"]).write_text(json.dumps(rec, indent=1) + "\n")
 for p in problems:
     print(f"problem: {p}", file=sys.stderr)
 sys.exit(1 if problems else 0)

@@ -208,6 +208,19 @@ FIGURES: dict[str, Fig | Block] = {
     "readme.results": Block(_readme_results),
     "ckpt.fingerprint": Fig(SERVED, ("fingerprint",)),
 
+    # the GPU check's dry run on the CPU and what travels to a GPU machine (docs/deployment.md, "GPU")
+    "host.gpu_dry": calc("gpu_dry_run.json", ("environment/cpu",),  # "2 cores, AMD EPYC"
+                         lambda c: f"{c.split(' cores, ')[0]}-core {c.split(', ', 1)[1]}"),
+    "gpu_dry.total_s": num("gpu_dry_run.json", "total_s", "{:.0f}"),
+    **{f"gpu_dry.{k}_s": num("gpu_dry_run.json", f"steps/{k}/seconds", "{:.1f}") for k in (
+        "environment", "photos", "parity", "index", "grow", "ann", "service_cpu", "service_device_fp32",
+        "service_device_fp16", "encode", "vit")},
+    "gpu_dry.fp32.grid": num("gpu_dry_run.json", "parity/fp32/outputs/backbone.grid/max_abs", "{:.1e}"),
+    "host.device_travel": host("device_travel.json"),
+    **{f"travel.{k}": num("device_travel.json", k, "{:.2f}") for k in ("wheels_mib", "minilm_files_mib", "tree_mib",
+                                                                         "travels_mib", "left_mib")},
+    "travel.tree_files": num("device_travel.json", "tree_files", "{}"),
+
     # choosing a model (model_choice.json)
     "models.choose": Block(_choose_table),
     "host.model_costs": host(MC, "costs/machine"),
