@@ -398,6 +398,11 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
 }
 
 
+# the 413 of every route that takes an image: one wording for the OpenAPI document
+IMAGE_TOO_LARGE = ("too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or the image is over "
+                   "CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels")
+
+
 def error_responses(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
     """FastAPI `responses=` for these statuses, each with the error JSON; described: status as "s404" -> a
     description for this route instead of ERROR_DESCRIPTIONS' (keyword names cannot be numbers)."""

@@ -54,8 +54,8 @@ from crossprobe.service.errors import validation_error
 from crossprobe.service.exceptions import InvalidRequest, Unsupported
 from crossprobe.service.pipeline import Plan, public_metadata
 from crossprobe.service.registry import IndexHandle
-from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry, MetadataRequest,
-                                        error_responses, is_invisible)
+from crossprobe.service.schemas import (ANY_ROUTE, IMAGE_TOO_LARGE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry,
+                                        MetadataRequest, error_responses, is_invisible)
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST, Settings
 from crossprobe.service.urls import item_image_url
 
@@ -147,9 +147,7 @@ async def knn_search(request: Request, state: Service, scope: KeyScope) -> KnnSe
 @query_routes.post("/knn-service", response_model=list[KnnResult], response_model_exclude_unset=True,
                    openapi_extra=_body_doc(KnnRequest),
                    responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
-                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, "
-                                             "or the image over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
-                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s413=IMAGE_TOO_LARGE,
                                              s422="invalid_request: the body fails validation (an "
                                              "embedding_input of another length than the index's vectors); "
                                              "invalid_image: \"image\" is not base64 or not an image; "

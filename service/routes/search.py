@@ -11,8 +11,8 @@ from crossprobe.service import query_image
 from crossprobe.service.deps import QUERY, KeyScope, Service, degraded_headers, ready, run_search, server_timing
 from crossprobe.service.exceptions import InvalidRequest
 from crossprobe.service.pipeline import Outcome, Plan
-from crossprobe.service.schemas import (POST_ROUTE, Hit, ImageSearchParams, IndexRef, KeywordInfo, ModelRef, Scores,
-                                        SearchRequest, SearchResponse, error_responses)
+from crossprobe.service.schemas import (IMAGE_TOO_LARGE, POST_ROUTE, Hit, ImageSearchParams, IndexRef, KeywordInfo, ModelRef,
+                                        Scores, SearchRequest, SearchResponse, error_responses)
 from crossprobe.service.state import ServiceState
 
 router = APIRouter(**QUERY)
@@ -27,9 +27,7 @@ async def search_plan(body: SearchRequest, state: Service, scope: KeyScope) -> P
                    responses=error_responses(404, 413, 503, *POST_ROUTE,
                                              s404="index_not_found: no such index here; item_not_found: a \"like\" "
                                              "id is not in the served version",
-                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or "
-                                             "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
-                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s413=IMAGE_TOO_LARGE,
                                              s422="invalid_request: the body fails validation; invalid_image: "
                                              "\"image\" is not base64 or not a readable image; "
                                              "reranker_unavailable: rerank names a reranker the served model "
@@ -116,9 +114,7 @@ async def upload_plan(request: Request, params: Annotated[ImageSearchParams, Que
 
 @router.post("/v1/search/image", response_model=SearchResponse, openapi_extra=_UPLOAD_BODY,
                    responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
-                                             s413="too_large: the body is longer than CROSSPROBE_MAX_BODY_BYTES, or "
-                                             "the image is over CROSSPROBE_QUERY_IMAGE_MAX_BYTES bytes or "
-                                             "CROSSPROBE_QUERY_IMAGE_MAX_PIXELS pixels",
+                                             s413=IMAGE_TOO_LARGE,
                                              s422="invalid_request: a parameter fails validation; invalid_image: "
                                              "the body is not a readable image; reranker_unavailable: rerank "
                                              "names a reranker the served model has not"))
