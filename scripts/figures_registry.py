@@ -360,6 +360,7 @@ FIGURES: dict[str, Fig | Block] = {
        for i, name in ((1, "onnxruntime"), (2, "crossprobe"), (10, "tantivy"))},
     "deploy.build_cold_s": calc("deploy.json", ("build_s/cold",), lambda s: f"{s:.0f}"),
     "deploy.build_unchanged_s": calc("deploy.json", ("build_s/unchanged",), lambda s: f"{s:.0f}"),
+    "deploy.build_cached_s": calc("deploy.json", ("build_s/cached",), lambda s: f"{s:.0f}"),
     "deploy.failed_start_s": num("deploy.json", "failed_start/failed_after_s", "{:.1f}"),
     "deploy.load": calc("deploy.json", ("machine/load_average_at_end",), lambda la: f"{la[0]:.0f}"),
     "deploy.rss_peak_mb": calc("deploy.json", ("api_rss_bytes/load_peak",), _mb),
