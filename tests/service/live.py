@@ -29,12 +29,15 @@ def serve(built, ckpt: Path, artifacts: Path, log: Path, ready: bool = True, **e
         stop(proc)
 
 
-def start(env: dict[str, str], log: Path, ready: bool = True, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+def start(env: dict[str, str], log: Path, ready: bool = True, timeout_s: float = 120,
+          drop: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """`crossprobe serve` on a free loopback port with `env` over this process' environment (whose CROSSPROBE_MODEL
-    and CROSSPROBE_CKPT are left out: `env` names the model) -> (the process, its base URL), once /readyz answers
-    200 (ready=False: once it listens). Its output goes to `log`; stop() ends it."""
+    and CROSSPROBE_CKPT are left out: `env` names the model; and `drop`, e.g. REDIS_URL for the embedded Redis) ->
+    (the process, its base URL), once /readyz answers 200 (ready=False: once it listens). Its output goes to `log`;
+    stop() ends it."""
     port = free_port()
-    full = {**{k: v for k, v in os.environ.items() if k not in ("CROSSPROBE_MODEL", "CROSSPROBE_CKPT")},
+    left_out = ("CROSSPROBE_MODEL", "CROSSPROBE_CKPT", *drop)
+    full = {**{k: v for k, v in os.environ.items() if k not in left_out},
             "CROSSPROBE_THREADS": "1", "CROSSPROBE_LOG_LEVEL": "info", "CROSSPROBE_ACCESS_LOG": "false",
             "HF_HUB_OFFLINE": "1", **env}
     with open(log, "wb") as out:

@@ -15,9 +15,9 @@ import pytest
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.redis_conn import _alive, close_embedded, connect, embedded_pid
-from crossprobe.service.server import free_port
 from tests.indexer.conftest import make_images
 from tests.service.conftest import build_index
+from tests.service.live import start
 
 
 @pytest.fixture(scope="module")
@@ -48,27 +48,13 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_serve_stops_the_embedded_redis_it_started(embedded, svc_ckpt, artifacts, tmp_path, sig):
-    port = free_port()
-    env = {**_env(), "CROSSPROBE_INDEX_ROOT": str(embedded.index_root), "CROSSPROBE_CKPT": str(svc_ckpt),
-           "CROSSPROBE_ARTIFACTS_DIR": str(artifacts), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
-           "CROSSPROBE_THREADS": "1", "CROSSPROBE_WARMUP": "false", "CROSSPROBE_ACCESS_LOG": "false"}
     log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, base = start({"CROSSPROBE_INDEX_ROOT": str(embedded.index_root), "CROSSPROBE_CKPT": str(svc_ckpt),
+                        "CROSSPROBE_ARTIFACTS_DIR": str(artifacts), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
+                        "CROSSPROBE_WARMUP": "false"}, log, timeout_s=90, drop=("REDIS_URL",))  # the embedded server
     pid, gone = None, False
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            deadline = time.monotonic() + 90
-            while True:
-                assert proc.poll() is None, log.read_text()
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass  # not listening yet
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
+        with httpx.Client(base_url=base, timeout=30) as http:
             pid = embedded_pid(embedded.rdb)
             assert pid and _alive(pid), "the service did not start an embedded Redis"
             r = http.post("/v1/search", json={"query": "a red square", "k": 2, "rerank": "cp"})

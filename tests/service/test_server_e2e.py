@@ -4,43 +4,21 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 from PIL import Image
 
-from crossprobe.service.server import free_port
-from tests.service.live import stop
+from tests.service.live import start, stop
 
 
 def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
-    port = free_port()
-    env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
-           "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
-           "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_THREADS": "1", "CROSSPROBE_LOG_LEVEL": "info",
-           "CROSSPROBE_ACCESS_LOG": "false",
-           "HF_HUB_OFFLINE": "1"}
     log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, base = start({"REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
+                        "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+                        "CROSSPROBE_RELOAD_INTERVAL_S": "0"}, log)
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            deadline = time.monotonic() + 90
-            while True:
-                assert proc.poll() is None, log.read_text()
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass  # not listening yet
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-
+        with httpx.Client(base_url=base, timeout=30) as http:
             r = http.post("/v1/search", json={"query": "a red square", "k": 4, "rerank": "cp"})
             assert r.status_code == 200, r.text
             body = r.json()
