@@ -5,7 +5,7 @@ The front-end is the static build clip-retrieval ships in its wheel (front/build
 config.json for its back end), taken from the wheel on PyPI at test time, not copied into this repository:
 `pip download clip-retrieval==2.45.0 --no-deps` into artifacts/clip_front/wheel/ (gitignored; later runs reuse
 it; the tests skip, saying so, only when it cannot be downloaded). It is served by Python's http.server on one
-loopback port, `crossprobe serve` over the sample photos (test_page_e2e.sample_site, with captions) on another,
+loopback port, `crossprobe serve` over the sample photos (tests/service/browser.py sample_site, with captions) on another,
 with CROSSPROBE_CORS_ORIGINS = the front's origin and CROSSPROBE_PUBLIC_URL = the server's address, as docs/api.md
 tells a clip-front user to set them. Playwright drives Debian's chromium.
 
@@ -41,8 +41,8 @@ import pytest
 from PIL import Image
 
 from crossprobe.service.server import free_port
-from tests.service.test_page_e2e import INDEX, QUERY, sample_site, wait_js
-from tests.service.test_page_e2e import browser  # noqa: F401 (a fixture)
+from tests.service.browser import INDEX, QUERY, sample_site, wait_js
+from tests.service.browser import browser  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
 

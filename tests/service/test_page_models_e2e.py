@@ -9,7 +9,7 @@ import pytest
 
 from tests.indexer.conftest import redis_server, redis_url  # noqa: F401 (fixtures)
 # page: a browser tab on this module's `server` (pytest resolves the imported fixture's `server` here)
-from tests.service.test_page_e2e import (browser, errors, open_details, page, sample_site, search, shot,  # noqa: F401
+from tests.service.browser import (browser, errors, open_details, page, sample_site, search, shot,  # noqa: F401
                                          wait_js)
 
 pytestmark = pytest.mark.e2e

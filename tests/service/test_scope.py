@@ -350,7 +350,7 @@ def test_page_with_a_scoped_key_in_a_browser(built, archive, svc_ckpt, artifacts
 
     from crossprobe.service.server import running, wait_ready
     from tests.service.conftest import service_settings
-    from tests.service.test_page_e2e import CHROMIUM, CHROMIUM_ARGS, wait_js
+    from tests.service.browser import CHROMIUM, CHROMIUM_ARGS, wait_js
 
     s = service_settings(built, svc_ckpt, artifacts, api_keys=f"{SCOPED} {A}, {EVERY_KEY}", default_index=B,
                          warmup=False, port=0)

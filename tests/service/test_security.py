@@ -479,7 +479,7 @@ def test_page_works_with_keys_in_a_browser(built, svc_ckpt, artifacts):
     with it, shows the thumbnails (fetched with the header), explains, keeps the key in sessionStorage only."""
     from playwright.sync_api import sync_playwright
 
-    from tests.service.test_page_e2e import CHROMIUM, CHROMIUM_ARGS, wait_js
+    from tests.service.browser import CHROMIUM, CHROMIUM_ARGS, wait_js
 
     from crossprobe.service.server import running
 
