@@ -25,7 +25,11 @@ wanted=("${TOOLS[@]}")
 need=() why=()
 for entry in "${wanted[@]}"; do
   IFS='|' read -r cmd pkg reason <<<"$entry"
-  if [[ $cmd == /* ]]; then [ -e "$cmd" ] && continue; else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+  if [[ $cmd == /* ]]; then
+    [ -e "${SYSTEM_DEPS_FILES_ROOT:-}$cmd" ] && continue  # the variable: a root the tests of this script point elsewhere
+  else
+    command -v "$cmd" >/dev/null 2>&1 && continue
+  fi
   need+=("$pkg")
   why+=("  $pkg: $reason ($cmd not found)")
 done

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "system-deps.sh"
 BASH = shutil.which("bash")
 TOOLS = ("promtool", "prometheus-pushgateway", "docker-compose", "caddy", "redis-server")
+FONTS = {"fonts-dejavu-core": "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf",
+         "fonts-liberation": "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"}
 
 
 def _stub(path: Path, body: str) -> None:
@@ -22,9 +24,14 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def run(tmp_path: Path, present=TOOLS, uid=1000, sudo=True, apt=True, **env):
+def run(tmp_path: Path, present=TOOLS, uid=1000, sudo=True, apt=True, fonts=tuple(FONTS), **env):
+    """The script with `present` on its PATH and the files of the `fonts` packages under a root of its own."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
+    files = tmp_path / "root"
+    for pkg in fonts:
+        (files / FONTS[pkg].lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (files / FONTS[pkg].lstrip("/")).write_bytes(b"")
     log = tmp_path / "calls.log"
     log.write_text("")
     for tool in present:
@@ -36,7 +43,7 @@ def run(tmp_path: Path, present=TOOLS, uid=1000, sudo=True, apt=True, **env):
         # sudo runs the rest of its command line, as the real one does
         _stub(bin_dir / name, f'echo "{name} $*" >> {log}' + ('\nexec "$@"' if name == "sudo" else ""))
     proc = subprocess.run([BASH, str(SCRIPT)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": str(bin_dir), **env})
+                          env={"PATH": str(bin_dir), "SYSTEM_DEPS_FILES_ROOT": str(files), **env})
     return proc, log.read_text().splitlines()
 
 
@@ -58,6 +65,14 @@ def test_missing_tool_says_what_and_why_then_installs_with_sudo(tmp_path):
     assert calls[0] == "sudo apt-get update -qq"
     assert calls[2] == "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose"
     assert calls[3] == "apt-get install -y -qq --no-install-recommends docker-compose"
+
+
+def test_a_missing_font_is_found_by_its_file_and_installed(tmp_path):
+    proc, calls = run(tmp_path, fonts=("fonts-dejavu-core",))
+    assert proc.returncode == 0, proc.stderr
+    assert "fonts-liberation: the other fonts of the signs `crossprobe fit-text-gate` draws" in proc.stdout
+    assert f"({FONTS['fonts-liberation']} not found)" in proc.stdout
+    assert "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-liberation" in calls
 
 
 def test_root_installs_without_sudo(tmp_path):
