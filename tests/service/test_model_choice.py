@@ -286,3 +286,49 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
     finally:
         stop_process(new)
     assert "Traceback" not in (tmp_path / "new.log").read_text()
+
+
+def test_an_immich_folder_indexes_and_serves(redis_server, redis_url, tmp_path):  # noqa: F811
+    """CROSSPROBE_MODEL=immich:<folder>, a folder in Immich's layout written from the random tiny CLIP
+    (tests/models/inference/immich_layout.py): the indexer builds the sample photos with it and the API's two-tower
+    scores equal the folder's own graphs' g_q . g_I for every photo, and the reference's (transformers' CLIPModel)
+    for every photo whose pixels Immich's preprocessing gives as Hugging Face's processor does."""
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from crossprobe.models import families, inference
+    from crossprobe.models.inference import RuntimeOptions
+    from crossprobe.service.app import create_app
+    from crossprobe.service.server import wait_ready
+    from tests.models.inference import immich_layout
+    from tests.support import reference_models as rm
+
+    ref = rm.build("hf_clip", tmp_path / "ref", size="tiny")
+    folder = immich_layout.write(tmp_path / "ViT-tiny__random", families.load(f"hf:{ref.path}"),
+                                 AutoTokenizer.from_pretrained(ref.path), 77)
+    spec, graphs = f"immich:{folder}", tmp_path / "graphs"
+    photos = rm.sample_photos(tmp_path / "photos")
+    names, texts = [p.name for p in photos], list(QUERIES.values())
+    redis_server.flushall()
+    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model=spec, model_dir=graphs,
+                          batch_size=8, threads=2, progress=False)
+    build("immich", images=photos[0].parent, settings=ixs, **quiet)
+
+    b = inference.load(spec, RuntimeOptions(graphs=graphs, threads=1))
+    pixels = np.stack([b.preprocess(im) for im in rm.open_images(photos)])
+    own = (np.stack([v.g_q for v in b.encode_texts(texts)]) @ b.encode_images(pixels).g.T)
+    want = rm.reference_embeddings(ref, photos, texts)
+    same = [i for i in range(len(photos)) if np.array_equal(pixels[i], want.pixel_values[i])]
+    assert len(same) >= 8, same
+    with TestClient(create_app(_settings(ixs, graphs, indexes="immich"))) as c:
+        wait_ready(c)
+        model = c.get("/v1/indexes").json()["model"]
+        assert model["spec"] == spec and model["rerankers"] == []
+        for qi, text in enumerate(texts):
+            body = c.post("/v1/search", json={"query": text, "k": len(names), "rerank": "none", "mode": "vector",
+                                              "index": "immich"}).json()
+            got = {h["id"]: h["score"] for h in body["results"]}
+            assert sorted(got) == sorted(names), body
+            api = np.array([got[n] for n in names])
+            assert np.abs(api - own[qi]).max() <= 1e-4, (text, api, own[qi])
+            assert np.abs(api[same] - (want.text[qi] @ want.image.T)[same]).max() <= 1e-4, text
