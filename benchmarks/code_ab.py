@@ -4,7 +4,7 @@
         [--index flickr8k] [--rounds 2] [--requests 300]
 
 The old commit is checked out into a git worktree and put first on the import path (a `crossprobe` namespace
-folder whose models/, indexer/ and service/ link into it), so the same venv runs both. Each round starts `crossprobe
+folder whose models/, indexer/, service/ (and cli/, where the commit has it) link into it), so the same venv runs both. Each round starts `crossprobe
 serve` for old, then new, over the same index (built by `make bench`'s service benchmark), and sends 20 warm-up and
 --requests timed searches per rerank mode from one client (benchmarks/loadgen.py). Prints p50 / p99 per run.
 Nothing else may run meanwhile. The worktree is removed at the end.
@@ -28,9 +28,11 @@ from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
 
 
-def serve(env: dict, log: Path) -> tuple[subprocess.Popen, int]:
+def serve(env: dict, log: Path, cli: str) -> tuple[subprocess.Popen, int]:
+    """`python -m <cli> serve`: cli is the command line's module of that commit (crossprobe.cli since it left
+    service/, crossprobe.service.cli before)."""
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)], env=env,
+    p = subprocess.Popen([sys.executable, "-m", cli, "serve", "--port", str(port)], env=env,
                          cwd=tempfile.gettempdir(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while True:
@@ -60,15 +62,17 @@ def main() -> None:
     subprocess.run(["git", "worktree", "add", "-q", str(tree), args.old], check=True)
     try:
         shim.mkdir(parents=True)
-        for d in ("models", "indexer", "service"):
-            (shim / d).symlink_to(tree / d)
+        for d in ("models", "indexer", "service", "cli"):
+            if (tree / d).is_dir():
+                (shim / d).symlink_to(tree / d)
         base = {**os.environ, "CROSSPROBE_INDEX_ROOT": str(args.index_root.resolve()), "CROSSPROBE_INDEXES": args.index,
                 "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning"}
         base.pop("PYTHONPATH", None)
         for rnd in range(args.rounds):
             for which in ("old", "new"):
                 env = {**base, "PYTHONPATH": str(shim.parent)} if which == "old" else base
-                p, port = serve(env, work / f"{which}.log")
+                cli = "crossprobe.cli" if which == "new" or (tree / "cli").is_dir() else "crossprobe.service.cli"
+                p, port = serve(env, work / f"{which}.log", cli)
                 try:
                     for mode in args.modes.split(","):
                         g = Generator("127.0.0.1", port, search_requests("127.0.0.1", port, captions, mode, args.index))

@@ -357,7 +357,7 @@ def start_server(env: dict, port: int, log: Path, timeout_s: float = 180.0) -> s
     a lent machine's minutes are few."""
     import httpx
 
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the child keeps it
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:

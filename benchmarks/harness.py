@@ -130,7 +130,7 @@ def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp
 def start_server(env: dict, port: int, log: Path) -> subprocess.Popen:
     """`crossprobe serve` on 127.0.0.1:port in a subprocess, its output in `log` -> the process, once /readyz says 200."""
     out = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     import httpx
 

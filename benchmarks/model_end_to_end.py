@@ -170,7 +170,7 @@ def openclip_side(venv: Path, work: Path, images: Path, names: list[str], captio
     (work / "photos.json").write_text(json.dumps({"names": names, "captions": captions}))
     overlay = work / "overlay"
     (overlay / "crossprobe").mkdir(parents=True, exist_ok=True)
-    for pkg in ("models", "indexer", "service"):
+    for pkg in ("models", "indexer", "service", "cli"):
         if not (overlay / "crossprobe" / pkg).exists():
             (overlay / "crossprobe" / pkg).symlink_to(REPO / pkg)
     env = {**os.environ, "PYTHONPATH": f"{overlay}{os.pathsep}{REPO}", "HF_HUB_OFFLINE": "1"}
@@ -184,7 +184,7 @@ def openclip_side(venv: Path, work: Path, images: Path, names: list[str], captio
 
 def crossprobe_eval(spec: str, folder: Path, graphs: Path, out: Path) -> dict:
     """`crossprobe eval --data FOLDER --model SPEC`: the generic evaluation, as a user runs it."""
-    cmd = [sys.executable, "-m", "crossprobe.service.cli", "eval", "--data", str(folder), "--model", spec,
+    cmd = [sys.executable, "-m", "crossprobe.cli", "eval", "--data", str(folder), "--model", spec,
            "--split", "all", "--graphs", str(graphs), "--json", str(out)]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -22,7 +22,7 @@ from crossprobe.indexer.storage.store import Store
 from crossprobe.service.server import free_port
 
 BASE, LIB = "photos", "lib"  # the indexed photos, and the library grown from them
-CLI = [sys.executable, "-m", "crossprobe.service.cli"]
+CLI = [sys.executable, "-m", "crossprobe.cli"]
 
 
 def files_bytes(path: Path, top_only: bool = False) -> int:

@@ -71,13 +71,13 @@ class Stack:
 
     def start_watcher(self) -> None:
         log = open(self.work / "watch.log", "ab")
-        self.watcher = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "index", "watch", "--name",
+        self.watcher = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "index", "watch", "--name",
                                          NAME, "--images", str(self.folder)], env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT)
 
     def start_service(self) -> None:
         log = open(self.work / "serve.log", "ab")
-        self.service = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
+        self.service = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1",
                                          "--port", str(self.sport)], env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def kill_watcher(self) -> None:

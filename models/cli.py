@@ -4,7 +4,7 @@
 `models export | list | pull` (model families: models/cli_models.py) and `data convert` (captioned folders from
 published caption files: models/cli_data.py).
 
-Part of the one `crossprobe` command, which service/cli/ composes with `index` and `serve`."""
+Part of the one `crossprobe` command, which cli/ composes with `index` and `serve`."""
 from __future__ import annotations
 
 import os

@@ -27,9 +27,9 @@ else
   ls .whl/*.whl > /dev/null || { echo "no wheels in .whl/: run scripts/device-wheels.sh here and carry .whl" >&2; exit 2; }
   t=$SECONDS
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
-  # crossprobe's three packages from the tree, without building a wheel (the namespace crossprobe has no folder)
+  # crossprobe's four packages from the tree, without building a wheel (the namespace crossprobe has no folder)
   mkdir -p "$site/crossprobe"
-  for pkg in models indexer service; do ln -sfn "$PWD/$pkg" "$site/crossprobe/$pkg"; done
+  for pkg in models indexer service cli; do ln -sfn "$PWD/$pkg" "$site/crossprobe/$pkg"; done
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   echo "set-up: wheels installed in $((SECONDS - t)) s"
   # what the machines are known to have, checked before anything runs (scripts/device-wheels.sh's DEVICE_HAS)

@@ -1,5 +1,5 @@
-"""The card's layout installs as one distribution: models/, indexer/ and service/ become
-crossprobe.models, crossprobe.indexer and crossprobe.service (pyproject's package-dir), so a wheel
+"""The card's layout installs as one distribution: models/, indexer/, service/ and the command line's cli/ become
+crossprobe.models, crossprobe.indexer, crossprobe.service and crossprobe.cli (pyproject's package-dir), so a wheel
 works away from the repository and the `crossprobe` command is one typer app."""
 import os
 import subprocess
@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("models", "indexer", "service")
+TOPS = ("models", "indexer", "service", "cli")
 
 
 def _setuptools() -> dict:
@@ -35,19 +35,19 @@ def test_wheel_installs_and_runs_away_from_the_repository(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert tops == {"crossprobe", f"crossprobe-{version}.dist-info"}, tops
     for needed in ("crossprobe/models/checkpoints/default/model.safetensors", "crossprobe/models/data/imagenet_classes.tsv",
-                   "crossprobe/service/cli/__init__.py", "crossprobe/models/inference/crossprobe.py", "crossprobe/indexer/jobs/kinds.py", "crossprobe/models/training/run.py"):
+                   "crossprobe/cli/__init__.py", "crossprobe/models/inference/crossprobe.py", "crossprobe/indexer/jobs/kinds.py", "crossprobe/models/training/run.py"):
         assert needed in names, needed
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)], check=True)
     # run from an empty folder with the installed copy first on the path: nothing may come from the checkout
-    probe = ("import crossprobe.service.cli as c, crossprobe.models.checkpoint as k, crossprobe.models as m;"
+    probe = ("import crossprobe.cli as c, crossprobe.models.checkpoint as k, crossprobe.models as m;"
              "print(c.__file__); print(k.DEFAULT_CHECKPOINT); print(m.DEFAULT_CHECKPOINT.exists() and k.DEFAULT_CHECKPOINT == m.DEFAULT_CHECKPOINT)")
     env = {**os.environ, "PYTHONPATH": str(site)}
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     cli_file, ckpt, same = run.stdout.split()
     assert cli_file.startswith(str(site)) and ckpt.startswith(str(site)) and same == "True"
-    helptext = subprocess.run([sys.executable, "-m", "crossprobe.service.cli", "--help"], cwd=tmp_path, env=env,
+    helptext = subprocess.run([sys.executable, "-m", "crossprobe.cli", "--help"], cwd=tmp_path, env=env,
                               capture_output=True, text=True)
     assert helptext.returncode == 0, helptext.stderr[-2000:]
     for command in ("train", "eval", "index", "serve", "demo-service", "export"):

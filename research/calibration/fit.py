@@ -17,7 +17,7 @@ from pathlib import Path
 
 from crossprobe.models import DEFAULT_CHECKPOINT
 from crossprobe.models.training.calibrate import MODES
-from crossprobe.service.cli.calibrate import fit_calibration
+from crossprobe.cli.calibrate import fit_calibration
 
 
 def svg(reliab: dict, path: Path) -> None:

@@ -193,7 +193,7 @@ def _parse_cli(argv: list[str]):
     without running the command."""
     from typer.main import get_command
 
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
 
     assert argv[0] == "crossprobe", argv
     cmd, name = get_command(app), "crossprobe"

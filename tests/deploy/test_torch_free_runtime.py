@@ -52,7 +52,7 @@ def test_index_and_serve_without_torch(no_torch, graphs, svc_ckpt, redis_server,
         import sys
         from pathlib import Path
         from fastapi.testclient import TestClient
-        from crossprobe.service.cli import app
+        from crossprobe.cli import app
         from typer.testing import CliRunner
         r = CliRunner().invoke(app, ["index", "build", "--name", "photos", "--images", {str(gallery)!r},
                                            "--ckpt", {str(svc_ckpt)!r}])

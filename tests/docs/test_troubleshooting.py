@@ -6,7 +6,7 @@ How a quoted line is matched: `<...>` (with the quotes around it, if any: '<name
 appear in that order inside ONE string literal of the package: an f-string's {fields} match anything, and
 literals split over lines ("a " "b") count as the one string Python makes of them. A line with little fixed text
 (under MIN_LITERAL characters) must be a whole string of the source. A line starting with
-"error: " is a command's failure as the command line prints it (indexer/jobs/cli.py, service/cli): that prefix
+"error: " is a command's failure as the command line prints it (indexer/jobs/cli.py, cli/): that prefix
 must be the CLI's, and the rest the message.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
-PACKAGES = ("models", "indexer", "service")
+PACKAGES = ("models", "indexer", "service", "cli")
 BLOCK = re.compile(r"^```message\n(.*?)^```", re.S | re.M)
 HOLE = re.compile(r"'?<[^<>\n]+>'?|\.\.\.")  # a placeholder, quoted or not, or text left out
 FIELD = "\x00"  # an f-string's {field} in the source's text

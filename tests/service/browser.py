@@ -100,7 +100,7 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
         env["CROSSPROBE_MODEL"] = model
     log = work / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1",
                                  "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -41,7 +41,7 @@ def start(env: dict[str, str], log: Path, ready: bool = True, timeout_s: float =
             "CROSSPROBE_THREADS": "1", "CROSSPROBE_LOG_LEVEL": "info", "CROSSPROBE_ACCESS_LOG": "false",
             "HF_HUB_OFFLINE": "1", **env}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", "serve", "--host", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1",
                                  "--port", str(port)], env=full, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     with httpx.Client(base_url=base, timeout=30) as http:

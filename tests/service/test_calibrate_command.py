@@ -30,7 +30,7 @@ def _tiny_sets(gallery):
 def test_calibrate_stores_curves_and_reproduces_them(svc_ckpt, artifacts, models_dir, redis_server, redis_url,
                                                      tmp_path, monkeypatch):
     from crossprobe.models.data import captioned, flickr8k
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
 
     make_images(tmp_path / "gallery", 8)
     monkeypatch.setattr(cal, "dev_sets", _tiny_sets(tmp_path / "gallery"))

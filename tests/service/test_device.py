@@ -59,7 +59,7 @@ def test_cuda_asked_for_without_one_fails_start_up_and_says_why(built, svc_ckpt,
 @pytest.mark.parametrize("arg, want", [("cuda", "cuda"), ("CUDA:1", "cuda:1"), ("cpu", "cpu"), ("auto", "auto")])
 def test_serve_device_option_reaches_the_settings(monkeypatch, arg, want):
     from crossprobe.service import server
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
 
     seen = []
     monkeypatch.setattr(server, "serve", seen.append)
@@ -70,7 +70,7 @@ def test_serve_device_option_reaches_the_settings(monkeypatch, arg, want):
 
 def test_serve_device_option_refuses_other_names(monkeypatch):
     from crossprobe.service import server
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
 
     monkeypatch.setattr(server, "serve", lambda s: pytest.fail("must not start"))
     r = CliRunner().invoke(app, ["serve", "--device", "gpu"])
@@ -79,7 +79,7 @@ def test_serve_device_option_refuses_other_names(monkeypatch):
 
 def test_serve_without_the_option_keeps_the_environments_device(monkeypatch):
     from crossprobe.service import server
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
 
     seen = []
     monkeypatch.setattr(server, "serve", seen.append)

@@ -243,7 +243,7 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
     service started with CROSSPROBE_MODEL=hf:... then serves the new version, two-tower."""
     import httpx
 
-    from crossprobe.service.cli import app
+    from crossprobe.cli import app
     from typer.testing import CliRunner
 
     spec = family[0]

@@ -79,6 +79,6 @@ elif point == "journal_rmtree":  # the journal half-removed: rmtree's order is t
 else:
     raise SystemExit(f"unknown kill point {point!r}")
 
-from crossprobe.service.cli import app  # noqa: E402 - imported once the patch is in place, then run
+from crossprobe.cli import app  # noqa: E402 - imported once the patch is in place, then run
 
 app()

@@ -451,7 +451,7 @@ def kill_run(w: World, kind: str, n: int, mode: str, seed: int, point: str | Non
         # REDIS_BATCH 2: the kept values are COPYed 2 items per round trip, a longer window to land in
         env = w.env(root, db, CROSSPROBE_INDEX_THROTTLE_S=str(THROTTLE_S), CROSSPROBE_INDEX_REDIS_BATCH="2")
         with open(log, "wb") as f:
-            proc = subprocess.Popen([sys.executable, "-m", "crossprobe.service.cli", *w.args(kind)], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", *w.args(kind)], env=env,
                                     stdout=f, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120
@@ -485,7 +485,7 @@ def kill_run(w: World, kind: str, n: int, mode: str, seed: int, point: str | Non
     if run.phase_key == "finished":  # killed after the job completed: nothing to resume
         run.resume = "not needed (the job had finished)"
     else:
-        out = subprocess.run([sys.executable, "-m", "crossprobe.service.cli", *w.args(kind)], env=w.env(root, db),
+        out = subprocess.run([sys.executable, "-m", "crossprobe.cli", *w.args(kind)], env=w.env(root, db),
                              capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             run.resume = f"FAILED (exit {out.returncode})"

@@ -21,7 +21,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage import keyword
 from crossprobe.indexer.storage.redis_conn import close_embedded, connect
 from crossprobe.indexer.storage.store import Store
-from crossprobe.service.cli import app
+from crossprobe.cli import app
 from tests.indexer.conftest import make_images
 
 VICTIM = "Zoë, at the beach 2019.jpg"  # a comma, a space, a non-ASCII letter: --ids could not name it

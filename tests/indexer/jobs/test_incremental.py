@@ -5,7 +5,7 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
-from crossprobe.service.cli import app
+from crossprobe.cli import app
 from crossprobe.indexer import add, build, delete, open_index
 from crossprobe.indexer.storage.store import Store
 from tests.indexer.conftest import make_images

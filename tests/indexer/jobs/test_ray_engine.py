@@ -198,7 +198,7 @@ def test_killed_ray_build_resumes_to_the_same_result(local_ray, settings, env, t
     env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
     env.update(CROSSPROBE_INDEX_RAY_NUM_CPUS="2", CROSSPROBE_INDEX_RAY_TEMP_DIR=str(ray_tmp / "cli"),
                CROSSPROBE_INDEX_ENGINE="ray")
-    cmd = [sys.executable, "-m", "crossprobe.service.cli", "index", "build", "--name", "k", "--images", str(images),
+    cmd = [sys.executable, "-m", "crossprobe.cli", "index", "build", "--name", "k", "--images", str(images),
            "--ckpt", str(ckpt)]
     proc = subprocess.Popen(cmd + ["--throttle", "0.3"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     root = settings.index_root / "k"
@@ -271,7 +271,7 @@ def test_local_ray_listens_on_loopback_only(local_ray):
 
 
 def test_bad_engine_is_a_usage_error(env):
-    out = subprocess.run([sys.executable, "-m", "crossprobe.service.cli", "index", "build", "--name", "x",
+    out = subprocess.run([sys.executable, "-m", "crossprobe.cli", "index", "build", "--name", "x",
                           "--images", "/nonexistent", "--engine", "spark"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "engine" in out.stderr and "Traceback" not in out.stderr

@@ -21,7 +21,7 @@ from crossprobe.indexer import FingerprintMismatch, TooManyLost, build, open_ind
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import Store
 from crossprobe.models import checkpoint
-from crossprobe.service.cli import app
+from crossprobe.cli import app
 from tests.conftest import random_labels
 from tests.indexer.conftest import make_images
 from tests.service.conftest import artifacts, svc_ckpt  # noqa: F401 (fixtures: the service's checkpoint and graphs)
@@ -182,7 +182,7 @@ def test_killed_reindex_resumes_and_finishes(settings, env, tmp_path, ckpt, ckpt
     images = tmp_path / "imgs"
     make_images(images, 26)  # 7 batches of 4
     v1 = build("k", images=images, settings=settings, ckpt=ckpt, bert=bert, **quiet).version
-    cmd = [sys.executable, "-m", "crossprobe.service.cli", "index", "reindex", "k", "--ckpt", str(ckpt_b),
+    cmd = [sys.executable, "-m", "crossprobe.cli", "index", "reindex", "k", "--ckpt", str(ckpt_b),
            "--throttle", "0.1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     root = settings.index_root / "k"

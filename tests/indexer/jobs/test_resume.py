@@ -30,7 +30,7 @@ def test_kill_and_resume_gives_the_uninterrupted_result(settings, env, tmp_path,
     (images / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")  # a skip inside a batch survives the resume too
     build("ref", images=images, settings=settings, ckpt=ckpt, bert=bert, log=lambda *_: None)  # also exports the head graph
 
-    cmd = [sys.executable, "-m", "crossprobe.service.cli", "index", "build", "--name", "k", "--images", str(images),
+    cmd = [sys.executable, "-m", "crossprobe.cli", "index", "build", "--name", "k", "--images", str(images),
            "--ckpt", str(ckpt), "--throttle", "0.1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     root = settings.index_root / "k"

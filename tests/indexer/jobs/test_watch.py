@@ -179,7 +179,7 @@ def test_watch_cli_killed_mid_batch_resumes_with_nothing_lost_or_doubled(setting
     port = free_port()
     e = dict(env, CROSSPROBE_CKPT=str(ckpt), CROSSPROBE_INDEX_WATCH_SETTLE_S="0.2", CROSSPROBE_INDEX_BATCH_SIZE="2",
              CROSSPROBE_INDEX_THROTTLE_S="0.5", CROSSPROBE_INDEX_WATCH_METRICS_PORT=str(port))
-    cmd = [sys.executable, "-m", "crossprobe.service.cli", "index", "watch", "--name", "k", "--images", str(folder)]
+    cmd = [sys.executable, "-m", "crossprobe.cli", "index", "watch", "--name", "k", "--images", str(folder)]
     log = open(tmp_path / "watch.log", "ab")
 
     def start():

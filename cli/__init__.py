@@ -77,7 +77,7 @@ def demo_service(
     workdir: Path = typer.Option(Path("artifacts/demo-service"), help="gallery, index and embedded Redis go here"),
 ):
     """Index a gallery, start the HTTP service with an embedded Redis, query it over HTTP, stop it."""
-    from crossprobe.service.cli.demo import run_service_demo
+    from crossprobe.cli.demo import run_service_demo
 
     try:
         run_service_demo(images, query or None, top, ckpt, rerank, workdir, echo=typer.echo)
@@ -103,7 +103,7 @@ def calibrate(
 
     from crossprobe.models import DEFAULT_CHECKPOINT
     from crossprobe.models.training.calibrate import served
-    from crossprobe.service.cli.calibrate import fit_calibration
+    from crossprobe.cli.calibrate import fit_calibration
 
     path = Path(ckpt or DEFAULT_CHECKPOINT)
     try:

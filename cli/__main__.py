@@ -1,0 +1,4 @@
+"""`python -m crossprobe.cli`: the `crossprobe` command."""
+from crossprobe.cli import app
+
+app()
