@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS
 
 
 class IndexerSettings(StorageSettings):
@@ -27,7 +28,7 @@ class IndexerSettings(StorageSettings):
     # after reduced decoding, so a JPEG of up to 64x this (draft at 1/8 scale: a 200 MP photo decodes as 3 MP) and
     # a HEIC with a thumbnail pass; PNG, TIFF, WebP, AVIF and HEIC without thumbnail decode in full (a 48-50 MP
     # phone HEIC: ~150 MB while it decodes). Over it: an "oversized" skip
-    max_pixels: int = Field(100_000_000, ge=1)
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
     # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (as before OCR moved out of the decode

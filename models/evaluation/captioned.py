@@ -22,9 +22,8 @@ from tqdm import tqdm
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.inference.base import Backend, ImageFeatures, QueryVectors
-from crossprobe.models.inference.decode import Unreadable, decode_file
+from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
 
-MAX_PIXELS = 100_000_000  # as the indexer's default (IndexerSettings.max_pixels)
 
 
 def encode_images(backend: Backend, folder: CaptionedFolder, rows: list[int], batch: int = 32
@@ -35,7 +34,7 @@ def encode_images(backend: Backend, folder: CaptionedFolder, rows: list[int], ba
     for s in tqdm(range(0, len(rows), batch), desc="images", leave=False):
         pixels = []
         for r in rows[s:s + batch]:
-            got = decode_file(str(folder.image_path(r)), MAX_PIXELS, prep, size)
+            got = decode_file(str(folder.image_path(r)), DEFAULT_MAX_PIXELS, prep, size)
             if isinstance(got, Unreadable):
                 skipped[got.reason] += 1
             else:

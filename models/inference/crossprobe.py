@@ -249,5 +249,4 @@ def _fingerprint_of(model) -> str:
     """The fingerprint checkpoint.save would record for this in-memory model."""
     from crossprobe.models import checkpoint
 
-    tensors = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in model.trained_state_dict().items()}
-    return checkpoint.fingerprint(tensors, model.cfg.to_dict())
+    return checkpoint.fingerprint(checkpoint.stored(model.trained_state_dict()), model.cfg.to_dict())

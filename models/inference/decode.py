@@ -33,6 +33,9 @@ from PIL import Image, UnidentifiedImageError
 from crossprobe.models import image_formats, inputs
 
 # ISO base media brands of videos (MP4, QuickTime, 3GP): a video renamed .jpg, or in a manifest, is a "video" skip
+# the most pixels a photo may decode to before it is skipped as "oversized" (CROSSPROBE_INDEX_MAX_PIXELS; the
+# indexer's settings say why that many)
+DEFAULT_MAX_PIXELS = 100_000_000
 VIDEO_BRANDS = {b"isom", b"iso2", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"qt  ", b"M4V ", b"M4VP",
                 b"3gp4", b"3gp5", b"3gp6", b"3g2a", b"avc1", b"dash", b"MSNV", b"XAVC"}
 

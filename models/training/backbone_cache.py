@@ -28,9 +28,8 @@ from tqdm import tqdm
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.data.features import ChunkedCache
 from crossprobe.models.inference.base import Backend
-from crossprobe.models.inference.decode import Unreadable, decode_file
+from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
 
-MAX_PIXELS = 100_000_000  # as the indexer's default (IndexerSettings.max_pixels)
 
 
 class NoTokenStates(ValueError):
@@ -66,7 +65,7 @@ def digest(folder: CaptionedFolder) -> str:
 
 
 def cache_outputs(backend: Backend, folder: CaptionedFolder, cache_root: Path, batch: int = 32,
-                  max_pixels: int = MAX_PIXELS) -> BackboneOutputs:
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> BackboneOutputs:
     """The backbone's outputs for every image and caption of `folder` (module docstring), computed where missing."""
     P, W, W_t, d = shapes(backend)
     where = Path(cache_root) / f"{backend.fingerprint}-{digest(folder)}"

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from crossprobe.models.atomic import atomic_write
 from crossprobe.models.data.flickr8k import Flickr8k
 
 WORDS = ["EXIT", "BAKERY", "PHARMACY", "HOTEL", "PARKING", "OPEN", "CLOSED", "SALE", "STOP", "CAFE", "MUSEUM",
@@ -124,7 +125,7 @@ def make_signs(split: str, n: int, out: Path, seed: int = 0) -> dict:
         photo.save(out / "images" / name, quality=90)
         truth[name] = words
     (out / "truth.json").write_text(json.dumps(truth, indent=1))
-    (out / "boxes.json").write_text(json.dumps(boxes))
+    atomic_write(out / "boxes.json", json.dumps(boxes))  # last, and whole: its presence marks the set complete
     return truth
 
 
@@ -207,7 +208,7 @@ def make_documents(split: str, n: int, out: Path, seed: int = 0) -> dict:
         img.save(out / "images" / name, quality=90)
         truth[name], boxes[name] = words, bx
     (out / "truth.json").write_text(json.dumps(truth))
-    (out / "boxes.json").write_text(json.dumps(boxes))
+    atomic_write(out / "boxes.json", json.dumps(boxes))  # last, and whole: its presence marks the set complete
     return truth
 
 
