@@ -13,7 +13,6 @@ it leaves a version that the same command resumes (tests/indexer/jobs/test_kill_
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -138,9 +137,6 @@ def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> di
     base_dir = store.version_dir(name, job.base) if job.base else None
     erases = text is not None and bool(text.removed - set(text.inserted))
     based = text is not None and not erases and (base_dir / keyword.DIR).exists()
-    # a run killed after its keyword index was renamed into place and before manifest.json left text/ whole: the
-    # rename of the new one would fail on it (ENOTEMPTY). No reader opens a version without a manifest, so it goes
-    shutil.rmtree(job.vdir / keyword.DIR, ignore_errors=True)
     with job.times.stage("write_text"):
         words = keyword.write(job.vdir, text.inserted if based else ids, metas, job.settings.redis_batch,
                               base_dir if based else None, text.removed if based else ())
