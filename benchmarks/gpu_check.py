@@ -46,7 +46,7 @@ import numpy as np
 from benchmarks import gpu_inputs
 from benchmarks.loadgen import Generator, search_requests
 from benchmarks.service_bench import load as service_load
-from benchmarks.harness import service_env, stop_server
+from benchmarks.harness import service_env, start_server, stop_server
 
 RERANKS = ("none", "cp", "temde")
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-3, "bf16": 1e-3}  # max abs diff per output (issue 48)
@@ -326,7 +326,8 @@ def serve_and_load(work: Path, redis_client, names: dict, queries: list[str], de
            str(work / "graphs"), "CROSSPROBE_FILTER_PRELOAD": "false", **extra_env}
     port = free_port()
     t = time.perf_counter()
-    proc = start_server(env, port, work / f"server-{device.replace(':', '')}-{precision}.log")
+    log = work / f"server-{device.replace(':', '')}-{precision}.log"
+    proc = start_server(env, port, log, timeout_s=180)  # a lent machine's minutes are few
     out: dict = {"start_s": round(time.perf_counter() - t, 1), "env": {k: v for k, v in env.items() if k in (
         "CROSSPROBE_DEVICE", "CROSSPROBE_DEVICE_PRECISION", "CROSSPROBE_WORKERS", "CROSSPROBE_THREADS",
         "CROSSPROBE_QUEUE_SIZE", "CROSSPROBE_FILTER_PRELOAD", "CROSSPROBE_QUERY_PRECISION", "CROSSPROBE_IVF_NPROBE")}}
@@ -349,29 +350,6 @@ def serve_and_load(work: Path, redis_client, names: dict, queries: list[str], de
     finally:
         stop_server(proc)
     return out
-
-
-def start_server(env: dict, port: int, log: Path, timeout_s: float = 180.0) -> subprocess.Popen:
-    """`crossprobe serve` in a subprocess, returned once /readyz says ready. Unlike service_bench.start_server it
-    gives up at once when start-up failed (/healthz 503 startup_failed: e.g. CUDA missing), and within timeout_s:
-    a lent machine's minutes are few."""
-    import httpx
-
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the child keeps it
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if http.get("/readyz").status_code == 200:
-                    return proc
-                if http.get("/healthz").status_code == 503:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"the service did not become ready; {log}:\n{log.read_text()[-3000:]}")
 
 
 def _ckpt() -> Path:

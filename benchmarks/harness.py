@@ -1,6 +1,7 @@
 """What the benchmarks share: the machine they ran on, the Flickr8k indexes (built when missing, reused when whole),
 the index grown with generated items, and `crossprobe serve` in a subprocess. Every benchmark imports its set-up
-from here and no benchmark imports another (tests/benchmarks/test_modules.py walks the imports: no circle).
+from here; where one benchmark uses another's measurement (gpu_check runs service_bench's load, sizing
+watch_bench's copy), the imports stay one way (tests/benchmarks/test_modules.py walks them: no circle).
 Library-like helpers stay in their own modules: loadgen.py (the open-loop load generator), library_files.py
 (photo files of every format) and support/ (servers and the grown library, which the tests use too).
 """
@@ -127,24 +128,27 @@ def service_env(ixs, redis_client, ckpt: Path, names: dict, precision: str = "fp
                       threads=threads or None)
 
 
-def start_server(env: dict, port: int, log: Path) -> subprocess.Popen:
-    """`crossprobe serve` on 127.0.0.1:port in a subprocess, its output in `log` -> the process, once /readyz says 200."""
-    out = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
+def start_server(env: dict, port: int, log: Path, timeout_s: float = 600.0) -> subprocess.Popen:
+    """`crossprobe serve` on 127.0.0.1:port in a subprocess, its output in `log` -> the process, once /readyz says 200.
+    A RuntimeError with the log's tail when it does not within timeout_s, or at once when start-up failed (/healthz
+    503 startup_failed: e.g. CUDA missing)."""
     import httpx
 
-    deadline = time.monotonic() + 600
+    proc = subprocess.Popen([sys.executable, "-m", "crossprobe.cli", "serve", "--port", str(port)], env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the child keeps it
+    deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 if http.get("/readyz").status_code == 200:
                     return proc
+                if http.get("/healthz").status_code == 503:
+                    break
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"service did not become ready; see {log}:\n{log.read_text()[-3000:]}")
+    stop_server(proc)
+    raise RuntimeError(f"the service did not become ready; {log}:\n{log.read_text()[-3000:]}")
 
 
 def stop_server(proc: subprocess.Popen | None) -> None:

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from crossprobe.models.atomic import atomic_dir, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "research" / "results" / "model_choice.json"
@@ -127,9 +128,9 @@ def serve(spec: str | None, root: Path, queries: list[str], warm: int = 20) -> d
     import httpx
     import psutil
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from crossprobe.service.server import free_port
+
+    port = free_port()
     cli = [str(REPO / ".venv" / "bin" / "crossprobe"), "serve", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cli, env=_env(root, spec), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -181,15 +182,13 @@ def int8(folder: Path, photos: Path, queries: list[str], n_photos: int = 64) -> 
 
     q8 = WORK / "int8" / folder.name
     if not (q8 / "model.json").exists():
-        tmp = Path(tempfile.mkdtemp(dir=WORK))
-        for f in folder.iterdir():
-            if f.suffix not in (".onnx", ".data"):
-                shutil.copy(f, tmp / f.name)
-        for g in ("image", "text"):
-            quantize_dynamic(str(folder / f"{g}.onnx"), str(tmp / f"{g}.onnx"), weight_type=QuantType.QInt8,
-                             per_channel=True, op_types_to_quantize=["MatMul"], use_external_data_format=True)
-        q8.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, q8)
+        with atomic_dir(q8, unique=True) as tmp:
+            for f in folder.iterdir():
+                if f.suffix not in (".onnx", ".data"):
+                    shutil.copy(f, tmp / f.name)
+            for g in ("image", "text"):
+                quantize_dynamic(str(folder / f"{g}.onnx"), str(tmp / f"{g}.onnx"), weight_type=QuantType.QInt8,
+                                 per_channel=True, op_types_to_quantize=["MatMul"], use_external_data_format=True)
     opts = RuntimeOptions(graphs=WORK / "graphs", threads=1)
     fp, qb = ExportedBackend(folder, opts), ExportedBackend(q8, opts, meta=read_model_json(q8))
     paths = sorted(photos.iterdir())[:n_photos]
@@ -270,9 +269,7 @@ def main() -> None:
     res = measure(names, args.photos, args.queries)
     doc = json.loads(OUT.read_text()) if OUT.exists() else {}
     doc["costs"] = res
-    tmp = OUT.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, OUT)
+    atomic_write(OUT, json.dumps(doc, indent=1) + "\n")
     print(json.dumps(res, indent=1))
 
 

@@ -28,11 +28,12 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from crossprobe.models.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "research" / "results" / "model_choice.json"
@@ -261,10 +262,7 @@ def main() -> None:
         section["host"] = _host()
         section["wall_s"] = round(time.monotonic() - t, 1)
         doc[part] = section
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=OUT.parent, delete=False, suffix=".tmp") as f:
-            f.write(json.dumps(doc, indent=1) + "\n")
-        os.replace(f.name, OUT)
+        atomic_write(OUT, json.dumps(doc, indent=1) + "\n")
         print(json.dumps({part: section}, indent=1))
 
 
