@@ -91,13 +91,13 @@ class Registry:
         name = name or self.default_name(scope)
         if name is None:
             raise NotReady("no index is being served yet")
-        visible = scope.visible(self.handles)
-        h = visible.get(name)
-        if h is not None:
-            return h
-        if name in self.problems and scope.allows(name):
-            raise IndexUnavailable(f"index {name!r} cannot be served: {self.problems[name]}")
-        raise IndexNotFound(f"no index {name!r} here; served: {sorted(visible)}")
+        if scope.allows(name):
+            h = self.handles.get(name)
+            if h is not None:
+                return h
+            if name in self.problems:
+                raise IndexUnavailable(f"index {name!r} cannot be served: {self.problems[name]}")
+        raise IndexNotFound(f"no index {name!r} here; served: {sorted(scope.visible(self.handles))}")
 
     def current(self, name: str) -> IndexHandle | None:
         return self.handles.get(name)

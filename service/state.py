@@ -120,9 +120,9 @@ class ServiceState:
 
     @property
     def explain_offered(self) -> bool:
-        """Whether the model has explain maps, known without loading them: its backend makes an explainer (a family
-        model's does not; one that makes none after all is refused when the explainer loads)."""
-        return self.models is not None and type(self.models).explainer is not Backend.explainer
+        """Whether the model has explain maps, known without loading them (Backend.explains: a family model's has
+        none; one that makes none after all is refused when the explainer loads)."""
+        return self.models is not None and self.models.explains
 
     @property
     def explainer_loaded(self) -> bool:

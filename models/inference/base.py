@@ -93,6 +93,7 @@ class Backend(ABC):
     calibration: object | None  # models.calibration.Calibration fitted for this model, or None
     query_precision: str = "fp32"
     image_size: int  # S: the side of the square pixels preprocess makes
+    explains: bool = False  # explainer() makes per-region maps (known without loading them)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -142,7 +143,8 @@ class Backend(ABC):
         return None
 
     def explainer(self):
-        """Per-region maps for a query over image grids (models/inference/explain.py), or None."""
+        """Per-region maps for a query over image grids (models/inference/explain.py), or None; a backend that
+        makes them says so with `explains`."""
         return None
 
     @property

@@ -33,6 +33,7 @@ class CrossprobeBackend(Backend):
     family = "crossprobe"
     image_size = inputs.IMAGE_SIZE
     rerankers = ("cp", "temde")
+    explains = True
 
     def __init__(self, ckpt: Path | None, opts: RuntimeOptions, identity: tuple[str, FeatureDims] | None = None):
         """identity: (fingerprint, dims) when the caller knows them already (the Ray engine's actors, which get no

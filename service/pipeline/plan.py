@@ -90,15 +90,20 @@ def _reranker(asked: str | None, has_text: bool, settings: Settings, model: Any)
                          f"reranker (it has: {have}); send rerank \"none\" or leave rerank out to rank by the "
                          f"two-tower score, or serve a model with trained heads (crossprobe train --backbone SPEC)",
                          {"rerank": asked, "rerankers": list(model.rerankers)})
-    rerank = asked or settings.default_rerank
-    if rerank != "none" and rerank not in model.rerankers:
-        return "none", (f"the server's default reranker {rerank} is not trained for this model "
+    rerank = asked or default_rerank(settings, model)
+    if asked is None and rerank != settings.default_rerank:
+        return "none", (f"the server's default reranker {settings.default_rerank} is not trained for this model "
                         f"({served(settings, model)}: {', '.join(model.rerankers) or 'two-tower only'}); "
                         f"ranked by the two-tower score")
     if not has_text and rerank != "none":  # nothing to rerank with: the rerankers score a text
         return "none", (f"rerank {rerank} needs a text query; a query without one ranks by the ANN cosine of its "
                         f"vector (send \"query\" too to rerank)")
     return rerank, None
+
+
+def default_rerank(settings: Settings, model: Any) -> str:
+    """The reranker a request that names none gets: the server's default where this model has it, else "none"."""
+    return settings.default_rerank if settings.default_rerank in model.rerankers else "none"
 
 
 def served(settings: Settings, model: Any) -> str:

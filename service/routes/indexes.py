@@ -6,6 +6,7 @@ from fastapi.responses import JSONResponse, Response
 
 from crossprobe.service import errors, metrics, security
 from crossprobe.service.deps import ADMIN, SEARCH, KeyScope, Service
+from crossprobe.service.pipeline.plan import default_rerank
 from crossprobe.service.schemas import (ANY_ROUTE, POST_ROUTE, IndexesResponse, IndexInfo, QueryLimits, ServedModel,
                                         error_responses)
 
@@ -36,9 +37,8 @@ def served_model(state) -> ServedModel | None:
     m = state.models
     if m is None:
         return None
-    default = state.settings.default_rerank
     return ServedModel(spec=str(state.settings.model_spec), fingerprint=m.fingerprint, rerankers=list(m.rerankers),
-                       default_rerank=default if default in m.rerankers else "none", explain=state.explain_offered,
+                       default_rerank=default_rerank(state.settings, m), explain=state.explain_offered,
                        relevance=m.calibration is not None)
 
 
