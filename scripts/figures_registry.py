@@ -6,9 +6,9 @@ fingerprint (models/checkpoints/default/config.json).
 """
 from __future__ import annotations
 
-from figures import Block, Fig, calc, host, num
+from figures import SERVED_CONFIG, Block, Fig, calc, host, num
 
-SERVED = "models/checkpoints/default/config.json"
+SERVED = str(SERVED_CONFIG)
 
 
 def _pct_drop(on: float, off: float) -> str:
@@ -79,10 +79,6 @@ def _mb_max(*nbytes: float) -> str:
     return f"{max(nbytes) / 1e6:,.0f}"
 
 
-def _kb1(nbytes: float) -> str:
-    return f"{nbytes / 1000:.1f}"
-
-
 def _gb2(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f}"
 
@@ -115,7 +111,7 @@ def _sizing(block: str, prefix: str) -> dict:
     if len(sizes) > 1:
         out[f"{prefix}.between"] = calc("sizing.json", (f"{block}/between",), lambda b: f"{b[0]:,} and {b[1]:,}")
         for name, slope in _SIZING_SLOPE.items():
-            out[f"{prefix}.item.{name}_kb"] = calc("sizing.json", (f"{block}/per_item_bytes/{slope}",), _kb1)
+            out[f"{prefix}.item.{name}_kb"] = calc("sizing.json", (f"{block}/per_item_bytes/{slope}",), _kb)
             out[f"{prefix}.1m.{name}_gb"] = calc("sizing.json", (f"{block}/projected_1000000/{slope}",), _gb2)
     return out
 

