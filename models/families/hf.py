@@ -23,7 +23,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from crossprobe.models.families.base import FamilyModel, versions  # noqa: E402
-from crossprobe.models.families.text import with_eos  # noqa: E402
+from crossprobe.models.families.text import fast_tokenizer_settings, with_eos  # noqa: E402
 from crossprobe.models.inference.spec import BadSpec, ModelSpec  # noqa: E402
 
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's enum values, as HF configs store them
@@ -124,15 +124,8 @@ def image_settings(proc, spec) -> dict:
 
 
 def _clip_text(tok, config):
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    backend.no_truncation()
-    backend.no_padding()
-    T = int(config.text_config.max_position_embeddings)
-    cfg = {"context_length": T, "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token, "pad_to_context": False,
-           "clean": "none", "lowercase": False, "inputs": ["input_ids", "attention_mask"]}  # its normalizer lowers
-    return cfg, backend.to_str(), lambda t: tok(t, truncation=True, max_length=T)["input_ids"]
+    """CLIP's fast tokenizer as it is (its normalizer lowers the text)."""
+    return fast_tokenizer_settings(tok, int(config.text_config.max_position_embeddings))
 
 
 def _siglip_text(tok, config):

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from crossprobe.models.families.base import FamilyModel, versions
+from crossprobe.models.families.text import fast_tokenizer_settings
 from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
 
 # M-CLIP's image towers, as its model cards (and Immich's exporter) pair them
@@ -106,12 +107,5 @@ def _weights(folder: Path) -> dict:
 
 
 def _text_settings(tok, base):
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
-    backend.no_truncation()
-    backend.no_padding()
     T = min(int(tok.model_max_length), int(base.max_position_embeddings) - 2)  # XLM-R: 514 positions, 2 offset
-    cfg = {"context_length": T, "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token, "pad_to_context": False,
-           "clean": "none", "lowercase": False, "inputs": ["input_ids", "attention_mask"]}
-    return cfg, backend.to_str(), lambda t: tok(t, truncation=True, max_length=T)["input_ids"]
+    return fast_tokenizer_settings(tok, T)

@@ -56,3 +56,17 @@ def with_eos(tok, eos: str, eos_id: int):
 
     tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", special_tokens=[(eos, eos_id)])
     return tok
+
+
+def fast_tokenizer_settings(tok, T: int):
+    """A transformers fast tokenizer (`tok`) as an export writes it: (model.json's "text" settings, tokenizer.json
+    without truncation or padding (exported.tokenize does both), the reference ids of a text: tok's own, truncated
+    at the context length T)."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    cfg = {"context_length": T, "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token, "pad_to_context": False,
+           "clean": "none", "lowercase": False, "inputs": ["input_ids", "attention_mask"]}
+    return cfg, backend.to_str(), lambda t: tok(t, truncation=True, max_length=T)["input_ids"]
