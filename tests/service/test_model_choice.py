@@ -221,7 +221,7 @@ def test_serve_takes_a_model_spec_and_refuses_a_bad_one_at_once(monkeypatch, tmp
     (exit 2, the reason said) before anything loads; --model replaces the environment's CROSSPROBE_CKPT."""
     from typer.testing import CliRunner
 
-    from crossprobe.service import cli
+    from crossprobe import cli
 
     monkeypatch.setattr("crossprobe.service.server.serve", lambda settings: print("SERVING", settings.model_spec))
     r = CliRunner().invoke(cli.app, ["serve", "--model", "clip:ViT-B-32"])
