@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from crossprobe.models import DEFAULT_CHECKPOINT, read_config
+from crossprobe.models import DEFAULT_CHECKPOINT, int8, read_config
 from crossprobe.models.atomic import atomic_path, atomic_write
 
 log = logging.getLogger("crossprobe.models")
@@ -155,12 +155,15 @@ def ensure_backbone(root: Path) -> Path:
     return path
 
 
-def ensure_int8_query(graphs: Path) -> Path:
-    """<graphs>/query_tower.int8.onnx, quantized from the fp32 graph once."""
-    path = Path(graphs) / "query_tower.int8.onnx"
+def ensure_int8_query(graphs: Path, weights: str | None = None) -> Path:
+    """<graphs>/query_tower.int8.onnx (int8 weights) or query_tower.int8-u8.onnx (uint8 weights), quantized from
+    the fp32 graph once; weights None: the format this host's int8 kernels need (models/int8.py)."""
+    fp32 = Path(graphs) / "query_tower.onnx"
+    weights = weights or int8.weight_format()
+    path = int8.graph_name(fp32, weights)
     if not path.exists():
-        log.info("quantizing the query tower to int8 into %s", path)
-        quantize_query_tower(Path(graphs) / "query_tower.onnx", path)
+        log.info("quantizing the query tower to int8 (%s weights) into %s", weights, path)
+        quantize_query_tower(fp32, path, weights=weights)
     return path
 
 
@@ -201,11 +204,10 @@ def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[st
 QUERY_HEAD_PREFIXES = ("/text/proj", "/text/pool", "/text_in", "/text_probes", "/text_coder")
 
 
-def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> Path:
-    """Dynamic int8 quantization of the query tower's MatMul weights, one scale per output channel (per-tensor
-    scales cost accuracy: docs/research/query_tower_quant.md). Written to a temp file and renamed."""
+def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True, weights: str = "s8") -> Path:
+    """Dynamic int8 quantization of the query tower's MatMul weights (models/int8.py: which weight format a host
+    needs). Written to a temp file and renamed."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     src, dst = Path(src), Path(dst)
     matmuls = [n for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
@@ -213,6 +215,5 @@ def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True) -> 
     exclude = [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output] \
         if keep_heads_fp32 else []
     with atomic_path(dst, mode=0o644, unique=True) as tmp:  # as _export
-        quantize_dynamic(str(src), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul"], nodes_to_exclude=exclude)
+        int8.quantize(src, tmp, weights, exclude)
     return dst

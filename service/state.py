@@ -43,6 +43,7 @@ def load_model(settings: Settings, bert=None) -> Backend:
     model = inference.load(settings.model_spec, inference.RuntimeOptions(
         graphs=settings.artifacts_dir, threads=settings.threads, spinning=settings.ort_spinning,
         shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert,
+        int8_min_cosine=settings.int8_min_cosine,
         device=settings.device, precision=settings.device_precision))
     model.warm("search")
     return model

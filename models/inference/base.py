@@ -29,6 +29,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from crossprobe.models.inference.layout import FeatureDims
+from crossprobe.models.int8 import MIN_COSINE
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ class RuntimeOptions:
     spinning: bool | None = None  # idle workers spin (None: ONNX Runtime's default)
     shared_pool: bool = False  # one process-wide ONNX Runtime pool for every session (models/runtime.py)
     query_precision: str = "fp32"  # fp32 | int8: the query tower's graph
+    int8_min_cosine: float = MIN_COSINE  # int8 queries refused below this cosine to fp32 on the probes (int8.py)
     # cpu | cuda | cuda:N | auto (cuda where ONNX Runtime has its CUDA provider, else cpu): inference.resolve_device
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | fp16 | bf16: what the PyTorch (GPU) path computes in (torch_crossprobe.py)
@@ -92,11 +94,12 @@ class Backend(ABC):
     rerankers: tuple[str, ...]  # the trained rerankers ("cp", "temde"); () for a two-tower-only model
     calibration: object | None  # models.calibration.Calibration fitted for this model, or None
     query_precision: str = "fp32"
+    int8_check: object | None = None  # models.int8.Int8Check once an int8 query graph passed its check
     image_size: int  # S: the side of the square pixels preprocess makes
     explains: bool = False  # explainer() makes per-region maps (known without loading them)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a part may use another while it is made (int8 checks)
         self._parts: dict[str, object] = {}
 
     # ---- images ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models import DEFAULT_CHECKPOINT, export, inputs, read_config, runtime
+from crossprobe.models import DEFAULT_CHECKPOINT, export, inputs, int8, read_config, runtime
 from crossprobe.models.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.models.inference.layout import FeatureDims, ItemDims
 
@@ -139,11 +139,22 @@ class CrossprobeBackend(Backend):
     def _query(self):
         def make():
             graphs = self._export(export.SEARCH_GRAPHS, also=export.SERVICE_GRAPHS)
-            path = graphs / "query_tower.onnx"
-            if self.query_precision == "int8":
-                path = export.ensure_int8_query(graphs)
-            return self._session(path), inputs.load_tokenizer()
+            fp32, tokenizer = self._session(graphs / "query_tower.onnx"), inputs.load_tokenizer()
+            if self.query_precision != "int8":
+                return fp32, tokenizer
+            weights = int8.weight_format()
+            q8 = self._session(export.ensure_int8_query(graphs, weights))
+            self.int8_check = int8.check(lambda ts: self._run_query(fp32, tokenizer, ts)[0],
+                                         lambda t: self._run_query(q8, tokenizer, [t])[0],
+                                         self.opts.int8_min_cosine, weights, f"checkpoint {self.fingerprint}")
+            return q8, tokenizer
         return self._part("query", make)
+
+    @staticmethod
+    def _run_query(session, tokenizer, texts: list[str]) -> list[np.ndarray]:
+        """-> g, p_t, w_bar, s_q [, q_cls] for a batch of texts."""
+        ids, mask = inputs.tokenize(tokenizer, texts)
+        return session.run(None, {"input_ids": ids, "attention_mask": mask})
 
     def encode_texts(self, texts: list[str]) -> list[QueryVectors]:
         """fp32: one run for the batch (padding is masked, so batching does not change results). int8: one
@@ -153,8 +164,7 @@ class CrossprobeBackend(Backend):
         groups = [texts] if self.query_precision == "fp32" else [[t] for t in texts]
         out: list[QueryVectors] = []
         for group in groups:
-            ids, mask = inputs.tokenize(tokenizer, group)
-            g, p_t, w_bar, s_q, *q_cls = session.run(None, {"input_ids": ids, "attention_mask": mask})
+            g, p_t, w_bar, s_q, *q_cls = self._run_query(session, tokenizer, group)
             out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i], q_cls[0][i] if q_cls else None)
                     for i in range(len(group))]
         return out

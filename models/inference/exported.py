@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from crossprobe.models import runtime
+from crossprobe.models import int8, runtime
 from crossprobe.models.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.models.inference.layout import FeatureDims, ItemDims
 
@@ -133,9 +133,18 @@ class ExportedBackend(Backend):
         def make():
             path = self.folder / self.meta["graphs"][name]
             if name == "text" and self.query_precision == "int8":
-                path = int8_graph(path)
+                return self._int8_text(path)
             return runtime.session(path, self.opts.threads, self.opts.spinning, self.opts.device)
         return self._part(name, make)
+
+    def _int8_text(self, fp32: Path):
+        """The int8 text session, checked against the fp32 graph on the probe queries first (int8.check)."""
+        weights = int8.weight_format()
+        q8 = runtime.session(int8_graph(fp32, weights), self.opts.threads, self.opts.spinning, self.opts.device)
+        ref = runtime.session(fp32, self.opts.threads, self.opts.spinning, self.opts.device)
+        self.int8_check = int8.check(lambda ts: self._run_text(ref, ts)[0], lambda t: self._run_text(q8, [t])[0],
+                                     self.opts.int8_min_cosine, weights, f"model {self.spec or self.fingerprint}")
+        return q8
 
     def warm(self, *parts: str) -> None:
         for p in parts:
@@ -180,8 +189,11 @@ class ExportedBackend(Backend):
 
     def text_tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> embedding (B, d) (not unit norm), tokens (B, T, W_t), attention_mask (B, T): what heads read."""
+        emb, tokens, mask = self._run_text(self._session("text"), texts)
+        return emb, tokens, mask
+
+    def _run_text(self, session, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ids, mask = self.tokenize(texts)
-        session = self._session("text")
         feed = {"input_ids": ids, "attention_mask": mask}
         emb, tokens = session.run(["embedding", "tokens"], {i.name: feed[i.name] for i in session.get_inputs()})
         return emb, tokens, mask
@@ -219,20 +231,17 @@ def tokenize(tok, text: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]
     return np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64)
 
 
-def int8_graph(src: Path) -> Path:
-    """<graph>.int8.onnx beside an exported graph: its MatMul weights quantized to int8 once (dynamic, one scale per
-    output channel, as crossprobe's own int8 query tower), written whole under a temp name and renamed. Measured per
-    family (query encode time and the int8 vector's cosine to fp32): docs/models.md, "Choose a model"."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
+def int8_graph(src: Path, weights: str) -> Path:
+    """<stem>.int8/<graph> (int8 weights) or <stem>.int8-u8/<graph> (uint8 weights) beside an exported graph: its
+    MatMul weights quantized once (int8.quantize), written whole under a temp name and renamed. Measured per family
+    (query encode time and the int8 vector's cosine to fp32): docs/models.md, "Choose a model"."""
     from crossprobe.models.atomic import atomic_dir
 
-    dst = src.with_name(src.stem + ".int8")  # a folder: the graph and, over 2 GiB, its external weights
+    dst = int8.graph_name(src, weights).with_suffix("")  # a folder: the graph and, over 2 GiB, its external weights
     graph = dst / src.name
     if not graph.exists():
         with atomic_dir(dst, mode=0o755, unique=True) as tmp:  # two processes at once: each its own temp
-            quantize_dynamic(str(src), str(Path(tmp) / src.name), weight_type=QuantType.QInt8, per_channel=True,
-                             op_types_to_quantize=["MatMul"], use_external_data_format=True)
+            int8.quantize(src, Path(tmp) / src.name, weights, external_data=True)
     return graph
 
 

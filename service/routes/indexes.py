@@ -59,7 +59,7 @@ async def healthz(state: Service):
 async def readyz(request: Request, state: Service) -> JSONResponse:
     """Readiness: models loaded, at least one index served, warm-up query done; `feature_store` says whether
     Redis is usable (the circuit breaker's state); `model_spec` and `rerankers`: the served model and the
-    rerankers it has. Redis down: still ready with "status": "degraded" (searches answer from the ANN stage), or
+    rerankers it has; "int8" (int8 queries only): the load-time check's kernel path, weight format and cosine. Redis down: still ready with "status": "degraded" (searches answer from the ANN stage), or
     503 feature_store_unavailable with CROSSPROBE_READYZ_REQUIRES_REDIS. "indexes": each served index's version, and
     "unavailable" the indexes not served and why (e.g. built with another model: what to do); behind search keys
     only how many ("indexes_served", "indexes_unavailable")."""
@@ -80,6 +80,7 @@ async def readyz(request: Request, state: Service) -> JSONResponse:
     return JSONResponse({"status": "ready" if fs["up"] else "degraded", "model": state.models.fingerprint,
                          "model_spec": str(state.settings.model_spec), "rerankers": list(state.models.rerankers),
                          "query_precision": state.models.query_precision, "device": device_of(state.models),
+                         **({"int8": c.as_dict()} if (c := state.models.int8_check) is not None else {}),
                          **indexes, "feature_store": fs})
 
 

@@ -101,5 +101,6 @@ def client_fp32(built, svc_ckpt, artifacts):
 
 @pytest.fixture(scope="module")
 def client_int8(built, svc_ckpt, artifacts):
-    """The same app with the opt-in int8 query tower (CROSSPROBE_QUERY_PRECISION=int8)."""
-    yield from _client(built, svc_ckpt, artifacts, query_precision="int8")
+    """The same app with the opt-in int8 query tower (CROSSPROBE_QUERY_PRECISION=int8). The tests' tiny MiniLM
+    checkpoint holds a cosine of about 0.99, not the default 0.999, so its bar is the one test_api states (0.98)."""
+    yield from _client(built, svc_ckpt, artifacts, query_precision="int8", int8_min_cosine=0.98)

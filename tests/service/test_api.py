@@ -127,10 +127,23 @@ def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ck
     common = sa.keys() & sb.keys()
     assert len(common) >= 6
     assert max(abs(sa[i] - sb[i]) for i in common) < 0.05
-    g = [load_model(service_settings(built, svc_ckpt, artifacts, query_precision=p)).encode_texts([q, "two dogs"])
-         for p in ("int8", "fp32")]
+    g = [load_model(service_settings(built, svc_ckpt, artifacts, query_precision=p, int8_min_cosine=0.98))
+         .encode_texts([q, "two dogs"]) for p in ("int8", "fp32")]
     for x, y in zip(*g):
         assert float(x.g_q @ y.g_q) / float(np.linalg.norm(x.g_q) * np.linalg.norm(y.g_q)) > 0.98
+    info = client_int8.get("/readyz").json()["int8"]  # what the load-time check measured, and where
+    assert info["required"] == 0.98 and 0.98 <= info["min_cosine"] < 1.0 and info["kernel"] and info["weights"]
+
+
+def test_int8_below_the_stated_cosine_is_refused_with_the_kernel_path(built, svc_ckpt, artifacts):
+    """A host whose int8 kernels cannot hold the stated cosine refuses int8 at load, never serves below it."""
+    from crossprobe.models import int8
+    from crossprobe.service.state import load_model
+    from tests.service.conftest import service_settings
+
+    with pytest.raises(int8.Int8Refused, match="cosine to fp32 is 0.9") as e:
+        load_model(service_settings(built, svc_ckpt, artifacts, query_precision="int8", int8_min_cosine=0.99999))
+    assert int8.kernel_path() in str(e.value) and "CROSSPROBE_QUERY_PRECISION=fp32" in str(e.value)
 
 
 def test_defaults_and_min_score(client):

@@ -4,13 +4,14 @@ models, fp32 (issue 47's parity must-show; the full-size numbers: benchmarks/mod
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from crossprobe.models import families, inference
+from crossprobe.models import families, inference, int8, runtime
 from crossprobe.models.families import writer
 from crossprobe.models.families.base import TokenizerMismatch
 from crossprobe.models.inference import RuntimeOptions
@@ -163,7 +164,33 @@ def test_int8_queries_stay_close_to_fp32_and_do_not_depend_on_batch_mates(export
     q8 = inference.load(spec, RuntimeOptions(graphs=root, threads=1, query_precision="int8"))
     batch = q8.encode_texts(texts)
     alone = [q8.encode_texts([t])[0] for t in texts]
-    assert (folder / "text.int8" / "text.onnx").exists()
+    check = q8.int8_check  # measured at load on the probe queries, on the kernel path this host takes
+    assert check.kernel == int8.kernel_path() and check.weights == int8.weight_format(check.kernel)
+    assert check.min_cosine >= int8.MIN_COSINE, check
+    assert (folder / ("text.int8" if check.weights == "s8" else "text.int8-u8") / "text.onnx").exists()
     for a, b, c in zip(fp, batch, alone):
         np.testing.assert_array_equal(b.g_q, c.g_q)
-        assert float(a.g_q @ b.g_q) > 0.99 and not np.array_equal(a.g_q, b.g_q)
+        assert float(a.g_q @ b.g_q) >= int8.MIN_COSINE and not np.array_equal(a.g_q, b.g_q), check
+
+
+@pytest.mark.parametrize("weights", ["s8", "u8"])
+def test_int8_weight_formats_hold_the_stated_cosine_where_this_host_would_take_them(exported, weights):
+    """Both formats measured on this host's kernels: "u8" (what AVX2 hosts without VNNI get) holds everywhere; "s8"
+    holds wherever the kernel accumulates without saturating (int8.NO_SATURATION), which this host's name says."""
+    from crossprobe.models.inference.exported import ExportedBackend, int8_graph
+
+    spec, root, folder = exported["hf_siglip"]
+    b = ExportedBackend(folder, RuntimeOptions(threads=1))
+    q8 = runtime.session(int8_graph(folder / "text.onnx", weights), 1)
+    low = int8.check(lambda ts: b._run_text(b._session("text"), ts)[0], lambda t: b._run_text(q8, [t])[0],
+                     0.0, weights, "test").min_cosine
+    if weights == "u8" or int8.weight_format() == "s8":
+        assert low >= int8.MIN_COSINE, (int8.kernel_path(), weights, low)
+    print(f"int8 {weights} on {int8.kernel_path()}: min cosine {low:.5f}")
+
+
+def test_int8_is_refused_below_the_stated_cosine_naming_the_kernel_path(exported):
+    spec, root, _ = exported["hf_clip"]
+    q8 = inference.load(spec, RuntimeOptions(graphs=root, threads=1, query_precision="int8", int8_min_cosine=1.0))
+    with pytest.raises(int8.Int8Refused, match=re.escape(int8.kernel_path())):
+        q8.encode_texts(["a dog"])
