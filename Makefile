@@ -111,17 +111,17 @@ train: $(STAMP)
 
 ## make eval: the Flickr8k test protocol -> docs/research/flickr8k.md, docs/research/results/flickr8k.json
 eval: $(STAMP)
-	$(BIN)/crossprobe eval
+	$(BIN)/crossprobe eval --docs docs/research
 
 ## make frontier: four CP settings trained on the committed towers, the default chosen on dev
 ## -> docs/research/frontier.md, docs/research/results/frontier.json (resumable; ~50 min on 2 cores)
 frontier: $(STAMP)
-	$(BIN)/crossprobe frontier
+	$(BIN)/crossprobe frontier --docs docs/research
 
 ## make ablation: SEAM / ACE-RPE / ZoDIAC / T-EMDE pooling trained and measured against the default
 ## -> docs/research/ablation.md, docs/research/results/ablation.json (resumable; ~3 h on 2 cores: tower options ~21 min each, TV rows up to 30)
 ablation: $(STAMP)
-	$(BIN)/crossprobe ablate
+	$(BIN)/crossprobe ablate --docs docs/research
 
 export: $(STAMP)
 	$(BIN)/crossprobe export

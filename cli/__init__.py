@@ -1,21 +1,38 @@
 """The command line: the layer above the batch jobs and the service (the only code that imports both).
 
-The `crossprobe` command (typer): one app composed of the model stack's commands (models/cli.py:
-train, eval, frontier, ablate, promote, export, demo, fit-text-gate and `crossprobe checkpoint ...`), the indexer's
-(`crossprobe index ...`, indexer/jobs/cli.py) and those defined here: serve, demo-service, and calibrate (it runs both
-the batch jobs and the service: calibrate.py)."""
+The `crossprobe` command (typer): one app, one module per command group:
+- stack.py: the model stack's commands at the top level (train, eval, frontier, ablate, promote, export, demo,
+  fit-text-gate; they need PyTorch);
+- checkpoint.py (`crossprobe checkpoint ...`), models.py (`crossprobe models export | list | pull`), data.py
+  (`crossprobe data convert ...`), index.py (`crossprobe index ...`, the batch jobs);
+- here: serve, demo-service and calibrate (it runs both the batch jobs and the service: calibrate.py).
+Each command imports what it runs when it runs, so `crossprobe --help` stays instant and the torch-free commands
+never import PyTorch."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import typer
 
-from crossprobe.indexer.jobs.cli import index_app
-from crossprobe.models.cli import CKPT, _command
-from crossprobe.models.cli import app as models_app
+# `crossprobe models pull` is the one command that downloads; it keeps a user's own HF_HUB_OFFLINE=1
+HF_OFFLINE_ASKED = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from crossprobe.cli.checkpoint import checkpoint_app  # noqa: E402 (after the variables the libraries read)
+from crossprobe.cli.data import data_app  # noqa: E402
+from crossprobe.cli.index import index_app  # noqa: E402
+from crossprobe.cli.models import models_app  # noqa: E402
+from crossprobe.cli.options import CKPT, command_line  # noqa: E402
+from crossprobe.cli.stack import app as stack_app  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
-app.add_typer(models_app)  # no name: its commands sit at the top level (crossprobe train, crossprobe eval, ...)
+app.add_typer(stack_app)  # no name: its commands sit at the top level (crossprobe train, crossprobe eval, ...)
+app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(models_app, name="models")
+app.add_typer(data_app, name="data")
 app.add_typer(index_app, name="index")
 
 
@@ -107,7 +124,7 @@ def calibrate(
 
     path = Path(ckpt or DEFAULT_CHECKPOINT)
     try:
-        out = fit_calibration(path, workdir, limit, refresh, _command(), log=typer.echo)
+        out = fit_calibration(path, workdir, limit, refresh, command_line(), log=typer.echo)
     except FileNotFoundError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2)

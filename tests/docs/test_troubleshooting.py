@@ -6,7 +6,7 @@ How a quoted line is matched: `<...>` (with the quotes around it, if any: '<name
 appear in that order inside ONE string literal of the package: an f-string's {fields} match anything, and
 literals split over lines ("a " "b") count as the one string Python makes of them. A line with little fixed text
 (under MIN_LITERAL characters) must be a whole string of the source. A line starting with
-"error: " is a command's failure as the command line prints it (indexer/jobs/cli.py, cli/): that prefix
+"error: " is a command's failure as the command line prints it (cli/): that prefix
 must be the CLI's, and the rest the message.
 """
 from __future__ import annotations

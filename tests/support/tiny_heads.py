@@ -71,7 +71,7 @@ def build(root: Path) -> TinyHeads:
     from typer.testing import CliRunner
 
     from crossprobe.models import families
-    from crossprobe.models.cli import app
+    from crossprobe.cli import app
 
     ref = reference_models.build("hf_clip", root / "hf", "tiny")
     backbone, graphs = f"hf:{ref.path}", root / "graphs"

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from typer.testing import CliRunner
 
-from crossprobe.indexer.jobs import cli
+from crossprobe.cli import index as cli
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from benchmarks.support.local_cluster import LocalCluster, Secure
 from crossprobe.indexer.storage.redis_conn import connect

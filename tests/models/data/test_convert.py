@@ -7,7 +7,7 @@ import os
 from PIL import Image
 from typer.testing import CliRunner
 
-from crossprobe.models.cli import app
+from crossprobe.cli import app
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.data.convert import from_coco, from_karpathy
 

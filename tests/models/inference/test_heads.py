@@ -12,7 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from crossprobe.models import heads, inference
-from crossprobe.models.cli import app
+from crossprobe.cli import app
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.evaluation.captioned import candidates, encode_images, encode_texts
 from crossprobe.models.inference import ItemDims, RerankerUnavailable, RuntimeOptions

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from crossprobe.models import heads
-from crossprobe.models.cli import app
+from crossprobe.cli import app
 from crossprobe.models.training.backbone_heads import HeadsTrainConfig, with_settings
 from tests.support.tiny_heads import PAIRS
 

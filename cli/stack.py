@@ -1,40 +1,15 @@
-"""The model stack's commands (typer): train (also `--backbone`: reranker heads on another model's backbone), eval
-(also `--data`: any model on a captioned folder), frontier, ablate, promote, export, demo, fit-text-gate,
-`checkpoint set-region-labels` / `checkpoint set-temde` (a checkpoint with a chosen setting: training/adopt.py),
-`models export | list | pull` (model families: models/cli_models.py) and `data convert` (captioned folders from
-published caption files: models/cli_data.py).
-
-Part of the one `crossprobe` command, which cli/ composes with `index` and `serve`."""
+"""The model stack's commands (typer), at the top level of `crossprobe`: train (also `--backbone`: reranker heads
+on another model's backbone), eval (also `--data`: any model on a captioned folder), frontier, ablate, promote,
+export, demo and fit-text-gate. They need PyTorch (the `torch` extra); cli/__init__.py adds them to the command line."""
 from __future__ import annotations
 
-import os
-import shlex
-import sys
 from pathlib import Path
 
 import typer
 
-# `crossprobe models pull` is the one command that downloads; it keeps a user's own HF_HUB_OFFLINE=1
-HF_OFFLINE_ASKED = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from crossprobe.cli.options import CKPT, command_line, need_flickr
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
-
-CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
-
-
-def _command() -> str:
-    return "crossprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-
-
-def _need_flickr() -> None:
-    from crossprobe.models.data.flickr8k import available, dataset_root
-
-    if not available():
-        typer.echo(f"Flickr8k not found at {dataset_root()} (set FLICKR8K_DIR); nothing to do.", err=True)
-        raise typer.Exit(2)
-
 
 _GRAPHS = typer.Option(Path("artifacts/service"), envvar="CROSSPROBE_ARTIFACTS_DIR",
                        help="root folder of exported models, <root>/<fingerprint>/ (the service's)")
@@ -72,7 +47,7 @@ def train(
         _train_heads(backbone, data, out, run_dir, cache_dir, graphs, heads, seed, threads)
         return
     run_dir, cache_dir = run_dir or Path("runs/default"), cache_dir or Path("cache/flickr8k")
-    _need_flickr()
+    need_flickr()
     from crossprobe.models import checkpoint
     from crossprobe.models.training.run import TrainConfig, seed_from_checkpoint, train as run_train
 
@@ -111,7 +86,7 @@ def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_
     try:
         cfg = with_settings(HeadsTrainConfig(backbone, data, out, graphs, cache=cache_dir or Path("cache/backbones"),
                                              run_dir=run_dir or Path("runs/heads"), seed=seed, threads=threads,
-                                             command=_command()), settings)
+                                             command=command_line()), settings)
         report = train_heads(cfg, log=typer.echo)
     except (BadSpec, ModelUnavailable, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -123,7 +98,7 @@ def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_
 def evaluate(
     ckpt: Path = CKPT,
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json"),
+    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json (make eval: docs/research)"),
     methods: str = typer.Option("cp,temde,sm,tv"),
     cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
     timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
@@ -150,7 +125,7 @@ def evaluate(
     if data is not None:
         _eval_folder(data, model or (f"crossprobe:{ckpt}" if ckpt else None), split, k, graphs, json_out, threads)
         return
-    _need_flickr()
+    need_flickr()
     if ood and not (baseline / "config.json").exists():
         typer.echo(f"error: no baseline checkpoint at {baseline} for the out-of-domain rows: restore the default one "
                    f"with scripts/restore-checkpoint.sh pre-bridge, pass --baseline CKPT, or run with --no-ood", err=True)
@@ -168,7 +143,7 @@ def evaluate(
     j = None
     if flickr:
         res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
-        j = report.write(res, docs, _command(), meta["fingerprint"])
+        j = report.write(res, docs, command_line(), meta["fingerprint"])
         typer.echo(report.markdown(j))
     demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None, rerank=_served())
     o = _eval_ood(model, meta, data, baseline, demo, docs, cache_dir.parent / "coco-mini-dev") if ood else None
@@ -194,7 +169,7 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     res = {"model": str(inference.parse(spec)), "fingerprint": backend.fingerprint, "data": str(data), "split": split,
-           **res, "command": _command(), "host": machine()}
+           **res, "command": command_line(), "host": machine()}
     text = json.dumps(res, indent=1)
     if json_out is not None:
         from crossprobe.models.atomic import atomic_write
@@ -230,7 +205,7 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, c
         ood.evaluate(base_model, feats), ood.evaluate(model, feats),
         "TT" if served == "none" else f"{served.upper()}@100",
         {"baseline_top1": ood.gallery_top1(base_demo, EXPECTED), "top1": ood.gallery_top1(demo, EXPECTED), "queries": len(EXPECTED)},
-        _command(), machine(), {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
+        command_line(), machine(), {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
     )
     ood.write(j, docs)
     typer.echo(ood.markdown(j))
@@ -242,17 +217,17 @@ def frontier(
     ckpt: Path = CKPT,
     run_dir: Path = typer.Option(Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/frontier.md and DOCS/results/frontier.json"),
+    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/frontier.md and DOCS/results/frontier.json (make frontier: docs/research)"),
     seed: int = 0,
     threads: int = 2,
 ):
     """Train the CP settings of the latency/accuracy frontier on a checkpoint's towers and choose on dev (~51 min)."""
-    _need_flickr()
+    need_flickr()
     from crossprobe.models.training.frontier import frontier as run_frontier
     from crossprobe.models.training.run import TrainConfig
 
     tcfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir)
-    res = run_frontier(ckpt, docs, _command(), tcfg, log=typer.echo)
+    res = run_frontier(ckpt, docs, command_line(), tcfg, log=typer.echo)
     typer.echo(f"chosen: {res['chosen']} -> {docs / 'frontier.md'}")
 
 
@@ -263,13 +238,13 @@ def ablate(
     only: str = typer.Option("", help="comma-separated subset of options (default: all)"),
     run_dir: Path = typer.Option(Path("runs/ablation"), help="per-option training state and results; resumable"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("docs/research"), help="writes DOCS/ablation.md and DOCS/results/ablation.json"),
+    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/ablation.md and DOCS/results/ablation.json (make ablation: docs/research)"),
     retime: bool = typer.Option(False, help="re-measure ms/query of every stored row on an otherwise idle machine"),
     seed: int = 0,
     threads: int = 2,
 ):
     """Train and measure every seed option (SEAM, ACE-RPE, ZoDIAC, T-EMDE pooling) against the default."""
-    _need_flickr()
+    need_flickr()
     from crossprobe.models.training.ablation import OPTIONS, AblationConfig, Runner
 
     subset = tuple(o for o in only.split(",") if o)
@@ -278,7 +253,7 @@ def ablate(
         typer.echo(f"unknown options {unknown}; choose from {list(OPTIONS)}", err=True)
         raise typer.Exit(2)
     cfg = AblationConfig(tower_epochs=tower_epochs or None, seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                         docs=docs, only=subset, command=_command())
+                         docs=docs, only=subset, command=command_line())
     Runner(cfg, log=typer.echo).run(retime=retime)
 
 
@@ -292,7 +267,7 @@ def promote(
     threads: int = 2,
 ):
     """Make a winning tower option a checkpoint of its own: train its CP and T-EMDE, evaluate, write its card."""
-    _need_flickr()
+    need_flickr()
     from crossprobe.models.training.ablation import OPTIONS, AblationConfig
     from crossprobe.models.training.promote import promote as run_promote
 
@@ -301,7 +276,7 @@ def promote(
         raise typer.Exit(2)
     try:
         run_promote(option, AblationConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                                           command=_command()), out, log=typer.echo)
+                                           command=command_line()), out, log=typer.echo)
     except (FileNotFoundError, ValueError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2)
@@ -329,7 +304,8 @@ def export(
         typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
         if diff > 1e-4:
             raise typer.Exit(1)
-    typer.echo(ex.ensure_int8_query(folder))
+    for weights in ("s8", "u8"):  # both int8 formats: the hosts that read these graphs may need either (int8.py)
+        typer.echo(ex.ensure_int8_query(folder, weights))
     typer.echo(ex.ensure_backbone(out))
 
 
@@ -360,7 +336,7 @@ def fit_text_gate(
 ):
     """Fit the text gate that decides which photos OCR reads (models/text_gate.py): a probe over each cell of the
     backbone's grid, trained on Flickr8k train photos, its threshold chosen on dev (needs the ocr extra)."""
-    _need_flickr()
+    need_flickr()
     import importlib.util
 
     if importlib.util.find_spec("rapidocr_onnxruntime") is None:  # full OCR finds the real writing, its detector the threshold
@@ -376,92 +352,4 @@ def fit_text_gate(
         raise typer.Exit(2)
 
     cfg = GateFitConfig(workdir=workdir, real=real, documents=documents, l2=l2, pass_pct=pass_pct)
-    run_fit(cfg, out or DEFAULT_GATE, _command(), log=typer.echo)
-
-
-checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                             help="Write a checkpoint with a chosen setting (a new fingerprint: build indexes with it).")
-app.add_typer(checkpoint_app, name="checkpoint")
-
-
-@checkpoint_app.command("set-region-labels")
-def set_region_labels(
-    out: Path = typer.Option(..., help="directory for the new checkpoint (replaced atomically when it exists)"),
-    ckpt: Path = CKPT,
-    cp: float = typer.Option(0.0, help="CP's region weight w: logit + 20 * w * s_region (0: no region term)"),
-    temde: float = typer.Option(0.0, help="T-EMDE's region weight w (0: no region term)"),
-    pool: int = typer.Option(3, help="s_region = the mean of this many best-matching grid cells (1 to 49)"),
-):
-    """Write a checkpoint that adds region-level labels to the rerankers (all weights 0: off). Only the config
-    changes. The dev sets chose --cp 0.2 --temde 0.3 --pool 3 (docs/research/bridge.md, "Region-level labels")."""
-    from crossprobe.models import checkpoint
-    from crossprobe.models.training.adopt import set_region_labels as run_set
-
-    model, meta = checkpoint.load(ckpt)
-    try:
-        fp = run_set(model, meta, out, {"cp": cp, "temde": temde}, pool, {"command": _command()})
-    except ValueError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2)
-    state = f"weights {model.cfg.region.weights}, pool {model.cfg.region.pool}" if model.cfg.region.enabled else "off"
-    typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; region labels {state})")
-
-
-@checkpoint_app.command("set-temde")
-def set_temde(
-    trained: Path = typer.Argument(..., help="the trained T-EMDE: `crossprobe train`'s RUN_DIR/temde.done.pt (or "
-                                   "temde.m<i>.done.pt, one member) or a saved state dict (research/temde/sweep.py's "
-                                   "<run-dir>/<variant>.weights.pt)"),
-    out: Path = typer.Option(..., help="directory for the new checkpoint (replaced atomically when it exists)"),
-    ckpt: Path = CKPT,
-):
-    """Write a checkpoint with another trained T-EMDE in place of its own: its shape from its weights, its fusion
-    weight with it; towers, bridge and the other rerankers unchanged. Train it on this checkpoint's towers."""
-    from crossprobe.models import checkpoint
-    from crossprobe.models.training.adopt import load_trained_temde
-    from crossprobe.models.training.adopt import set_temde as run_set
-
-    model, meta = checkpoint.load(ckpt)
-    try:
-        weights, report = load_trained_temde(trained)
-        fp = run_set(model, meta, out, weights, {**(report or {}), "from": str(trained), "command": _command()})
-    except ValueError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2)
-    c = model.cfg.temde
-    typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; T-EMDE N {c.N} x K {c.K}, inner {c.inner})")
-
-
-@checkpoint_app.command("set-calibration")
-def set_calibration(
-    curves: Path = typer.Option(..., help="`crossprobe calibrate --results FILE`'s FILE (or research/calibration/fit.py's "
-                                "docs/research/results/calibration.json)"),
-    ckpt: Path = CKPT,
-):
-    """Store relevance curves (one per rerank mode) in the checkpoint directory as calibration.json. The weights
-    and fingerprint do not change, so no index is rebuilt; the service reads them at start-up."""
-    import json
-
-    from crossprobe.models import DEFAULT_CHECKPOINT, calibration, read_config
-    from crossprobe.models.training.calibrate import served
-
-    path = Path(ckpt or DEFAULT_CHECKPOINT)
-    d = json.loads(curves.read_text())
-    fp, want = read_config(path)["fingerprint"], d.get("meta", {}).get("fingerprint")
-    if want != fp:
-        typer.echo(f"{curves} was fitted for checkpoint {want}; {path} is {fp}: fit it again with --ckpt {path}", err=True)
-        raise typer.Exit(2)
-    try:
-        cal = served(d)
-    except (KeyError, ValueError) as e:
-        typer.echo(f"{curves}: {e}", err=True)
-        raise typer.Exit(2)
-    cal.save(path)
-    typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")
-
-
-from crossprobe.models.cli_data import data_app  # noqa: E402 (the groups' commands import what they need lazily)
-from crossprobe.models.cli_models import models_app  # noqa: E402
-
-app.add_typer(models_app, name="models")
-app.add_typer(data_app, name="data")
+    run_fit(cfg, out or DEFAULT_GATE, command_line(), log=typer.echo)

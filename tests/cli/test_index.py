@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from crossprobe.indexer.jobs import cli
+from crossprobe.cli import index as cli
 from crossprobe.indexer.storage.redis_conn import close_embedded
 
 

@@ -1,4 +1,4 @@
-"""`crossprobe models export | list | pull` (models/cli_models.py, models/families/pull.py). pull never reaches a real
+"""`crossprobe models export | list | pull` (cli/models.py, models/families/pull.py). pull never reaches a real
 hub here: its refusals are tested with HF_HUB_OFFLINE=1, a refused connection, and a host that accepts and never
 answers (the command must give up within its --timeout, not hang)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from crossprobe.models.cli import app
+from crossprobe.cli import app
 from tests.support import reference_models as rm
 
 
@@ -50,7 +50,7 @@ def _pull(*args, timeout=60, **env):
     """The real command line in a process of its own (HF_HUB_OFFLINE is read when the command starts)."""
     full = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")} | env
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", "from crossprobe.models.cli import app; app()", "models", "pull", *args],
+    p = subprocess.run([sys.executable, "-c", "from crossprobe.cli import app; app()", "models", "pull", *args],
                        env=full,
                        capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr, time.monotonic() - t

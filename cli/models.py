@@ -5,7 +5,7 @@
     crossprobe models pull SPEC                 fetch the weights where a network exists (says what to do where not)
 
 DIR defaults to the service's graphs folder (CROSSPROBE_ARTIFACTS_DIR, else artifacts/service, as the service's
-settings default it). models/cli.py adds this group to the command line."""
+settings default it). cli/__init__.py adds this group to the command line."""
 from __future__ import annotations
 
 import json
@@ -79,7 +79,7 @@ def pull(spec: str = typer.Argument(..., help="hf:<repo id> | open_clip:<arch>/<
          timeout: float = typer.Option(10.0, min=0.1, help="seconds to wait for the hub (each connection)")):
     """Download SPEC's files (the Hugging Face cache, open_clip's cache) where a network exists; where none does,
     say so within TIMEOUT seconds and what to do instead."""
-    from crossprobe.models.cli import HF_OFFLINE_ASKED
+    from crossprobe.cli import HF_OFFLINE_ASKED
     from crossprobe.models.families.pull import NoNetwork, pull as run_pull
     from crossprobe.models.inference.spec import BadSpec
 

@@ -1,4 +1,4 @@
-"""`crossprobe checkpoint set-region-labels` / `set-temde` (models/cli.py over training/adopt.py) on a tiny
+"""`crossprobe checkpoint set-region-labels` / `set-temde` (cli/checkpoint.py over training/adopt.py) on a tiny
 checkpoint: the written checkpoint loads with the setting asked for, and a setting the service cannot run is an
 error (exit 2) that writes nothing."""
 import dataclasses
@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from crossprobe.models import checkpoint
-from crossprobe.models.cli import app
+from crossprobe.cli import app
 from crossprobe.models.temde import Temde
 
 runner = CliRunner()

@@ -1,5 +1,5 @@
 """`crossprobe data convert coco | karpathy`: captioned folders (models/data/captioned.py's layout) from published
-caption files (models/data/convert.py). models/cli.py adds this group to the command line."""
+caption files (models/data/convert.py). cli/__init__.py adds this group to the command line."""
 from __future__ import annotations
 
 from pathlib import Path
