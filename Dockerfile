@@ -54,26 +54,28 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
-# torch FIRST, the CPU wheel: pyproject.toml pins torch==2.13.0, and that requirement resolved on PyPI is the CUDA
-# build (several GB of nvidia-* wheels). Installed first, the pin is already met (2.13.0+cpu) when the project's
-# dependencies are resolved, so nothing bigger is downloaded (as `make venv`).
+# torch FIRST, the CPU wheel: the torch extra's requirement resolved on PyPI is the CUDA build (several GB of
+# nvidia-* wheels). Installed first, it is already met (2.13.0+cpu) when the project's dependencies and the torch
+# extra are resolved, so nothing bigger is downloaded (as `make venv`).
 RUN python3.11 -m venv /opt/venv \
  && if [ -n "$TORCH_FIND_LINKS" ]; then export PIP_FIND_LINKS="$TORCH_FIND_LINKS"; fi \
  && pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL"
 WORKDIR /src
-# the dependencies alone first (from pyproject.toml, plus the gpu extra when VARIANT=gpu): this layer is
-# rebuilt when pyproject.toml changes, not on every edit of the code
+# the dependencies alone first (from pyproject.toml, with the torch extra for exporting, plus the gpu extra when
+# VARIANT=gpu): this layer is rebuilt when pyproject.toml changes, not on every edit of the code
 COPY pyproject.toml ./
 RUN python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + (p['optional-dependencies']['gpu'] if sys.argv[1] == 'gpu' else [])))" \
+o = p['optional-dependencies']; \
+print('\n'.join(p['dependencies'] + o['torch'] + (o['gpu'] if sys.argv[1] == 'gpu' else [])))" \
       "$VARIANT" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 COPY README.md ./
+COPY core ./core
 COPY models ./models
 COPY indexer ./indexer
 COPY service ./service
 COPY cli ./cli
-# the project itself as a wheel (not editable): crossprobe.models, .indexer, .service, .cli and their package data,
+# the project itself as a wheel (not editable): crossprobe.core, .models, .indexer, .service, .cli and package data,
 # the committed checkpoint included (pyproject's package-data), land in the venv's site-packages. Then every
 # graph the service and the batch jobs run, each checked against PyTorch: nothing exports at start.
 RUN pip install --no-deps . \

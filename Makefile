@@ -1,5 +1,6 @@
 # crossprobe: every target sets itself up from nothing (a virtualenv in .venv).
-# Python 3.11 exactly (pyproject.toml: >=3.11,<3.12); PY names it when it is not python3.11 on PATH.
+# The development venv is Python 3.11 (the full suite, torch included; the torch-free core installs on 3.11 to 3.13:
+# make wheel-check); PY names it when it is not python3.11 on PATH.
 PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -11,11 +12,11 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test wheel-check test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): pyproject.toml requires 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
-	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "$(PY) is Python $$($(PY) -c 'import platform; print(platform.python_version())'); crossprobe needs 3.11: make ... PY=/path/to/python3.11 (docs/getting-started.md#what-you-need)"; exit 1; }
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): the development venv (torch==2.13.0's CPU wheel) is 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "$(PY) is Python $$($(PY) -c 'import platform; print(platform.python_version())'); the development venv needs 3.11: make ... PY=/path/to/python3.11 (docs/getting-started.md#what-you-need)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# --no-deps: a local source may hold torch alone; its dependencies come with the project's install below
@@ -24,7 +25,7 @@ $(STAMP): pyproject.toml
 	else \
 	  echo "$(TORCH): the CPU build from $(TORCH_INDEX_URL)"; $(BIN)/pip install -q --index-url '$(TORCH_INDEX_URL)' '$(TORCH)'; \
 	fi
-	$(BIN)/pip install -q -e '.[dev,ocr]'
+	$(BIN)/pip install -q -e '.[torch,dev,ocr]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,6 +42,12 @@ demo: $(STAMP)
 ## make test: the fast test suite (no shared data needed)
 test: $(STAMP) system
 	$(BIN)/python -m pytest -p no:cacheprovider
+
+## make wheel-check: the wheel without torch on Python 3.11, 3.12 and 3.13 (pyenv's, or PYTHONS=path,...): a fresh
+## venv each, a model exported beforehand indexed and served there, the same answers on every Python
+## (scripts/wheel_check.py -> docs/research/results/wheel_check.json; downloads the dependencies' wheels once)
+wheel-check: $(STAMP)
+	$(BIN)/python scripts/wheel_check.py $(if $(PYTHONS),--pythons $(PYTHONS),)
 
 ## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
 ## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/.

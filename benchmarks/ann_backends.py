@@ -67,8 +67,8 @@ def make_queries(vectors: np.ndarray, src_path: Path | None, count: int, workdir
         if src_path is None:
             raise FileNotFoundError("no real vectors")
         fp = json.loads((src_path.parent / "manifest.json").read_text())["fingerprint"]
-        from crossprobe.models import inputs
-        from crossprobe.models import runtime
+        from crossprobe.core import inputs
+        from crossprobe.core import runtime
         from crossprobe.models.checkpoint import DEFAULT_CHECKPOINT
         from crossprobe.models.data.flickr8k import Flickr8k
         from crossprobe.models import export

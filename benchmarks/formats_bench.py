@@ -62,7 +62,7 @@ def make(folder: Path, name: str, count: int, distinct: int) -> tuple[list[Path]
 def decode_ms(path: Path, max_pixels: int) -> tuple[float, list[int]]:
     from crossprobe.indexer.jobs.decode import decode_one
     from crossprobe.indexer.jobs.sources import Item
-    from crossprobe.models import image_formats
+    from crossprobe.core import image_formats
 
     ts = []
     for _ in range(3):

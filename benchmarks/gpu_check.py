@@ -8,7 +8,7 @@ Steps, each timed and written into the JSON as it ends (a run cut short keeps wh
 must-haves first), each skipped and said when too little of --budget-s is left for it:
   environment  GPU, driver, torch / CUDA, CPU, and the random backbones the run uses (benchmarks/gpu_inputs.py)
   photos       synthetic JPEGs of Flickr8k's size (8,091: Flickr8k's count)
-  parity       the GPU path (models/inference/torch_crossprobe.py on --device; fp32, fp16, bf16) against the CPU graphs
+  parity       the GPU path (models/torch_backend.py on --device; fp32, fp16, bf16) against the CPU graphs
                (ONNX Runtime): backbone, image tower, query tower, both rerankers; max abs diff and relative error per
                output, against 1e-4 (fp32) and 1e-3 (fp16, bf16)
   index        the indexer (decode, encode, Redis, FAISS; library call of `crossprobe index build`): images/s on the
@@ -128,9 +128,9 @@ def environment(device: str) -> dict:
 
 # ---- model: parity, encode rate, ViT --------------------------------------------------------------------------
 def _backends(graphs: Path, device: str, precision: str | None, threads: int | None = None):
-    from crossprobe.models.inference import RuntimeOptions
-    from crossprobe.models.inference.crossprobe import CrossprobeBackend
-    from crossprobe.models.inference.torch_crossprobe import TorchCrossprobeBackend
+    from crossprobe.core.inference import RuntimeOptions
+    from crossprobe.core.inference.crossprobe import CrossprobeBackend
+    from crossprobe.models.torch_backend import TorchCrossprobeBackend
 
     if precision is None:  # the CPU graphs (ONNX Runtime), what the service and the indexer run without a GPU
         return CrossprobeBackend(None, RuntimeOptions(graphs=graphs, threads=threads, device="cpu"))
@@ -147,7 +147,7 @@ def _diff(got, want, tol: float) -> dict:
 def parity(graphs: Path, device: str, photos: list[Path], queries: list[str]) -> dict:
     """Each GPU-path output against the CPU graphs' on the same inputs (each stage fed the CPU's input, so that an
     error is the stage's own), per precision."""
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     cpu = _backends(graphs, device, None)
     px = np.stack([inputs.load_image(p) for p in photos])
@@ -189,7 +189,7 @@ def _rate(fn, batch, batches: int, sync=lambda: None) -> float:
 def encode_rate(graphs: Path, device: str, photos: list[Path], sizes: dict) -> dict:
     """Images/s of backbone + image tower on decoded pixels (one batch of the indexer's 64), host arrays in and out as the indexer
     calls them: the device per precision, and ONNX Runtime on all CPU cores."""
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     px = np.stack([inputs.load_image(photos[i % len(photos)]) for i in range(sizes["encode_batch"])])
     out = {"device": device, "batch": len(px), "cpu_onnxruntime": _rate(_backends(graphs, device, None).encode_images, px,
@@ -353,7 +353,7 @@ def serve_and_load(work: Path, redis_client, names: dict, queries: list[str], de
 
 
 def _ckpt() -> Path:
-    from crossprobe.models import DEFAULT_CHECKPOINT
+    from crossprobe.core import DEFAULT_CHECKPOINT
 
     return Path(DEFAULT_CHECKPOINT)
 

@@ -52,7 +52,7 @@ def minilm_source() -> Path:
     carried = Path(".whl/minilm")
     if (carried / "config.json").exists():
         return carried
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     return inputs.minilm_dir()
 
@@ -149,7 +149,7 @@ def grow(ixs, base: str, name: str, total: int, factory: str = "IVF1024,Flat", s
     from crossprobe.indexer.storage import faiss_io
     from crossprobe.indexer.storage.reader import open_index
     from crossprobe.indexer.storage.store import new_version
-    from crossprobe.models.atomic import durable_write as atomic_write
+    from crossprobe.core.atomic import durable_write as atomic_write
 
     t0 = time.perf_counter()
     src_ix = open_index(base, None, ixs)

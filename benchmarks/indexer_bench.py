@@ -57,9 +57,9 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     import torch
 
     from crossprobe.models.graphs import ImageGraph
-    from crossprobe.models.runtime import session
+    from crossprobe.core.runtime import session
     from crossprobe.indexer.jobs.encoder import job_backend
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     backend = job_backend(IndexerSettings(model_dir=models, threads=threads), ckpt)
     backend.prepare()  # make sure the head graph is exported

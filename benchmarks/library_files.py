@@ -152,7 +152,7 @@ def write(path: Path, kind: str, width: int, height: int, seed: int = 0, taken: 
     elif kind == "png":
         img.save(path, "PNG", **extra)
     elif kind == "heic":
-        from crossprobe.models import image_formats  # registers pillow-heif
+        from crossprobe.core import image_formats  # registers pillow-heif
 
         image_formats.register()
         big = max(width, height) > 2000  # as phones write a large picture: a grid of 512 px tiles (iPhone),

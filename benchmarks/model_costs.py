@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models.atomic import atomic_dir, atomic_write
+from crossprobe.core.atomic import atomic_dir, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "research" / "results" / "model_choice.json"
@@ -176,9 +176,9 @@ def int8(folder: Path, photos: Path, queries: list[str], n_photos: int = 64) -> 
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from crossprobe.models.inference import RuntimeOptions
-    from crossprobe.models.inference.exported import ExportedBackend, read_model_json
-    from crossprobe.models.inference.decode import Unreadable, decode_file
+    from crossprobe.core.inference import RuntimeOptions
+    from crossprobe.core.inference.exported import ExportedBackend, read_model_json
+    from crossprobe.core.inference.decode import Unreadable, decode_file
 
     q8 = WORK / "int8" / folder.name
     if not (q8 / "model.json").exists():
@@ -217,7 +217,7 @@ def int8(folder: Path, photos: Path, queries: list[str], n_photos: int = 64) -> 
 
 
 def measure(names: list[str], n_photos: int, n_queries: int) -> dict:
-    from crossprobe.models.inference.exported import find_exported
+    from crossprobe.core.inference.exported import find_exported
     from crossprobe.models.evaluation.report import machine
 
     photos, queries = dev_data(n_photos, n_queries)
@@ -245,7 +245,7 @@ def measure(names: list[str], n_photos: int, n_queries: int) -> dict:
 
 def _graphs_mb(folder: Path | None) -> float:
     if folder is None:  # crossprobe's own: the service's search graphs + the indexer's image graphs
-        from crossprobe.models import DEFAULT_CHECKPOINT, read_config
+        from crossprobe.core import DEFAULT_CHECKPOINT, read_config
 
         g = WORK / "graphs"
         fp = read_config(DEFAULT_CHECKPOINT)["fingerprint"]

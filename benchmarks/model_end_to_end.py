@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models.atomic import atomic_write
+from crossprobe.core.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "research" / "results" / "model_choice.json"
@@ -204,7 +204,7 @@ def clip_benchmark(work: Path, venv: Path) -> dict:
     """clip-benchmark's R@1 / R@5 and `crossprobe eval`'s on the same model and photos; the queries whose hit differs
     between crossprobe's embeddings (the same encode functions the eval command runs) and the reference's, and
     whether each is a near tie in the reference's scores."""
-    from crossprobe.models import inference
+    from crossprobe.core import inference
     from crossprobe.models.data.captioned import CaptionedFolder
     from crossprobe.models.evaluation import captioned
 

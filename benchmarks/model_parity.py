@@ -36,8 +36,9 @@ ARCH = {"open_clip": "ViT-B-32 (open_clip)", "hf_clip": "openai/clip-vit-base-pa
 
 def run_one(family: str) -> dict:
     """Build (or reuse) the reference, export it, compare; -> the configuration's parity record."""
-    from crossprobe.models import families, inference
-    from crossprobe.models.inference import RuntimeOptions
+    from crossprobe.core import inference
+    from crossprobe.models import families
+    from crossprobe.core.inference import RuntimeOptions
     from tests.models.families.parity import CAPTIONS, compare, real_photos
     from tests.support import reference_models as rm
 

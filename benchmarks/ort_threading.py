@@ -8,7 +8,7 @@ requests. This replays that sequence (tokenizer + query tower, CP over 100 candi
 
   own pools, spinning      CROSSPROBE_ORT_SHARED_POOL=false (the setting before this benchmark)
   own pools, no spinning   CROSSPROBE_ORT_SHARED_POOL=false CROSSPROBE_ORT_SPINNING=false
-  shared pool              the default: one process-wide pool (models/runtime.py)
+  shared pool              the default: one process-wide pool (core/runtime.py)
 
 Sessions are made exactly as the service makes them (crossprobe.service.state.load_model).
 Writes docs/research/ort_threading.md and docs/research/results/ort_threading.json.
@@ -89,7 +89,7 @@ def main() -> None:
         "With a pool per graph and spinning workers, the pool that just finished keeps spinning on the two cores "
         "while the next graph runs: each graph is slower than it is alone. One shared pool has no such neighbour. "
         "The service therefore makes one process-wide pool (CROSSPROBE_ORT_SHARED_POOL, default true; "
-        "models/runtime.py); end-to-end numbers are in docs/research/latency.md.", ""]))
+        "core/runtime.py); end-to-end numbers are in docs/research/latency.md.", ""]))
 
 
 if __name__ == "__main__":

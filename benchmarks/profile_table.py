@@ -14,8 +14,8 @@ from pathlib import Path
 # specific work first, the framework around it last.
 CATEGORIES = [
     ("tokenizer", r"tokenize \(|tokenizers"),
-    ("ORT: query tower run (encode)", r"encode_texts \([^;]*models/inference/crossprobe\.py"),
-    ("ORT: rerank scorer run", r"rerank \([^;]*models/inference/crossprobe\.py"),
+    ("ORT: query tower run (encode)", r"encode_texts \([^;]*core/inference/crossprobe\.py"),
+    ("ORT: rerank scorer run", r"rerank \([^;]*core/inference/crossprobe\.py"),
     ("FAISS search (ann)", r"search \([^;]*indexer/reader\.py"),
     ("Redis: fetch features (MGET + decode)", r"features \([^;]*indexer/reader\.py"),
     ("Redis: metadata (MGET + JSON)", r"metadata \([^;]*indexer/reader\.py"),

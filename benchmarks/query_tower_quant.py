@@ -35,8 +35,8 @@ from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import encode_images
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.evaluation.timing import median_ms
-from crossprobe.models import inputs
-from crossprobe.models.runtime import session
+from crossprobe.core import inputs
+from crossprobe.core.runtime import session
 from crossprobe.models.training.data import CachedData
 
 CAPTION = "a black dog is running through the grass with a ball in its mouth"

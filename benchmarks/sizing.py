@@ -53,7 +53,7 @@ from benchmarks.sizing_stack import BASE, LIB, Launched, Sampler, Stack, files_b
 from benchmarks.support import synthetic
 from benchmarks.watch_bench import copy_in
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.models.atomic import durable_write as atomic_write
+from crossprobe.core.atomic import durable_write as atomic_write
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.models.evaluation.report import machine

@@ -40,7 +40,7 @@ def _device(value: str | None) -> str | None:
     """--device as the settings spell it (cpu, cuda, cuda:N, auto), or a usage error naming the choices."""
     if value is None:
         return None
-    from crossprobe.models.inference import resolve_device
+    from crossprobe.core.inference import resolve_device
 
     value = value.strip().lower()
     if value != "auto":  # auto is resolved at start-up (it probes ONNX Runtime)
@@ -118,7 +118,7 @@ def calibrate(
     no index is rebuilt. Needs Flickr8k and coco-mini-dev."""
     import json
 
-    from crossprobe.models import DEFAULT_CHECKPOINT
+    from crossprobe.core import DEFAULT_CHECKPOINT
     from crossprobe.models.training.calibrate import served
     from crossprobe.cli.calibrate import fit_calibration
 

@@ -16,7 +16,7 @@ def fit_calibration(ckpt: Path, workdir: Path, limit: int | None, refresh: bool,
 
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.models import read_config
+    from crossprobe.core import read_config
     from crossprobe.models.data.captioned import CaptionedFolder, coco_root
     from crossprobe.models.data.flickr8k import available, dataset_root
     from crossprobe.models.evaluation.report import machine

@@ -70,7 +70,7 @@ def set_calibration(
     and fingerprint do not change, so no index is rebuilt; the service reads them at start-up."""
     import json
 
-    from crossprobe.models import DEFAULT_CHECKPOINT, calibration, read_config
+    from crossprobe.core import DEFAULT_CHECKPOINT, calibration, read_config
     from crossprobe.models.training.calibrate import served
 
     path = Path(ckpt or DEFAULT_CHECKPOINT)

@@ -1,4 +1,4 @@
-"""`crossprobe models export | list | pull`: the model families' folders (models/families/, models/inference/).
+"""`crossprobe models export | list | pull`: the model families' folders (models/families/, core/inference/).
 
     crossprobe models export SPEC [--out DIR]   the folder <DIR>/<fingerprint>/ the service and the jobs run torch-free
     crossprobe models list [--root DIR]         what is exported there
@@ -29,7 +29,7 @@ def export(spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> 
     """Export SPEC's graphs, tokenizer and model.json into <out>/<fingerprint>/ (kept if it exists), checked against
     the family's own library. Needs PyTorch and the family's library: Hugging Face models export in the main
     environment, open_clip ones (and M-CLIP, whose image tower is open_clip's) in scripts/openclip-env.sh's venv."""
-    from crossprobe.models.inference.spec import BadSpec
+    from crossprobe.core.inference.spec import BadSpec
 
     try:
         from crossprobe.models import families
@@ -81,7 +81,7 @@ def pull(spec: str = typer.Argument(..., help="hf:<repo id> | open_clip:<arch>/<
     say so within TIMEOUT seconds and what to do instead."""
     from crossprobe.cli import HF_OFFLINE_ASKED
     from crossprobe.models.families.pull import NoNetwork, pull as run_pull
-    from crossprobe.models.inference.spec import BadSpec
+    from crossprobe.core.inference.spec import BadSpec
 
     try:
         use = run_pull(spec, timeout, offline_asked=HF_OFFLINE_ASKED, log=typer.echo)

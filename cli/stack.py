@@ -80,7 +80,7 @@ def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_
     if not backbone or data is None:
         typer.echo("--backbone SPEC and --data FOLDER go together", err=True)
         raise typer.Exit(2)
-    from crossprobe.models.inference import BadSpec, ModelUnavailable
+    from crossprobe.core.inference import BadSpec, ModelUnavailable
     from crossprobe.models.training.backbone_heads import HeadsTrainConfig, train_heads, with_settings
 
     try:
@@ -157,7 +157,7 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
                  threads: int) -> None:
     import json
 
-    from crossprobe.models import inference
+    from crossprobe.core import inference
     from crossprobe.models.data.captioned import CaptionedFolder
     from crossprobe.models.evaluation.captioned import evaluate as run_eval
     from crossprobe.models.evaluation.report import machine
@@ -172,7 +172,7 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
            **res, "command": command_line(), "host": machine()}
     text = json.dumps(res, indent=1)
     if json_out is not None:
-        from crossprobe.models.atomic import atomic_write
+        from crossprobe.core.atomic import atomic_write
 
         json_out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(json_out, text + "\n")
@@ -181,7 +181,7 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
 
 def _served() -> str:
     """The service's reranker for requests that name none: what the demo and the out-of-domain rows report."""
-    from crossprobe.models import SERVED_RERANK
+    from crossprobe.core import SERVED_RERANK
 
     return SERVED_RERANK
 
@@ -334,7 +334,7 @@ def fit_text_gate(
     pass_pct: float = typer.Option(None, "--pass", min=0.0, max=100.0, help="the threshold: this % of the dev "
                                    "photos without a sign pass (default: as many as the detector gate passes)"),
 ):
-    """Fit the text gate that decides which photos OCR reads (models/text_gate.py): a probe over each cell of the
+    """Fit the text gate that decides which photos OCR reads (core/text_gate.py): a probe over each cell of the
     backbone's grid, trained on Flickr8k train photos, its threshold chosen on dev (needs the ocr extra)."""
     need_flickr()
     import importlib.util
@@ -342,7 +342,7 @@ def fit_text_gate(
     if importlib.util.find_spec("rapidocr_onnxruntime") is None:  # full OCR finds the real writing, its detector the threshold
         typer.echo("the text gate's fit reads photos with rapidocr: pip install 'crossprobe[ocr]'", err=True)
         raise typer.Exit(2)
-    from crossprobe.models.text_gate import DEFAULT_GATE
+    from crossprobe.core.text_gate import DEFAULT_GATE
     from crossprobe.models.training.text_gate import GateFitConfig, fit_text_gate as run_fit
     from crossprobe.models.training.text_gate_sets import missing_fonts
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from crossprobe.models.inputs import IMAGE_SIZE, minilm_dir
+from crossprobe.core.inputs import IMAGE_SIZE, minilm_dir
 
 
 def load_minilm() -> torch.nn.Module:

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 
 CLASSES_FILE = Path(__file__).resolve().parent / "data" / "imagenet_classes.tsv"
 N_CLASSES = 1000

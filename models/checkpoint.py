@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from crossprobe.models import DEFAULT_CHECKPOINT, read_config  # noqa: F401  (checkpoint.X for callers)
-from crossprobe.models.atomic import atomic_dir
+from crossprobe.core import DEFAULT_CHECKPOINT, read_config  # noqa: F401  (checkpoint.X for callers)
+from crossprobe.core.atomic import atomic_dir
 from crossprobe.models.model import ModelConfig, SearchModel
 
 
@@ -54,7 +54,7 @@ def save(model: SearchModel, out: Path, meta: dict | None = None) -> str:
 def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, files: dict[str, str] | None = None) -> None:
     """A checkpoint directory (model.safetensors, config.json, and `files`: name -> text) written whole into a temp
     dir and renamed into place, replacing `out` if it exists: a reader sees the old directory or the new one
-    (models/atomic.py)."""
+    (core/atomic.py)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a checkpoint is for everyone to read (0755 / 0644, whatever the umask)

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.layers import Block, Fusion, ProbePool, grid_positions, masked_mean
 
 INPUTS = ("tower", "backbone", "both")

@@ -15,7 +15,7 @@ from PIL import Image
 from crossprobe.models import checkpoint
 from crossprobe.models.region_labels import add_region
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 
 # scikit-image photos that ship inside its wheel (others are fetched on demand and fail offline)
 SAMPLES = {

@@ -1,19 +1,10 @@
-"""The one place that writes ONNX graphs (`crossprobe export`, the indexer, the service).
+"""The one place that writes ONNX graphs from PyTorch (`crossprobe export`, and the indexer and the service
+through crossprobe.core.graph_files, which find graphs and call these only for the missing ones).
 
-A checkpoint's graphs live in a folder named by its fingerprint, so graphs of two
-checkpoints never mix and an index built with one checkpoint is never searched
-with another's graphs:
-
-    <root>/image_backbone.onnx          the frozen EfficientNet-Lite0 (one for all checkpoints)
-    <root>/<fingerprint>/<name>.onnx    query_tower, image_tower, cp_scorer, temde_scorer, explain, ...
-    <root>/<fingerprint>/query_tower.int8.onnx   the int8 query tower, quantized from the fp32 one
-    <root>/<fingerprint>/manifest.json  the fingerprint, opset and graphs present
-    <root>/<heads fingerprint>/image_head.onnx, text_head.onnx, cp_scorer.onnx, temde_scorer.onnx
-                                        reranker heads trained on another model's backbone (models/heads.py)
-
-What each graph computes is models/graphs.py. Every file is written under a temp name and renamed into
-place, so a reader (another process, a killed export's next run) never sees half a graph. When the
-wanted graphs exist, nothing here imports torch or loads the PyTorch model: a restart takes seconds.
+Where they go (<root>/<fingerprint>/<name>.onnx, the shared backbone, the manifest) is core/graph_files.py; what
+each graph computes is models/graphs.py. Every file is written under a temp name and renamed into place, so a
+reader (another process, a killed export's next run) never sees half a graph. The ensure_* names imported here
+are the core's: torch-side callers keep calling export.ensure_graphs.
 """
 from __future__ import annotations
 
@@ -26,25 +17,15 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from crossprobe.models import DEFAULT_CHECKPOINT, int8, read_config
-from crossprobe.models.atomic import atomic_path, atomic_write
+from crossprobe.core import torch_side
+from crossprobe.core.atomic import atomic_path, atomic_write
+from crossprobe.core.graph_files import (BACKBONE, HEADS_GRAPHS, SEARCH_GRAPHS, SERVICE_GRAPHS,  # noqa: F401
+                                         GraphsUnavailable, checkpoint_fingerprint, ensure_backbone, ensure_graphs,
+                                         ensure_heads_graphs, ensure_int8_query, quantize_query_tower)
 
 log = logging.getLogger("crossprobe.models")
 
 OPSET = 17
-BACKBONE = "image_backbone.onnx"
-# the graphs the service needs to answer a search; explain and image_tower are exported beside them while the
-# PyTorch model is loaded anyway, but a folder without them still counts as ready (they come on first use)
-SEARCH_GRAPHS = ("query_tower", "cp_scorer", "temde_scorer")
-SERVICE_GRAPHS = SEARCH_GRAPHS + ("explain", "image_tower")
-# reranker heads on another model's backbone (models/heads.py; graphs.HEADS_GRAPHS says what each computes)
-HEADS_GRAPHS = ("image_head", "text_head", "cp_scorer", "temde_scorer")
-
-
-class GraphsUnavailable(RuntimeError):
-    """Graphs are missing and this installation cannot export them: it has no PyTorch (the container image)."""
-
-
 def _torch_for_export(what: str, folder: Path) -> None:
     """Refuse, with what to do, where a missing graph would need PyTorch that is not installed."""
     try:
@@ -55,19 +36,10 @@ def _torch_for_export(what: str, folder: Path) -> None:
             f"image ships without torch: it holds the graphs of its own checkpoint only). Export them where PyTorch "
             f"is installed: `crossprobe export --ckpt CKPT --out DIR` (for instance in the image's builder stage, "
             f"`docker build --target builder`), then point CROSSPROBE_ARTIFACTS_DIR (the service) and "
-            f"CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR") from None
+            f"CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR; or install it here: {torch_side.INSTALL}") from None
 
 
-def checkpoint_fingerprint(ckpt: Path | None) -> str:
-    """The fingerprint recorded in a checkpoint's config.json (reads JSON only: no torch)."""
-    path = Path(ckpt or DEFAULT_CHECKPOINT)
-    cfg = path / "config.json"
-    if not cfg.exists():
-        raise FileNotFoundError(f"no checkpoint at {path} (train one with `crossprobe train`, or set CROSSPROBE_CKPT)")
-    return read_config(path)["fingerprint"]
-
-
-def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
+def export_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
                   fingerprint: str | None = None, also: Iterable[str] = ()) -> Path:
     """<root>/<fingerprint>/ holding every graph in `names`, exporting the missing ones now (with `also`, while
     the model is loaded). The model is the in-memory `model` (with its `fingerprint`) or the checkpoint `ckpt`
@@ -92,7 +64,7 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
     return final
 
 
-def ensure_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fingerprint: str | None = None) -> Path:
+def export_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fingerprint: str | None = None) -> Path:
     """<root>/<fingerprint>/ holding the reranker heads' graphs (graphs.HEADS_GRAPHS: image_head, text_head,
     cp_scorer, temde_scorer), exporting the missing ones from the in-memory `model` (with its `fingerprint`) or
     from the heads checkpoint `ckpt` (models/heads.py), loaded only when something is missing."""
@@ -138,7 +110,7 @@ def _publish(final: Path, names: list[str], fingerprint: str, write) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ensure_backbone(root: Path) -> Path:
+def export_backbone(root: Path) -> Path:
     """<root>/image_backbone.onnx: the frozen image backbone (pixels (B, 3, 224, 224) -> grid (B, 49, 1280))."""
     path = Path(root) / BACKBONE
     if path.exists():
@@ -147,23 +119,11 @@ def ensure_backbone(root: Path) -> Path:
     import torch
 
     from crossprobe.models import backbones as bb
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     path.parent.mkdir(parents=True, exist_ok=True)
     dummy = torch.zeros(1, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE)
     _export(bb.ImageBackbone(), (dummy,), path, ["pixels"], ["grid"], {"pixels": {0: "batch"}, "grid": {0: "batch"}})
-    return path
-
-
-def ensure_int8_query(graphs: Path, weights: str | None = None) -> Path:
-    """<graphs>/query_tower.int8.onnx (int8 weights) or query_tower.int8-u8.onnx (uint8 weights), quantized from
-    the fp32 graph once; weights None: the format this host's int8 kernels need (models/int8.py)."""
-    fp32 = Path(graphs) / "query_tower.onnx"
-    weights = weights or int8.weight_format()
-    path = int8.graph_name(fp32, weights)
-    if not path.exists():
-        log.info("quantizing the query tower to int8 (%s weights) into %s", weights, path)
-        quantize_query_tower(fp32, path, weights=weights)
     return path
 
 
@@ -199,21 +159,3 @@ def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[st
                           dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
 
 
-# The query tower's MatMuls after the MiniLM layers: small (cheap in fp32) and
-# feeding g_q directly, so int8 rounding there costs accuracy for no speed.
-QUERY_HEAD_PREFIXES = ("/text/proj", "/text/pool", "/text_in", "/text_probes", "/text_coder")
-
-
-def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True, weights: str = "s8") -> Path:
-    """Dynamic int8 quantization of the query tower's MatMul weights (models/int8.py: which weight format a host
-    needs). Written to a temp file and renamed."""
-    import onnx
-
-    src, dst = Path(src), Path(dst)
-    matmuls = [n for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
-    # the head MatMuls, and the class-table MatMul that produces q_cls (region labels) directly
-    exclude = [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output] \
-        if keep_heads_fp32 else []
-    with atomic_path(dst, mode=0o644, unique=True) as tmp:  # as _export
-        int8.quantize(src, tmp, weights, exclude)
-    return dst

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.model import SearchModel
 from crossprobe.models.region_labels import SCALE, add_region
 

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from crossprobe.models import checkpoint, read_config
+from crossprobe.core import read_config
+from crossprobe.models import checkpoint
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.region_labels import RegionConfig
 from crossprobe.models.temde import Temde, TemdeConfig

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.layers import Fusion
 
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.pooling import make_pool
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.layers import Block, grid_positions
 from crossprobe.models.pooling import make_pool
 

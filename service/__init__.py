@@ -2,7 +2,7 @@
 
     router   app.py, routes/, deps.py        routes, validation, errors (errors.py), metrics (metrics.py)
     queue    batcher.py                      admission (429) and micro-batching of the query tower
-    backend  pipeline/, registry.py          the timed stages (the model behind crossprobe.models.inference), index versions
+    backend  pipeline/, registry.py          the timed stages (the model behind crossprobe.core.inference), index versions
 
     from crossprobe.service import create_app, Settings
 

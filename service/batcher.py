@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import Overloaded
-from crossprobe.models.inference import QueryVectors
+from crossprobe.core.inference import QueryVectors
 
 
 class Limiter:

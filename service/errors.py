@@ -53,7 +53,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crossprobe.indexer.storage.ann import AnnUnavailable
-from crossprobe.models.inference import RerankerUnavailable
+from crossprobe.core.inference import RerankerUnavailable
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import CrossprobeError, InvalidRequest
 

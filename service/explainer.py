@@ -1,9 +1,9 @@
 """POST /v1/explain's per-region maps for one query and a few indexed images.
 
 The grid is not stored (the feature store holds the probes made from it, not the 49 x 1280 features), so each
-image is decoded again exactly as the indexer decoded it (crossprobe.models.inference.decode, with the model's own
+image is decoded again exactly as the indexer decoded it (crossprobe.core.inference.decode, with the model's own
 preprocessing), run through the model's backbone (Backend.image_grid), then its explain head maps (grid, the
-query's P_t) to weights (crossprobe.models.inference.explain). Grids of recently explained images are kept (an LRU
+query's P_t) to weights (crossprobe.core.inference.explain). Grids of recently explained images are kept (an LRU
 of GRID_CACHE entries, 250 KB each, keyed by index, version and id), because the page explains the same results
 again when the reranker or the query changes.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crossprobe.models.inference import Backend
-from crossprobe.models.inference.decode import Unreadable, decode_file
+from crossprobe.core.inference import Backend
+from crossprobe.core.inference.decode import Unreadable, decode_file
 from crossprobe.service.exceptions import NoExplainMaps
 from crossprobe.service.registry import IndexHandle
 from crossprobe.service.settings import Settings

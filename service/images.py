@@ -2,7 +2,7 @@
 
 Safety: the file read is the `uri` the indexer recorded for an id of the served
 version; the request's id is looked up, never joined onto a path, so no request
-can name a file that was not indexed. Every format the indexer reads (models/image_formats.py). The size
+can name a file that was not indexed. Every format the indexer reads (core/image_formats.py). The size
 that decoding will produce is checked before decoding (a file replaced by a decompression bomb since indexing
 is refused), after JPEG draft mode (large photos decode at reduced scale) or a HEIC's thumbnail is chosen.
 """
@@ -12,7 +12,7 @@ import io
 
 from PIL import Image, ImageOps
 
-from crossprobe.models import image_formats
+from crossprobe.core import image_formats
 from crossprobe.service.exceptions import ImageUnavailable
 
 

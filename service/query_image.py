@@ -5,8 +5,8 @@ Every refusal is the client's: a 4xx with a stable code, never a 5xx, and bounde
                      length before decoding it), or more than query_image_max_pixels in the header
   invalid_image 422  not base64, or bytes Pillow cannot read as an image (unknown format, truncated, corrupt)
 
-Pixels are made exactly as the indexer makes them (crossprobe.models.image_formats.open_picture, then
-crossprobe.models.inputs.load_image, which indexer/jobs/decode.py calls on the file it opened): the same formats
+Pixels are made exactly as the indexer makes them (crossprobe.core.image_formats.open_picture, then
+crossprobe.core.inputs.load_image, which indexer/jobs/decode.py calls on the file it opened): the same formats
 (JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC / HEIF, AVIF, camera RAW by its embedded preview), JPEG draft mode,
 EXIF orientation, RGB, 224 x 224. So an indexed file sent as a query gives the very g_I the index stores for it.
 """
@@ -20,7 +20,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from crossprobe.models import image_formats, inputs
+from crossprobe.core import image_formats, inputs
 from crossprobe.service.exceptions import CrossprobeError, InvalidImage, InvalidRequest, TooLarge
 
 # a data URL's prefix ("data:image/jpeg;base64,"), which browsers' FileReader.readAsDataURL produces
@@ -81,7 +81,7 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
 def pixels(data: bytes, max_pixels: int, field: str = "image", preprocess=inputs.load_image,
            size: int = inputs.IMAGE_SIZE) -> np.ndarray:
     """Image file bytes -> (3, S, S) float32, as the indexer decodes its files (every format of
-    crossprobe.models.image_formats: HEIC, AVIF and camera RAW too). preprocess, size: the model's
+    crossprobe.core.image_formats: HEIC, AVIF and camera RAW too). preprocess, size: the model's
     (Backend.preprocessor, Backend.image_size; default crossprobe's own)."""
     if not data:
         raise InvalidImage(f"{field}: empty")

@@ -10,8 +10,8 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.models import SERVED_RERANK
-from crossprobe.models.int8 import MIN_COSINE
+from crossprobe.core import SERVED_RERANK
+from crossprobe.core.int8 import MIN_COSINE
 
 Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
@@ -74,10 +74,10 @@ class Settings(StorageSettings):
     # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)
     query_precision: Literal["fp32", "int8"] = "fp32"
     # int8 query graphs are checked against fp32 on fixed probe queries when loaded and refused below this cosine,
-    # naming the host's int8 kernel path (crossprobe.models.int8); lower it to accept a model that cannot hold it
+    # naming the host's int8 kernel path (crossprobe.core.int8); lower it to accept a model that cannot hold it
     int8_min_cosine: float = Field(MIN_COSINE, ge=0.0, le=1.0)
     # one ONNX Runtime thread pool shared by all graphs (its workers spin), faster per query than a spinning pool
-    # per graph (models/runtime.py, docs/research/ort_threading.md). Process-wide: once made, every ONNX Runtime
+    # per graph (core/runtime.py, docs/research/ort_threading.md). Process-wide: once made, every ONNX Runtime
     # session of the process uses it
     ort_shared_pool: bool = True
     ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU

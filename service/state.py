@@ -12,8 +12,8 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from crossprobe.models import inference
-from crossprobe.models.inference import Backend
+from crossprobe.core import inference
+from crossprobe.core.inference import Backend
 from crossprobe.service import metrics
 from crossprobe.service.explainer import Explainer
 from crossprobe.service.registry import Registry
@@ -53,7 +53,7 @@ class ServiceState:
     def __init__(self, settings: Settings, bert=None):
         self.settings = settings
         self._bert = bert  # tests pass an already loaded MiniLM, used only if the ONNX graphs must be exported
-        self.models: Backend | None = None  # the model behind the inference seam (crossprobe.models.inference)
+        self.models: Backend | None = None  # the model behind the inference seam (crossprobe.core.inference)
         self._explainer: Explainer | None = None
         self._explainer_lock = threading.Lock()
         self.registry: Registry | None = None

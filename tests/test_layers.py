@@ -1,4 +1,5 @@
-"""The layers hold (docs/architecture.md, "Layers"): models -> storage -> (jobs | service) -> the command line.
+"""The layers hold (docs/architecture.md, "Layers"): core -> storage -> (jobs | service | the torch part) -> the
+command line, and what serves and indexes never imports torch or the torch part (crossprobe.models).
 
 import-linter (the dev extra) checks the contract in .importlinter; these tests run it on the tree, show that it
 catches a planted violation, and check by the import graph that only the command line imports the command line."""
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"models": "models", "indexer": "indexer", "service": "service", "cli": "cli"}  # crossprobe.<name> -> folder
+PACKAGES = {"core": "core", "models": "models", "indexer": "indexer", "service": "service", "cli": "cli"}  # crossprobe.<name> -> folder
 
 
 def lint(root: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
@@ -41,10 +42,24 @@ def test_a_planted_import_of_the_jobs_from_the_service_breaks_the_contract(tmp_p
     assert "crossprobe.service.hybrid -> crossprobe.indexer.jobs.sources" in out.stdout
 
 
+def test_a_planted_import_of_torch_in_the_service_breaks_the_torch_free_contract(tmp_path):
+    """The same copy with `import torch` in a service module: the torch-free contract fails, naming the import."""
+    pkg = tmp_path / "crossprobe"
+    for name, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "static", "checkpoints"))
+    planted = pkg / "service" / "hybrid.py"
+    planted.write_text(planted.read_text() + "\nimport torch  # planted\n")
+    out = lint(tmp_path, pythonpath=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "never import torch or crossprobe.models BROKEN" in " ".join(out.stdout.split()), out.stdout
+    assert "crossprobe.service.hybrid -> torch" in out.stdout
+    print(out.stdout[out.stdout.index("Broken contracts"):])  # what a developer sees (make test -s shows it)
+
+
 def test_only_the_command_line_imports_the_command_line():
     import grimp
 
-    graph = grimp.build_graph("crossprobe.models", "crossprobe.indexer", "crossprobe.service", "crossprobe.cli")
+    graph = grimp.build_graph("crossprobe.core", "crossprobe.models", "crossprobe.indexer", "crossprobe.service", "crossprobe.cli")
     cli = {"crossprobe.cli"} | graph.find_descendants("crossprobe.cli")
     importers = set().union(*(graph.find_modules_that_directly_import(m) for m in cli))
     assert importers <= cli, f"imports of the command line from below it: {sorted(importers - cli)}"

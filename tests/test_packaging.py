@@ -1,5 +1,5 @@
 """The card's layout installs as one distribution: models/, indexer/, service/ and the command line's cli/ become
-crossprobe.models, crossprobe.indexer, crossprobe.service and crossprobe.cli (pyproject's package-dir), so a wheel
+crossprobe.core, crossprobe.models, crossprobe.indexer, crossprobe.service and crossprobe.cli (pyproject's package-dir), so a wheel
 works away from the repository and the `crossprobe` command is one typer app."""
 import os
 import subprocess
@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("models", "indexer", "service", "cli")
+TOPS = ("core", "models", "indexer", "service", "cli")
 
 
 def _setuptools() -> dict:
@@ -35,7 +35,7 @@ def test_wheel_installs_and_runs_away_from_the_repository(tmp_path):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert tops == {"crossprobe", f"crossprobe-{version}.dist-info"}, tops
     for needed in ("crossprobe/models/checkpoints/default/model.safetensors", "crossprobe/models/data/imagenet_classes.tsv",
-                   "crossprobe/cli/__init__.py", "crossprobe/models/inference/crossprobe.py", "crossprobe/indexer/jobs/kinds.py", "crossprobe/models/training/run.py"):
+                   "crossprobe/cli/__init__.py", "crossprobe/core/inference/crossprobe.py", "crossprobe/indexer/jobs/kinds.py", "crossprobe/models/training/run.py"):
         assert needed in names, needed
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)], check=True)

@@ -27,7 +27,7 @@ from crossprobe.indexer.storage import faiss_io, keyword
 from crossprobe.indexer.storage.reader import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.storage.store import new_version
-from crossprobe.models.atomic import durable_write as atomic_write
+from crossprobe.core.atomic import durable_write as atomic_write
 
 SELECTIVITY = (0.01, 0.1, 1.0)
 

@@ -1,6 +1,6 @@
 """Decode stage of a job: a batch of items -> the model's pixels + each file's facts, and a Skip for the rest.
 
-Reading one file is crossprobe.models.inference.decode's (below both the jobs and the service, so that the
+Reading one file is crossprobe.core.inference.decode's (below both the jobs and the service, so that the
 explainer decodes an indexed file exactly as the indexer did); this stage turns what cannot be read into the
 job's skips (counted in report.json, never a stopped job). Pillow releases the GIL while decoding and
 resizing, so a thread pool overlaps this stage with the encoder.
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.models import inputs
-from crossprobe.models.inference.decode import Preprocess, Unreadable, decode_file
+from crossprobe.core import inputs
+from crossprobe.core.inference.decode import Preprocess, Unreadable, decode_file
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Encode stage of a job: the model behind the inference seam (crossprobe.models.inference), as a job runs it.
+"""Encode stage of a job: the model behind the inference seam (crossprobe.core.inference), as a job runs it.
 
-The model is a spec (models/inference/spec.py): CROSSPROBE_MODEL / --model (IndexerSettings.model_spec), the
+The model is a spec (core/inference/spec.py): CROSSPROBE_MODEL / --model (IndexerSettings.model_spec), the
 variable the service reads too, so an index and the service that serves it name one model.
 
 A job reaches its model through one Backend: image_grid (the frozen backbone, timed as "backbone") and
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.models import inference
-from crossprobe.models.inference import Backend, FeatureDims, ModelSpec, RuntimeOptions
+from crossprobe.core import inference
+from crossprobe.core.inference import Backend, FeatureDims, ModelSpec, RuntimeOptions
 
 
 def job_backend(settings: IndexerSettings, spec: ModelSpec | Path | None = None, model=None, bert=None,

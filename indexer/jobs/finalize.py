@@ -23,7 +23,7 @@ from crossprobe.indexer.jobs.run import JobContext, recorded_spec
 from crossprobe.indexer.jobs.sources import Skip
 from crossprobe.indexer.storage import ann, faiss_io, keyword
 from crossprobe.indexer.storage.store import KeyLayout, Store
-from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 
 
 @dataclass

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
-from crossprobe.models.atomic import atomic_path
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.core.atomic import atomic_path
 
 
 class Journal:

@@ -28,7 +28,7 @@ from crossprobe.indexer.jobs.run import (JobContext, Result, check_lost, digest,
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, Skip, read_source, recorded_items
 from crossprobe.indexer.storage.store import Store
-from crossprobe.models.inference import FeatureDims
+from crossprobe.core.inference import FeatureDims
 
 Log = Callable[[str], None]
 

@@ -24,7 +24,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item
 from crossprobe.indexer.storage import codec
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.runtime import StageTimer
 
 
 def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer,

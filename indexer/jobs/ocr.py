@@ -5,7 +5,7 @@ words, at about 200 ms a photo on one thread (docs/research/text_search.md). Its
 its wheel: nothing is downloaded.
 
 Why a gate: most photos carry no text, and full OCR of every photo would cut indexing to a few photos a second
-per core. The gate is models/text_gate.py: a probe over the backbone grid the encoder has just computed, so it
+per core. The gate is core/text_gate.py: a probe over the backbone grid the encoder has just computed, so it
 costs nothing; it says which photos hold writing and where. Only those photos are read, and only the part the
 gate points at (the passing cells, widened by a cell), at the scale full OCR would read the whole photo at: its
 shorter side enlarged to DET_SHORT_SIDE. Threshold 0 (CROSSPROBE_INDEX_OCR_GATE_THRESHOLD=0) reads every photo
@@ -24,7 +24,7 @@ import threading
 import numpy as np
 from PIL import Image, ImageOps
 
-from crossprobe.models import image_formats
+from crossprobe.core import image_formats
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -54,7 +54,7 @@ class Reader:
             raise OcrUnavailable("CROSSPROBE_INDEX_OCR=true needs rapidocr-onnxruntime: "
                                  "pip install 'crossprobe[ocr]'") from e
         if model is None:
-            from crossprobe.models import inference
+            from crossprobe.core import inference
 
             model = inference.load(None, inference.RuntimeOptions())
         self.gate = model.text_gate(threshold) if threshold != 0 else None
@@ -106,10 +106,10 @@ _patched = threading.Lock()
 
 def _share_pool_when_shared() -> None:
     """In a process where crossprobe's models run on ONNX Runtime's process-wide thread pool (the service:
-    models/runtime.py share_thread_pool), a session with threads of its own cannot be created ("use_per_session_threads
+    core/runtime.py share_thread_pool), a session with threads of its own cannot be created ("use_per_session_threads
     must be false when using a global thread pool"), and rapidocr builds its sessions with their own. Its session
     options then get use_per_session_threads = False too (rapidocr_onnxruntime 1.4's one options factory)."""
-    from crossprobe.models import runtime
+    from crossprobe.core import runtime
 
     with _patched:
         from rapidocr_onnxruntime.utils import infer_engine

@@ -15,7 +15,7 @@ from typing import Callable, TypeVar
 
 from tqdm import tqdm
 
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.runtime import StageTimer
 
 J = TypeVar("J")
 P = TypeVar("P")

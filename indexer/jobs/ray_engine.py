@@ -39,8 +39,8 @@ from crossprobe.indexer.storage import codec
 from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import decode_batch
 from crossprobe.indexer.jobs.encoder import job_backend
-from crossprobe.models.inference import FeatureDims
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.inference import FeatureDims
+from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item, Skip

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from crossprobe.indexer.jobs.sources import Skip
-from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.core.runtime import StageTimer
 
 
 class TooManyLost(RuntimeError):

@@ -31,7 +31,7 @@ from typing import Callable
 
 from crossprobe.indexer.jobs import local_engine, report
 from crossprobe.indexer.jobs.encoder import identify
-from crossprobe.models.inference import FeatureDims, ModelSpec, parse
+from crossprobe.core.inference import FeatureDims, ModelSpec, parse
 from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.overlap import progress
 from crossprobe.indexer.jobs.push import JOB_NAMES, JobMetrics
@@ -42,7 +42,7 @@ from crossprobe.indexer.storage import codec
 from crossprobe.indexer.storage.reader import FingerprintMismatch
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import KeyLayout, Store, check_name, new_version
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.runtime import StageTimer
 
 # report.json counts a Result carries in `extra` (besides the base version)
 CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost", "ocr_failed")

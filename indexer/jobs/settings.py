@@ -13,7 +13,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS
+from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS
 
 
 class IndexerSettings(StorageSettings):
@@ -53,7 +53,7 @@ class IndexerSettings(StorageSettings):
     # as the version a job starts from was built (add, reindex, watch keep an index's OCR on), else off; off by
     # default because it costs indexing speed (docs/research/text_search.md)
     ocr: bool | None = None
-    # the text gate (models/text_gate.py): a photo is read where a grid cell's probability of writing reaches this.
+    # the text gate (core/text_gate.py): a photo is read where a grid cell's probability of writing reaches this.
     # Unset: the trained gate's (chosen on dev); lower finds more words, slower; 0: no gate, every photo read whole
     # (a library of documents and screenshots: docs/research/text_search.md)
     ocr_gate_threshold: float | None = Field(None, ge=0, lt=1)

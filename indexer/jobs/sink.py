@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from crossprobe.indexer.jobs.journal import Journal
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs.push import JobMetrics
 from crossprobe.indexer.jobs.sources import Item, Skip, item_metadata
 from crossprobe.indexer.storage.store import KeyLayout, Store

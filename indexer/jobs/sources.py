@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from crossprobe.models import image_formats
+from crossprobe.core import image_formats
 
-# what the folder walk indexes and what it counts as videos (crossprobe.models.image_formats: HEIC, AVIF, RAW...)
+# what the folder walk indexes and what it counts as videos (crossprobe.core.image_formats: HEIC, AVIF, RAW...)
 IMAGE_EXTS, VIDEO_EXTS = image_formats.IMAGE_EXTS, image_formats.VIDEO_EXTS
 FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # keys the indexer writes itself: a manifest field of that name would shadow them (taken / camera may: a user's

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crossprobe.models.inference.layout import ItemDims
+from crossprobe.core.inference.layout import ItemDims
 
 FORMAT = 2
 FORMATS = (1, 2)  # 1: before region labels (cells = 0)
@@ -31,7 +31,7 @@ FIELDS = ("p_v", "b_bar", "s_i")
 @dataclass(frozen=True)
 class Layout:
     """The bytes of one item's value: the model's item features (ItemDims: the one definition of their sizes,
-    crossprobe.models.inference.layout) stored in `quantization`."""
+    crossprobe.core.inference.layout) stored in `quantization`."""
     quantization: str  # "float16" | "int8"
     item: ItemDims
 

@@ -15,8 +15,8 @@ import faiss
 import numpy as np
 
 from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.models.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
-from crossprobe.models.atomic import atomic_path
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.core.atomic import atomic_path
 
 
 def choose_factory(n: int, d: int, settings: StorageSettings) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from crossprobe.models.atomic import atomic_dir
+from crossprobe.core.atomic import atomic_dir
 
 log = logging.getLogger("crossprobe.indexer")
 

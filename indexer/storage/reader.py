@@ -15,7 +15,7 @@ import numpy as np
 
 from crossprobe.indexer.storage import ann
 from crossprobe.indexer.storage.codec import Layout, decode
-from crossprobe.models.inference.layout import FeatureDims
+from crossprobe.core.inference.layout import FeatureDims
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.settings import StorageSettings
 from crossprobe.indexer.storage.store import KeyLayout, Store

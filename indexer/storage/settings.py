@@ -31,8 +31,8 @@ from urllib.parse import SplitResult, urlsplit
 from pydantic import AliasChoices, Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from crossprobe.models import DEFAULT_CHECKPOINT
-from crossprobe.models.inference.spec import ModelSpec, parse
+from crossprobe.core import DEFAULT_CHECKPOINT
+from crossprobe.core.inference.spec import ModelSpec, parse
 
 
 def check_cluster_url(cluster: bool, url: str | None) -> None:
@@ -179,7 +179,7 @@ class StorageSettings(BaseSettings):
 
     # -- device: where the model and the ANN search run (the service and the batch jobs alike) ----------------
     # cpu; cuda (cuda:N): ONNX Runtime's CUDA provider where onnxruntime-gpu is installed, else the model in PyTorch
-    # on the GPU (models/inference/torch_crossprobe.py); auto: cuda where ONNX Runtime has its CUDA provider, else
+    # on the GPU (models/torch_backend.py); auto: cuda where ONNX Runtime has its CUDA provider, else
     # cpu. A GPU asked for and not there: start-up fails, saying why (docs/deployment.md, "GPU")
     device: str = Field("auto", validation_alias=AliasChoices("CROSSPROBE_DEVICE", "device"),
                         pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
@@ -188,7 +188,7 @@ class StorageSettings(BaseSettings):
         "fp32", validation_alias=AliasChoices("CROSSPROBE_DEVICE_PRECISION", "device_precision"))
 
     # -- the model: what encodes photos and queries (the service and the batch jobs read the same variables) -----
-    # a model spec (models/inference/spec.py, docs/models.md): crossprobe:DIR (a checkpoint folder; crossprobe:
+    # a model spec (core/inference/spec.py, docs/models.md): crossprobe:DIR (a checkpoint folder; crossprobe:
     # alone is the committed one), open_clip:ARCH/TAG (or /WEIGHTS-FILE), hf:REPO (or a local folder),
     # immich:FOLDER. Every index version records the spec and fingerprint it was built with, and the service
     # serves only versions of its own model. Unset: CROSSPROBE_CKPT's checkpoint, else the committed one

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from crossprobe.models.atomic import atomic_path
+from crossprobe.core.atomic import atomic_path
 
 log = logging.getLogger("crossprobe.models.data")
 

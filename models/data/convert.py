@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from crossprobe.models.atomic import atomic_path
+from crossprobe.core.atomic import atomic_path
 from crossprobe.models.data.captioned import CAPTIONS, SPLITS, read_captions, write_captions
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "dev", "test": "test"}

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from crossprobe.models import inputs
-from crossprobe.models.atomic import atomic_write
+from crossprobe.core import inputs
+from crossprobe.core.atomic import atomic_write
 
 
 class ChunkedCache:
@@ -54,7 +54,7 @@ class ChunkedCache:
 def image_backbone_session(cache_dir: Path, threads: int | None = None, spinning: bool | None = None):
     """ONNX Runtime session for the frozen image backbone (exported once per folder: models/export.py)."""
     from crossprobe.models.export import ensure_backbone
-    from crossprobe.models.runtime import session
+    from crossprobe.core.runtime import session
 
     return session(ensure_backbone(cache_dir), threads, spinning)
 

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.evaluation import metrics as M
-from crossprobe.models.inference.base import Backend, ImageFeatures, QueryVectors
-from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
+from crossprobe.core.inference.base import Backend, ImageFeatures, QueryVectors
+from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
 
 
 

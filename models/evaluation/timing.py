@@ -18,7 +18,7 @@ import torch
 
 from crossprobe.models import export as ex
 from crossprobe.models import graphs
-from crossprobe.models import runtime
+from crossprobe.core import runtime
 from crossprobe.models.model import SearchModel
 
 

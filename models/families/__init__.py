@@ -1,4 +1,4 @@
-"""Exporting a model family's weights into the folder crossprobe serves torch-free (models/inference/exported.py).
+"""Exporting a model family's weights into the folder crossprobe serves torch-free (core/inference/exported.py).
 
     export(spec, root) -> <root>/<fingerprint>/   model.json, image.onnx, text.onnx, tokenizer.json
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
+from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 
 __all__ = ["export", "load"]
 

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from crossprobe.models.families.base import FamilyModel, versions  # noqa: E402
 from crossprobe.models.families.text import fast_tokenizer_settings, with_eos  # noqa: E402
-from crossprobe.models.inference.spec import BadSpec, ModelSpec  # noqa: E402
+from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's enum values, as HF configs store them
 

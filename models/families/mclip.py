@@ -22,7 +22,7 @@ import torch
 
 from crossprobe.models.families.base import FamilyModel, versions
 from crossprobe.models.families.text import fast_tokenizer_settings
-from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
+from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 
 # M-CLIP's image towers, as its model cards (and Immich's exporter) pair them
 PAIRED = {

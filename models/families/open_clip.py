@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from crossprobe.models.families.base import FamilyModel, captured, versions  # noqa: E402
 from crossprobe.models.families.text import clip_bpe_tokenizer  # noqa: E402
-from crossprobe.models.inference.spec import BadSpec, ModelSpec  # noqa: E402
+from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 
 LOCAL_CONFIG = "open_clip_config.json"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from crossprobe.models.inference.spec import BadSpec, ModelSpec, parse
+from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 
 IMMICH_FILES = ["config.json", "visual/*", "textual/*"]
 

@@ -1,4 +1,4 @@
-"""Writing one exported folder (the layout: models/inference/exported.py), the same way for every family.
+"""Writing one exported folder (the layout: core/inference/exported.py), the same way for every family.
 
     1. the tokenizer: tokenizer.json through the serving code (exported.tokenize) must give the family tokenizer's
        own ids for every probe text (text.PROBE), or nothing is written (TokenizerMismatch);
@@ -23,10 +23,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from crossprobe.models.atomic import atomic_path
+from crossprobe.core.atomic import atomic_path
 from crossprobe.models.families.base import FamilyModel, TokenizerMismatch
 from crossprobe.models.families.text import PROBE
-from crossprobe.models.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
+from crossprobe.core.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
 
 log_ = logging.getLogger("crossprobe.models.families")
 OPSET = 17
@@ -148,7 +148,7 @@ def _onnx(module, args, path: Path, inputs: list[str], in_axes: dict, out_axes: 
 
 
 def _graph_diff(path: Path, feeds: dict, want: torch.Tensor) -> float:
-    from crossprobe.models import runtime
+    from crossprobe.core import runtime
 
     sess = runtime.session(path, None)
     got = sess.run(["embedding"], {k: v.numpy() for k, v in feeds.items()})[0]

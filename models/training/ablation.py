@@ -39,15 +39,15 @@ import numpy as np
 import torch
 
 from crossprobe.models import checkpoint
-from crossprobe.models.atomic import atomic_write
+from crossprobe.core.atomic import atomic_write
 from crossprobe.models import export as ex
-from crossprobe.models import runtime
+from crossprobe.core import runtime
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import PairScorer
 from crossprobe.models.evaluation.report import KEYS, machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, split_banks, tt_scores
 from crossprobe.models.evaluation.timing import median_ms, rerank_ms, scorer_inputs, scorer_module
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.model import ModelConfig
 from crossprobe.models.single_stream import SingleStream

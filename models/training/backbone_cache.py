@@ -1,6 +1,6 @@
 """A backbone's outputs over a captioned folder, computed once through the inference seam and cached: what reranker
 heads train on (backbone_heads.py). The backbone runs as it serves (Backend.preprocessor, image_grid, text_tokens
-of models/inference/exported.py): no second way to run a model.
+of core/inference/exported.py): no second way to run a model.
 
     <cache>/<backbone fingerprint>-<data digest>/
         cells.npy     (N_img, P, W) float16   the trunk's patch tokens
@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.data.features import ChunkedCache
-from crossprobe.models.inference.base import Backend
-from crossprobe.models.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
+from crossprobe.core.inference.base import Backend
+from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
 
 
 

@@ -28,14 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe.models import export, heads, inference
+from crossprobe.core import inference
+from crossprobe.models import export, heads
 from crossprobe.models.cross_probe import CrossProbeConfig
 from crossprobe.models.data.captioned import SPLITS, CaptionedFolder
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, TextBank
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, tt_scores
 from crossprobe.models.heads import HeadsConfig, HeadsModel
-from crossprobe.models.inference.exported import unit
+from crossprobe.core.inference.exported import unit
 from crossprobe.models.temde import TemdeConfig
 from crossprobe.models.training.backbone_cache import BackboneOutputs, cache_outputs, digest
 from crossprobe.models.training.rerankers import RerankTrainConfig, train_reranker
@@ -46,7 +47,7 @@ METHODS = ("cp", "temde")
 
 @dataclass
 class HeadsTrainConfig:
-    backbone: str  # the model spec (models/inference/spec.py)
+    backbone: str  # the model spec (core/inference/spec.py)
     data: Path  # a captioned folder (models/data/captioned.py)
     out: Path | None  # the heads checkpoint directory (None: artifacts/heads/<backbone fingerprint>)
     graphs: Path  # where the backbone's exported graphs are (or go), and where the heads' go
@@ -177,7 +178,8 @@ def evaluate(model: HeadsModel, sp: Split, k: int) -> dict:
 
 def check_graphs(model: HeadsModel, folder: Path) -> float:
     """max |ONNX Runtime - PyTorch| over the heads' graphs on their example inputs (refused above 1e-4)."""
-    from crossprobe.models import graphs, runtime
+    from crossprobe.core import runtime
+    from crossprobe.models import graphs
 
     worst = 0.0
     for name, inputs in graphs.heads_example_inputs(model).items():

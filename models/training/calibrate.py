@@ -1,4 +1,4 @@
-"""Fit the relevance curves (models/calibration.py) on the two dev sets' served results: `crossprobe calibrate`.
+"""Fit the relevance curves (core/calibration.py) on the two dev sets' served results: `crossprobe calibrate`.
 
 Data: each caption of a dev set is a POST /v1/search (k = shortlist = 100) per rerank mode to a server over an
 index of the set's photos, as a user's query would be; every returned result is a row (score, 1 if it is the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models import calibration
+from crossprobe.core import calibration
 
 MODES = ("none", "cp", "temde")
 K = 100  # results per caption: the whole default shortlist, so its mean is the one the service computes
@@ -113,7 +113,7 @@ def collect_all(client, sets: dict, log=print) -> tuple[dict, dict]:
 
 
 def save_scores(path: Path, data: dict, absent: dict) -> None:
-    from crossprobe.models.atomic import atomic_write
+    from crossprobe.core.atomic import atomic_write
 
     atomic_write(path, json.dumps({"data": {m: {n: {k: v.tolist() for k, v in d.items()} for n, d in data[m].items()}
                                             for m in MODES}, "absent": absent}))

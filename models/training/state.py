@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe.models.atomic import atomic_path, atomic_write
+from crossprobe.core.atomic import atomic_path, atomic_write
 
 
 def atomic_save(obj, path: Path) -> None:

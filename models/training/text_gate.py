@@ -1,4 +1,4 @@
-"""Fit the text gate (models/text_gate.py): `crossprobe fit-text-gate` -> models/checkpoints/text_gate/.
+"""Fit the text gate (core/text_gate.py): `crossprobe fit-text-gate` -> models/checkpoints/text_gate/.
 
 A logistic regression over each cell of the backbone's 7 x 7 grid, on Flickr8k train photos only:
 - the generated signs (text_gate_sets.make_signs, which says where each sign is): a cell covered >= MIN_COVER is
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models import inputs
-from crossprobe.models.text_gate import TextGate, TextGateConfig
+from crossprobe.core import inputs
+from crossprobe.core.text_gate import TextGate, TextGateConfig
 
 MIN_COVER = 0.3
 LINE_COVER = 0.1  # a line of text is thin: a cell it crosses is covered less than by a whole sign
@@ -135,7 +135,7 @@ def cached(path: Path, keys: list[str], fn) -> dict:
     """{key: fn(key)} for every key, the ones not in the JSON cache at `path` computed on two processes."""
     from multiprocessing import Pool
 
-    from crossprobe.models.atomic import atomic_write
+    from crossprobe.core.atomic import atomic_write
 
     have = json.loads(path.read_text()) if path.exists() else {}
     todo = [k for k in keys if k not in have]

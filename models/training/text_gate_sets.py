@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from crossprobe.models.atomic import atomic_write
+from crossprobe.core.atomic import atomic_write
 from crossprobe.models.data.flickr8k import Flickr8k
 
 WORDS = ["EXIT", "BAKERY", "PHARMACY", "HOTEL", "PARKING", "OPEN", "CLOSED", "SALE", "STOP", "CAFE", "MUSEUM",

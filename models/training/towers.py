@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from crossprobe.models.evaluation import retrieval
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.losses import info_nce, order_hinge, vsepp_max_violation
 from crossprobe.models.model import SearchModel
 from crossprobe.models.training.data import CachedData

@@ -30,7 +30,7 @@ from crossprobe.models.data.features import image_backbone_session
 from crossprobe.models.data.flickr8k import Flickr8k, available
 from crossprobe.models.evaluation.encode import encode_images, encode_texts
 from crossprobe.models.evaluation.report import machine
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.bridge import LabelBridge
 from crossprobe.models.training.data import CachedData
 

@@ -1,4 +1,4 @@
-"""Fit the relevance curves (models/calibration.py) on the two dev sets, through the API, and measure them: the
+"""Fit the relevance curves (core/calibration.py) on the two dev sets, through the API, and measure them: the
 write-up of `crossprobe calibrate` (models/training/calibrate.py says how the curves are fitted and measured).
 
     .venv/bin/python -m research.calibration.fit [--limit N] [--ckpt DIR]
@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from crossprobe.models import DEFAULT_CHECKPOINT
+from crossprobe.core import DEFAULT_CHECKPOINT
 from crossprobe.models.training.calibrate import MODES
 from crossprobe.cli.calibrate import fit_calibration
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe.models import checkpoint, inputs
+from crossprobe.core import inputs
+from crossprobe.models import checkpoint
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import encode_images
 from crossprobe.models.evaluation.report import machine

@@ -25,7 +25,8 @@ import torch
 from PIL import Image
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import checkpoint, inputs
+from crossprobe.core import inputs
+from crossprobe.models import checkpoint
 from crossprobe.models.demo import EXPECTED, sample_gallery
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import PairScorer, TextBank, encode_images

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from crossprobe.models import checkpoint, inputs
+from crossprobe.core import inputs
+from crossprobe.models import checkpoint
 from crossprobe.models.bridge import class_lemmas
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import PairScorer, encode_images

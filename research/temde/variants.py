@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models import checkpoint
 from crossprobe.models.data.captioned import CaptionedFolder, coco_root
 from crossprobe.models.data.features import image_backbone_session

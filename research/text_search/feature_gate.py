@@ -1,4 +1,4 @@
-"""The text gate on the backbone's own grid (models/text_gate.py), measured against the detector gate it replaces
+"""The text gate on the backbone's own grid (core/text_gate.py), measured against the detector gate it replaces
 (issue 31).
 
 The detector gate (rapidocr's detector at 480 px) costs about 13 ms a photo, and with the encoder's 16 ms it
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.models.evaluation.report import machine
-from crossprobe.models.text_gate import DEFAULT_GATE, TextGate
+from crossprobe.core.text_gate import DEFAULT_GATE, TextGate
 from crossprobe.models.training import text_gate as fitting
 from research.text_search.ocr_compare import tokens
 

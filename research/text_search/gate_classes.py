@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.backbones import ImageBackbone
 from crossprobe.models.bridge import _lite0_head
 from crossprobe.models.evaluation.report import machine

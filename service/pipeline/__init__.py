@@ -22,7 +22,7 @@ never among the results. dedup: results whose stored vectors have a cosine >= th
 ranked above them are dropped (clip-retrieval's deduplicate; stage dedup).
 
 Relevance: a text query's results carry a calibrated relevance, the probability that each matches
-(models/calibration.py, per rerank mode); min_relevance drops the results below it, so a query for something
+(core/calibration.py, per rerank mode); min_relevance drops the results below it, so a query for something
 the index does not hold can return nothing.
 
 Pages: everything above is the whole ranked answer (the shortlist, less the filter's, "like"'s, min_score's,

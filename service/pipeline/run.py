@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crossprobe.indexer.storage.ann.base import Filtered
-from crossprobe.models.inference import QueryVectors
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.inference import QueryVectors
+from crossprobe.core.runtime import StageTimer
 from crossprobe.service import hybrid
 from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.registry import IndexHandle

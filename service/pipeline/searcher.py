@@ -13,8 +13,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from crossprobe.indexer.storage.ann import AnnUnavailable
-from crossprobe.models.inference import Backend, QueryVectors
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.inference import Backend, QueryVectors
+from crossprobe.core.runtime import StageTimer
 from crossprobe.service import hybrid, metrics, query_image
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Response
 from crossprobe.service import metrics
 from crossprobe.service.deps import QUERY, KeyScope, Service, read_metadata, ready, server_timing
 from crossprobe.service.exceptions import ItemNotFound, NoExplainMaps
-from crossprobe.models.inference.explain import EXPLAIN_MODES
+from crossprobe.core.inference.explain import EXPLAIN_MODES
 from crossprobe.service.schemas import POST_ROUTE, ExplainRequest, ExplainResponse, IndexRef, error_responses
 
 router = APIRouter(**QUERY)

@@ -27,7 +27,7 @@ def test_the_model_option_is_a_spec_and_a_flag_replaces_the_environments_model(t
     """--model (and --ckpt, its older form) are encode options: IndexerSettings.model / ckpt, whose model_spec the job
     runs. A flag names the model alone (CROSSPROBE_MODEL / CROSSPROBE_CKPT set in the environment do not join it);
     the variables by themselves must agree; a spec that cannot name a model is a usage error (exit 2), at once."""
-    from crossprobe.models.inference.spec import ModelSpec
+    from crossprobe.core.inference.spec import ModelSpec
 
     monkeypatch.setenv("CROSSPROBE_CKPT", str(tmp_path / "old"))
     s = cli._settings(**cli.encode_settings(model="hf:/models/clip"))

@@ -169,7 +169,7 @@ def test_another_model_is_baked_in_by_a_build_argument_and_named_contexts():
     assert env["CROSSPROBE_ARTIFACTS_DIR"] == env["CROSSPROBE_INDEX_MODEL_DIR"] == "/opt/crossprobe/graphs"
     # an empty MODEL (the default build) is the committed checkpoint for both roles, as if unset
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.models.inference.spec import ModelSpec
+    from crossprobe.core.inference.spec import ModelSpec
     from crossprobe.service.settings import Settings
 
     assert Settings(model="").model_spec == IndexerSettings(model="").model_spec == ModelSpec("crossprobe", "")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.bridge import N_CLASSES, BridgeConfig, LabelBridge, class_lemmas, class_texts
 
 

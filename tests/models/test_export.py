@@ -151,7 +151,7 @@ def test_ensure_graphs_writes_into_the_fingerprint_folder_and_only_what_is_missi
 
 
 def test_ensure_graphs_refuses_a_checkpoint_of_another_fingerprint(tmp_path):
-    from crossprobe.models import DEFAULT_CHECKPOINT
+    from crossprobe.core import DEFAULT_CHECKPOINT
 
     with pytest.raises(ValueError, match="fingerprint"):
         ex.ensure_graphs(tmp_path, ["query_tower"], DEFAULT_CHECKPOINT, fingerprint="not-this-one")

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.layers import SelfAttentivePooling, frobenius_penalty
 from crossprobe.models.losses import order_hinge, order_violation
 from crossprobe.models.model import SearchModel

@@ -64,7 +64,7 @@ def test_committed_checkpoint_finds_the_coffee_cup_in_a_cell():
     the cells of scikit-image's coffee photo are labelled with cup / espresso classes, so a coffee query scores it
     above the other photos of the demo gallery by region labels alone."""
     from crossprobe.models import backbones as bb
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
     from crossprobe.models import checkpoint
     from crossprobe.models.bridge import class_lemmas
     from crossprobe.models.demo import sample_gallery

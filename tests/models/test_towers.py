@@ -1,7 +1,7 @@
 import torch
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 
 
 def _ids(tok, texts, pad_to):

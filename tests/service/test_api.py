@@ -87,7 +87,7 @@ def test_rerank_scores_are_the_models_own(client_fp32, built, svc_ckpt, bert, re
 
     from crossprobe.models.graphs import CPScorer, QueryGraph, TemdeScorer
     from crossprobe.indexer import open_index
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
 
     q = "a small bright photo"
     res = _search(client_fp32, query=q, k=8, rerank=rerank, shortlist=12).json()["results"]
@@ -137,7 +137,7 @@ def test_int8_query_tower_stays_close_to_fp32(client, client_int8, built, svc_ck
 
 def test_int8_below_the_stated_cosine_is_refused_with_the_kernel_path(built, svc_ckpt, artifacts):
     """A host whose int8 kernels cannot hold the stated cosine refuses int8 at load, never serves below it."""
-    from crossprobe.models import int8
+    from crossprobe.core import int8
     from crossprobe.service.state import load_model
     from tests.service.conftest import service_settings
 

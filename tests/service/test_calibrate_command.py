@@ -5,7 +5,7 @@ import shutil
 
 from typer.testing import CliRunner
 
-from crossprobe.models import calibration, read_config
+from crossprobe.core import calibration, read_config
 from crossprobe.models.training import calibrate as cal
 from tests.indexer.conftest import make_images
 

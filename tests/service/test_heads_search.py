@@ -7,7 +7,7 @@ import pytest
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models.data.captioned import CaptionedFolder
-from crossprobe.models.inference import FeatureDims, ItemDims
+from crossprobe.core.inference import FeatureDims, ItemDims
 from crossprobe.service.server import wait_ready
 
 

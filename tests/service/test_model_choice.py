@@ -290,17 +290,18 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
 
 def test_an_immich_folder_indexes_and_serves(redis_server, redis_url, tmp_path):  # noqa: F811
     """CROSSPROBE_MODEL=immich:<folder>, a folder in Immich's layout written from the random tiny CLIP
-    (tests/models/inference/immich_layout.py): the indexer builds the sample photos with it and the API's two-tower
+    (tests/core/inference/immich_layout.py): the indexer builds the sample photos with it and the API's two-tower
     scores equal the folder's own graphs' g_q . g_I for every photo, and the reference's (transformers' CLIPModel)
     for every photo whose pixels Immich's preprocessing gives as Hugging Face's processor does."""
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from crossprobe.models import families, inference
-    from crossprobe.models.inference import RuntimeOptions
+    from crossprobe.core import inference
+    from crossprobe.models import families
+    from crossprobe.core.inference import RuntimeOptions
     from crossprobe.service.app import create_app
     from crossprobe.service.server import wait_ready
-    from tests.models.inference import immich_layout
+    from tests.core.inference import immich_layout
     from tests.support import reference_models as rm
 
     ref = rm.build("hf_clip", tmp_path / "ref", size="tiny")

@@ -235,7 +235,7 @@ def test_explain_matches_pytorch(client, built, svc_ckpt, bert):
     import torch
 
     from crossprobe.models import backbones as bb
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
     from crossprobe.models import checkpoint
     from crossprobe.models.graphs import ExplainGraph
 
@@ -255,7 +255,8 @@ def test_explain_label_map_scores_each_region_by_its_label(client, built, svc_ck
     import torch
 
     from crossprobe.models import backbones as bb
-    from crossprobe.models import checkpoint, inputs
+    from crossprobe.core import inputs
+    from crossprobe.models import checkpoint
 
     item = built.ids[5]
     got = np.asarray(client.post("/v1/explain", json={"query": "a red square", "ids": [item]}).json()["maps"][item]).reshape(-1)

@@ -1,4 +1,4 @@
-"""Calibrated relevance in /v1/search (models/calibration.py, service/pipeline/stages.py's relevance stage): each text query's
+"""Calibrated relevance in /v1/search (core/calibration.py, service/pipeline/stages.py's relevance stage): each text query's
 result carries the checkpoint's curve of its rerank mode applied to its score, min_relevance cuts the ranked
 answer (total and pages included), and queries that are not a text alone get no relevance and refuse a cutoff.
 
@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from crossprobe.models import DEFAULT_CHECKPOINT, calibration
+from crossprobe.core import DEFAULT_CHECKPOINT, calibration
 from crossprobe.service.app import create_app
 from tests.service.conftest import service_settings, wait_ready
 

@@ -100,7 +100,7 @@ def test_activation_under_load_fails_no_request(versions, built, svc_ckpt, artif
 def test_a_version_deleted_under_the_service_degrades_then_retries(versions, built, svc_ckpt, bert, artifacts):
     """gc before the switch (the wrong order) costs the rerank, not the request; a request that finds
     its version deleted after the switch answers from the new version."""
-    from crossprobe.models.runtime import StageTimer
+    from crossprobe.core.runtime import StageTimer
 
     store, _, v2, two = versions  # v2 is active (the previous test switched to it)
     with TestClient(create_app(service_settings(built, svc_ckpt, artifacts))) as c:  # polling off

@@ -1,10 +1,10 @@
-"""The service's model (service/state.py load_model): one shared ONNX Runtime pool by default (models/runtime.py)."""
+"""The service's model (service/state.py load_model): one shared ONNX Runtime pool by default (core/runtime.py)."""
 import pytest
 
 from tests.models.test_runtime import run_fresh
 
 BODY = """
-    from crossprobe.models import runtime
+    from crossprobe.core import runtime
     from crossprobe.service.settings import Settings
     from crossprobe.service.state import load_model
     m = load_model(Settings(query_precision="fp32", threads=2))
@@ -24,7 +24,7 @@ def test_models_share_one_pool_unless_told_otherwise(svc_ckpt, artifacts, tmp_pa
 
 DEFAULT_THREADS = """
     import faiss
-    from crossprobe.models import runtime
+    from crossprobe.core import runtime
     from crossprobe.service.registry import Registry
     from crossprobe.service.settings import Settings
     from crossprobe.service.state import load_model

@@ -1,5 +1,5 @@
 """Reranker heads trained on a tiny random backbone (issue 47, "Training on a backbone works"), for the tests of
-training (tests/models/training/test_backbone_heads.py), serving (tests/models/inference/test_heads.py) and search
+training (tests/models/training/test_backbone_heads.py), serving (tests/core/inference/test_heads.py) and search
 (tests/service/test_heads_search.py), built once per session by tests/conftest.py's `tiny_heads`.
 
 The backbone: a random-weight Hugging Face CLIPModel in its users' folder layout (reference_models.build "hf_clip",

@@ -17,7 +17,7 @@ cuda or cuda:N; auto where ONNX Runtime has its CUDA provider). FaissBackend.ope
         near-ties may swap. Only when the vectors fit in half the GPU memory free when the version opens (a
         version swap holds two at once); else FAISS on the CPU.
     no GPU to use (torch missing or without CUDA): FAISS on the CPU, with a warning. The model's own loading is what
-        refuses a GPU asked for and not there (models/inference): the ANN stage alone falls back.
+        refuses a GPU asked for and not there (core/inference): the ANN stage alone falls back.
 
 torch is imported only here, and only when a GPU is asked for: the CPU path never imports it.
 """
@@ -44,7 +44,7 @@ UPLOAD_ROWS = 262_144  # vectors.npy reaches the GPU this many rows at a time (n
 
 def wanted_device(settings) -> str | None:
     """The GPU the settings ask for ("cuda", "cuda:1"), or None for the CPU."""
-    from crossprobe.models.inference import resolve_device
+    from crossprobe.core.inference import resolve_device
 
     device = resolve_device(getattr(settings, "device", "cpu"))
     return device if device.startswith("cuda") else None

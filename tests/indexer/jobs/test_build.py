@@ -9,7 +9,7 @@ import torch
 from crossprobe.models import checkpoint
 from crossprobe.indexer import FingerprintMismatch, add, build, open_index
 from crossprobe.indexer.storage.store import Store
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 
 
 def _model_outputs(model, models_dir, paths):

@@ -22,7 +22,7 @@ from benchmarks import library_files
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer.jobs.decode import decode_one
 from crossprobe.indexer.jobs.sources import Item, scan_folder
-from crossprobe.models import image_formats, inputs
+from crossprobe.core import image_formats, inputs
 
 
 def _no_log(*_):

@@ -43,7 +43,7 @@ def reader():
 @pytest.fixture(scope="module")
 def cells(models_dir):
     """path -> (49,) the trained text gate's cell probabilities, on the real backbone's grid."""
-    from crossprobe.models import inputs
+    from crossprobe.core import inputs
     from crossprobe.models.data.features import image_backbone_session
 
     sess = image_backbone_session(models_dir)

@@ -4,7 +4,7 @@ import pytest
 from crossprobe.indexer.storage import codec
 from crossprobe.indexer.storage.faiss_io import build_faiss, choose_factory
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.models.inference.layout import ItemDims
+from crossprobe.core.inference.layout import ItemDims
 
 
 def _feats(B=5, n=4, dc=32, nk=16, seed=0):

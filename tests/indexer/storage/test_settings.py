@@ -97,8 +97,8 @@ def test_an_unknown_keyword_fails_loudly_and_unknown_variables_do_not(monkeypatc
 def test_one_model_setting_for_both_roles(monkeypatch, tmp_path):
     """CROSSPROBE_MODEL names the model for the service and the jobs alike; CROSSPROBE_CKPT stays the older way
     to name a crossprobe checkpoint; set together they must agree, else the settings are refused."""
-    from crossprobe.models import DEFAULT_CHECKPOINT
-    from crossprobe.models.inference.spec import ModelSpec
+    from crossprobe.core import DEFAULT_CHECKPOINT
+    from crossprobe.core.inference.spec import ModelSpec
 
     assert ServiceSettings().model_spec == IndexerSettings().model_spec == ModelSpec("crossprobe", "")
     monkeypatch.setenv("CROSSPROBE_MODEL", "hf:/models/clip")

@@ -3,7 +3,7 @@ import pytest
 from PIL import Image
 
 from crossprobe.models.data.features import ChunkedCache
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 
 
 def test_chunked_cache_resumes_after_a_kill(tmp_path):

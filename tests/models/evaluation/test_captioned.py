@@ -7,8 +7,8 @@ from PIL import Image
 
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.evaluation.captioned import evaluate
-from crossprobe.models.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors
-from crossprobe.models.inference.layout import FeatureDims, ItemDims
+from crossprobe.core.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors
+from crossprobe.core.inference.layout import FeatureDims, ItemDims
 
 D = 8
 

@@ -1,5 +1,5 @@
 """Hugging Face CLIP and SigLIP exported (models/families/hf.py, writer.py) and served torch-free
-(models/inference/exported.py), against transformers' own processor, tokenizer and get_*_features: tiny random
+(core/inference/exported.py), against transformers' own processor, tokenizer and get_*_features: tiny random
 models, fp32 (issue 47's parity must-show; the full-size numbers: benchmarks/model_parity.py)."""
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from crossprobe.models import families, inference, int8, runtime
+from crossprobe.core import inference, int8, runtime
+from crossprobe.models import families
 from crossprobe.models.families import writer
 from crossprobe.models.families.base import TokenizerMismatch
-from crossprobe.models.inference import RuntimeOptions
+from crossprobe.core.inference import RuntimeOptions
 from tests.models.families.parity import CAPTIONS, TOLERANCE, compare, generated_photos, real_photos
 from tests.support import reference_models as rm
 
@@ -177,7 +178,7 @@ def test_int8_queries_stay_close_to_fp32_and_do_not_depend_on_batch_mates(export
 def test_int8_weight_formats_hold_the_stated_cosine_where_this_host_would_take_them(exported, weights):
     """Both formats measured on this host's kernels: "u8" (what AVX2 hosts without VNNI get) holds everywhere; "s8"
     holds wherever the kernel accumulates without saturating (int8.NO_SATURATION), which this host's name says."""
-    from crossprobe.models.inference.exported import ExportedBackend, int8_graph
+    from crossprobe.core.inference.exported import ExportedBackend, int8_graph
 
     spec, root, folder = exported["hf_siglip"]
     b = ExportedBackend(folder, RuntimeOptions(threads=1))

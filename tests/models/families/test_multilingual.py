@@ -11,7 +11,7 @@ import pytest
 from crossprobe.models.families import mclip, writer
 from crossprobe.models.families.base import FamilyModel
 from crossprobe.models.families.text import PROBE
-from crossprobe.models.inference.exported import clean_text, text_tokenizer, tokenize
+from crossprobe.core.inference.exported import clean_text, text_tokenizer, tokenize
 from tests.support import reference_text as rt
 
 SCRIPTS = {"zh": "一只狗在海滩上奔跑", "ar": "الكلب يجري على الشاطئ", "hi": "कुत्ता समुद्र तट पर दौड़ रहा है",

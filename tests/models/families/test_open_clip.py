@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crossprobe.models import families, inference
-from crossprobe.models.inference import RuntimeOptions
+from crossprobe.core import inference
+from crossprobe.models import families
+from crossprobe.core.inference import RuntimeOptions
 from tests.models.families.parity import CAPTIONS, TOLERANCE, compare, generated_photos, real_photos
 from tests.models.families.test_multilingual import SCRIPTS
 from tests.support import reference_models as rm
@@ -80,7 +81,7 @@ def test_an_immich_mclip_folder_serves_multilingual_queries(refs, tmp_path):
     torchvision's rounded one agree, and Immich's own geometry elsewhere."""
     from transformers import AutoTokenizer
 
-    from tests.models.inference import immich_layout
+    from tests.core.inference import immich_layout
 
     ref = refs["mclip"]
     m = families.load(_spec(ref))

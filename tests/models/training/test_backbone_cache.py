@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from crossprobe.models import inference
+from crossprobe.core import inference
 from crossprobe.models.data.captioned import CaptionedFolder
-from crossprobe.models.inference import RuntimeOptions
+from crossprobe.core.inference import RuntimeOptions
 from crossprobe.models.training import backbone_cache
 from crossprobe.models.training.backbone_cache import NoTokenStates, cache_outputs
 from crossprobe.models.training.backbone_heads import split_banks

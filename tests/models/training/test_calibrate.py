@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from crossprobe.models import calibration
+from crossprobe.core import calibration
 from crossprobe.models.training import calibrate as cal
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from crossprobe.models import inputs
-from crossprobe.models.text_gate import TextGate
+from crossprobe.core import inputs
+from crossprobe.core.text_gate import TextGate
 from crossprobe.models.training import text_gate as fit
 
 G = inputs.GRID

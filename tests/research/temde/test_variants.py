@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import torch
 
 from crossprobe.models import backbones as bb
-from crossprobe.models import inputs
+from crossprobe.core import inputs
 from crossprobe.models.temde import Temde, TemdeConfig
 
 from research.temde import variants as temde_variants

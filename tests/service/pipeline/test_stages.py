@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from redis.exceptions import ResponseError
 
-from crossprobe.models.runtime import StageTimer
+from crossprobe.core.runtime import StageTimer
 from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.pipeline import Plan, stages
 from crossprobe.service.pipeline.run import Run
