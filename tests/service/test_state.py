@@ -1,7 +1,7 @@
 """The service's model (service/state.py load_model): one shared ONNX Runtime pool by default (core/runtime.py)."""
 import pytest
 
-from tests.models.test_runtime import run_fresh
+from tests.core.test_runtime import run_fresh
 
 BODY = """
     from crossprobe.core import runtime
