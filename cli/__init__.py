@@ -8,11 +8,11 @@ The `crossprobe` command (typer): one app, one module per command group:
 - here: serve, demo-service and calibrate (it runs both the batch jobs and the service: calibrate.py).
 Each command imports what it runs when it runs, so `crossprobe --help` stays instant and the torch-free commands
 never import PyTorch."""
+
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import typer
 
@@ -55,16 +55,23 @@ def _device(value: str | None) -> str | None:
 def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1, env CROSSPROBE_HOST)"),
     port: int = typer.Option(None, help="port (default 8000, env CROSSPROBE_PORT)"),
-    model: str = typer.Option(None, help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, "
-                              "hf:<repo or dir>, immich:<folder> (env CROSSPROBE_MODEL; default: the committed "
-                              "checkpoint); it must be the model the served indexes were built with"),
-    ckpt: Path = typer.Option(None, help="a crossprobe checkpoint directory: the older form of --model "
-                              "crossprobe:<dir> (env CROSSPROBE_CKPT)"),
+    model: str = typer.Option(
+        None,
+        help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, "
+        "hf:<repo or dir>, immich:<folder> (env CROSSPROBE_MODEL; default: the committed "
+        "checkpoint); it must be the model the served indexes were built with",
+    ),
+    ckpt: Path = typer.Option(
+        None, help="a crossprobe checkpoint directory: the older form of --model crossprobe:<dir> (env CROSSPROBE_CKPT)"
+    ),
     index: str = typer.Option(None, "--index", help="comma-separated indexes to serve (env CROSSPROBE_INDEXES)"),
-    device: str = typer.Option(None, callback=_device,
-                               help="cpu | cuda | cuda:N | auto: where the model and the ANN search run (env "
-                                    "CROSSPROBE_DEVICE; default auto: cuda where ONNX Runtime has its CUDA provider, "
-                                    "else cpu). A GPU asked for and not there: start-up fails, /readyz says why"),
+    device: str = typer.Option(
+        None,
+        callback=_device,
+        help="cpu | cuda | cuda:N | auto: where the model and the ANN search run (env "
+        "CROSSPROBE_DEVICE; default auto: cuda where ONNX Runtime has its CUDA provider, "
+        "else cpu). A GPU asked for and not there: start-up fails, /readyz says why",
+    ),
 ):
     """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
     from pydantic import ValidationError
@@ -78,9 +85,11 @@ def serve(
     try:
         settings = Settings(**over)
     except ValidationError as e:  # a bad spec, --model and CROSSPROBE_CKPT at odds: a usage error, not a traceback
-        typer.echo("error: " + "; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}"
-                                         for er in e.errors()), err=True)
-        raise typer.Exit(2)
+        typer.echo(
+            "error: " + "; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}" for er in e.errors()),
+            err=True,
+        )
+        raise typer.Exit(2) from None
     run_server(settings)
 
 
@@ -100,34 +109,38 @@ def demo_service(
         run_service_demo(images, query or None, top, ckpt, rerank, workdir, echo=typer.echo)
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 
 
 @app.command()
 def calibrate(
     ckpt: Path = CKPT,
-    workdir: Path = typer.Option(Path("artifacts/calibration"), help="the dev indexes and the served scores (cached "
-                                 "per checkpoint)"),
+    workdir: Path = typer.Option(
+        Path("artifacts/calibration"), help="the dev indexes and the served scores (cached per checkpoint)"
+    ),
     limit: int = typer.Option(None, help="first N captions of each dev set (default: all)"),
     refresh: bool = typer.Option(False, help="query again even if the scores are cached"),
-    results: Path = typer.Option(None, help="also write the whole analysis as JSON (shift sweep, ECE, reliability, "
-                                 "absent-query cutoffs), e.g. docs/research/results/calibration.json"),
+    results: Path = typer.Option(
+        None,
+        help="also write the whole analysis as JSON (shift sweep, ECE, reliability, "
+        "absent-query cutoffs), e.g. docs/research/results/calibration.json",
+    ),
 ):
     """Fit a checkpoint's relevance curves (one per rerank mode) on the two dev sets' served results and store
     them beside its weights as calibration.json (models/training/calibrate.py). The fingerprint does not change:
     no index is rebuilt. Needs Flickr8k and coco-mini-dev."""
     import json
 
+    from crossprobe.cli.calibrate import fit_calibration
     from crossprobe.core import DEFAULT_CHECKPOINT
     from crossprobe.models.training.calibrate import served
-    from crossprobe.cli.calibrate import fit_calibration
 
     path = Path(ckpt or DEFAULT_CHECKPOINT)
     try:
         out = fit_calibration(path, workdir, limit, refresh, command_line(), log=typer.echo)
     except FileNotFoundError as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if results:
         results.parent.mkdir(parents=True, exist_ok=True)
         results.write_text(json.dumps(out, indent=1))

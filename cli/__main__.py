@@ -1,4 +1,5 @@
 """`python -m crossprobe.cli`: the `crossprobe` command."""
+
 from crossprobe.cli import app
 
 app()

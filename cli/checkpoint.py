@@ -1,5 +1,6 @@
 """`crossprobe checkpoint set-region-labels | set-temde | set-calibration`: a checkpoint with a chosen setting
 (models/training/adopt.py); cli/__init__.py adds this group to the command line."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,11 @@ import typer
 
 from crossprobe.cli.options import CKPT, command_line
 
-checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                             help="Write a checkpoint with a chosen setting (a new fingerprint: build indexes with it).")
+checkpoint_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Write a checkpoint with a chosen setting (a new fingerprint: build indexes with it).",
+)
 
 
 @checkpoint_app.command("set-region-labels")
@@ -30,16 +34,19 @@ def set_region_labels(
         fp = run_set(model, meta, out, {"cp": cp, "temde": temde}, pool, {"command": command_line()})
     except ValueError as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     state = f"weights {model.cfg.region.weights}, pool {model.cfg.region.pool}" if model.cfg.region.enabled else "off"
     typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; region labels {state})")
 
 
 @checkpoint_app.command("set-temde")
 def set_temde(
-    trained: Path = typer.Argument(..., help="the trained T-EMDE: `crossprobe train`'s RUN_DIR/temde.done.pt (or "
-                                   "temde.m<i>.done.pt, one member) or a saved state dict (research/temde/sweep.py's "
-                                   "<run-dir>/<variant>.weights.pt)"),
+    trained: Path = typer.Argument(
+        ...,
+        help="the trained T-EMDE: `crossprobe train`'s RUN_DIR/temde.done.pt (or "
+        "temde.m<i>.done.pt, one member) or a saved state dict (research/temde/sweep.py's "
+        "<run-dir>/<variant>.weights.pt)",
+    ),
     out: Path = typer.Option(..., help="directory for the new checkpoint (replaced atomically when it exists)"),
     ckpt: Path = CKPT,
 ):
@@ -55,15 +62,18 @@ def set_temde(
         fp = run_set(model, meta, out, weights, {**(report or {}), "from": str(trained), "command": command_line()})
     except ValueError as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     c = model.cfg.temde
     typer.echo(f"{out}: fingerprint {fp} (from {meta['fingerprint']}; T-EMDE N {c.N} x K {c.K}, inner {c.inner})")
 
 
 @checkpoint_app.command("set-calibration")
 def set_calibration(
-    curves: Path = typer.Option(..., help="`crossprobe calibrate --results FILE`'s FILE (or research/calibration/fit.py's "
-                                "docs/research/results/calibration.json)"),
+    curves: Path = typer.Option(
+        ...,
+        help="`crossprobe calibrate --results FILE`'s FILE (or research/calibration/fit.py's "
+        "docs/research/results/calibration.json)",
+    ),
     ckpt: Path = CKPT,
 ):
     """Store relevance curves (one per rerank mode) in the checkpoint directory as calibration.json. The weights
@@ -77,12 +87,14 @@ def set_calibration(
     d = json.loads(curves.read_text())
     fp, want = read_config(path)["fingerprint"], d.get("meta", {}).get("fingerprint")
     if want != fp:
-        typer.echo(f"{curves} was fitted for checkpoint {want}; {path} is {fp}: fit it again with --ckpt {path}", err=True)
+        typer.echo(
+            f"{curves} was fitted for checkpoint {want}; {path} is {fp}: fit it again with --ckpt {path}", err=True
+        )
         raise typer.Exit(2)
     try:
         cal = served(d)
     except (KeyError, ValueError) as e:
         typer.echo(f"{curves}: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     cal.save(path)
     typer.echo(f"{path / calibration.FILE}: relevance curves for {', '.join(cal.curves)} (fingerprint {fp} unchanged)")

@@ -1,17 +1,22 @@
 """`crossprobe data convert coco | karpathy`: captioned folders (models/data/captioned.py's layout) from published
 caption files (models/data/convert.py). cli/__init__.py adds this group to the command line."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
 
-data_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                       help="Image-caption folders: images/ + captions.tsv (docs/models.md, \"Train rerankers on your "
-                            "own data\")")
-convert_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                          help="Write a captioned folder from a published caption file (added to the folder's "
-                               "captions.tsv when it has one).")
+data_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help='Image-caption folders: images/ + captions.tsv (docs/models.md, "Train rerankers on your own data")',
+)
+convert_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Write a captioned folder from a published caption file (added to the folder's captions.tsv when it has one).",
+)
 data_app.add_typer(convert_app, name="convert")
 _IMAGES = typer.Option(..., help="the folder holding the images the file names")
 _OUT = typer.Option(..., help="the captioned folder to write (images/ + captions.tsv)")

@@ -6,6 +6,7 @@ the variables the service reads, so an index and the service that serves it name
 Exit status: 0 done, 1 the job failed, 2 bad usage.
 Heavy imports stay inside the commands so `crossprobe --help` stays instant.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,50 +14,96 @@ from typing import Annotated, Optional
 
 import typer
 
-index_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata)")
+index_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="offline indexer: images -> FAISS (g_I) + Redis (P_v, b_bar, s_I, metadata)",
+)
 
 # ---- options several commands take, each declared once ---------------------------------------------------------
 
-Root = Annotated[Optional[Path], typer.Option(help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")]
+Root = Annotated[
+    Optional[Path], typer.Option(help="index root directory (default: indexes/, env CROSSPROBE_INDEX_ROOT)")
+]
 Name = Annotated[str, typer.Option(help="index name (letters, digits, _ . -)")]
 Images = Annotated[Optional[Path], typer.Option(help="folder of images, walked recursively")]
-Manifest = Annotated[Optional[Path], typer.Option(
-    help='JSONL: {"id", "uri", "caption"?, "tags"?, any scalar field?} per line (fields are filterable)')]
+Manifest = Annotated[
+    Optional[Path],
+    typer.Option(help='JSONL: {"id", "uri", "caption"?, "tags"?, any scalar field?} per line (fields are filterable)'),
+]
 
 # The encode options: how build, add, reindex and watch decode and encode photos. encode_settings() turns them into
 # IndexerSettings fields; a command lists the ones that apply to it.
-Model = Annotated[Optional[str], typer.Option(
-    help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, hf:<repo or dir>, "
-    "immich:<folder> (default: CROSSPROBE_MODEL, else the committed checkpoint; docs/models.md). reindex --model "
-    "moves an index to another model")]
-Ckpt = Annotated[Optional[Path], typer.Option(
-    help="a crossprobe checkpoint directory: the older form of --model crossprobe:<dir> (default: CROSSPROBE_CKPT)")]
+Model = Annotated[
+    Optional[str],
+    typer.Option(
+        help="the model, a spec: crossprobe:<checkpoint dir>, open_clip:<arch>/<weights>, hf:<repo or dir>, "
+        "immich:<folder> (default: CROSSPROBE_MODEL, else the committed checkpoint; docs/models.md). reindex --model "
+        "moves an index to another model"
+    ),
+]
+Ckpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="a crossprobe checkpoint directory: the older form of --model crossprobe:<dir> (default: CROSSPROBE_CKPT)"
+    ),
+]
 Workers = Annotated[Optional[int], typer.Option(help="decode threads overlapping the encoder (1 or 2 on 2 cores)")]
 BatchSize = Annotated[Optional[int], typer.Option(help="images per batch (and per committed journal entry)")]
-MaxPixels = Annotated[Optional[int], typer.Option(
-    help="skip images that decode to more pixels (after JPEG draft scale; default 100e6)")]
+MaxPixels = Annotated[
+    Optional[int], typer.Option(help="skip images that decode to more pixels (after JPEG draft scale; default 100e6)")
+]
 Threads = Annotated[Optional[int], typer.Option(help="ONNX Runtime threads")]
 Head = Annotated[Optional[str], typer.Option(help="onnx | torch runtime for the image-tower head")]
 Throttle = Annotated[Optional[float], typer.Option(help="seconds to sleep after each batch (share a busy machine)")]
-Engine = Annotated[Optional[str], typer.Option(
-    help="single | ray: who decodes and encodes (default single: this process; ray: Ray Data with an actor pool of "
-    "encoders, on RAY_ADDRESS or a local Ray; env CROSSPROBE_INDEX_ENGINE)")]
-Ocr = Annotated[Optional[bool], typer.Option(
-    "--ocr/--no-ocr", help="read the words in each photo (OCR) into its searchable text; it costs indexing about 15% "
-    "of its speed (default: CROSSPROBE_INDEX_OCR; unset: as the index was built, else off)")]
+Engine = Annotated[
+    Optional[str],
+    typer.Option(
+        help="single | ray: who decodes and encodes (default single: this process; ray: Ray Data with an actor pool of "
+        "encoders, on RAY_ADDRESS or a local Ray; env CROSSPROBE_INDEX_ENGINE)"
+    ),
+]
+Ocr = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--ocr/--no-ocr",
+        help="read the words in each photo (OCR) into its searchable text; it costs indexing about 15% "
+        "of its speed (default: CROSSPROBE_INDEX_OCR; unset: as the index was built, else off)",
+    ),
+]
 Factory = Annotated[Optional[str], typer.Option(help="force a faiss.index_factory string (default: by size)")]
 Quantization = Annotated[Optional[str], typer.Option(help="float16 | int8 (Redis feature values)")]
 
 
-def encode_settings(workers: int | None = None, batch_size: int | None = None, max_pixels: int | None = None,
-                    threads: int | None = None, head: str | None = None, throttle: float | None = None,
-                    engine: str | None = None, ocr: bool | None = None, factory: str | None = None,
-                    quantization: str | None = None, model: str | None = None, ckpt: Path | None = None) -> dict:
+def encode_settings(
+    workers: int | None = None,
+    batch_size: int | None = None,
+    max_pixels: int | None = None,
+    threads: int | None = None,
+    head: str | None = None,
+    throttle: float | None = None,
+    engine: str | None = None,
+    ocr: bool | None = None,
+    factory: str | None = None,
+    quantization: str | None = None,
+    model: str | None = None,
+    ckpt: Path | None = None,
+) -> dict:
     """The encode options -> IndexerSettings fields (_settings drops the unset ones: the environment decides)."""
-    return {"workers": workers, "batch_size": batch_size, "max_pixels": max_pixels, "threads": threads,
-            "head": head, "throttle_s": throttle, "engine": engine, "ocr": ocr, "factory": factory,
-            "quantization": quantization, "model": model, "ckpt": ckpt}
+    return {
+        "workers": workers,
+        "batch_size": batch_size,
+        "max_pixels": max_pixels,
+        "threads": threads,
+        "head": head,
+        "throttle_s": throttle,
+        "engine": engine,
+        "ocr": ocr,
+        "factory": factory,
+        "quantization": quantization,
+        "model": model,
+        "ckpt": ckpt,
+    }
 
 
 def _settings(**overrides):
@@ -91,26 +138,72 @@ def _job(kind: str, name: str, images: Path | None, manifest: Path | None, setti
 
 
 @index_app.command("build")
-def build_cmd(name: Name, images: Images = None, manifest: Manifest = None, model: Model = None, ckpt: Ckpt = None,
-              root: Root = None, workers: Workers = None, batch_size: BatchSize = None,
-              quantization: Quantization = None, factory: Factory = None, max_pixels: MaxPixels = None,
-              threads: Threads = None, head: Head = None, throttle: Throttle = None, engine: Engine = None,
-              ocr: Ocr = None):
+def build_cmd(
+    name: Name,
+    images: Images = None,
+    manifest: Manifest = None,
+    model: Model = None,
+    ckpt: Ckpt = None,
+    root: Root = None,
+    workers: Workers = None,
+    batch_size: BatchSize = None,
+    quantization: Quantization = None,
+    factory: Factory = None,
+    max_pixels: MaxPixels = None,
+    threads: Threads = None,
+    head: Head = None,
+    throttle: Throttle = None,
+    engine: Engine = None,
+    ocr: Ocr = None,
+):
     """Encode a folder or manifest into a new version and activate it (run again to resume after a kill)."""
-    enc = encode_settings(workers=workers, batch_size=batch_size, quantization=quantization, factory=factory,
-                          max_pixels=max_pixels, threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr,
-                          model=model, ckpt=ckpt)
+    enc = encode_settings(
+        workers=workers,
+        batch_size=batch_size,
+        quantization=quantization,
+        factory=factory,
+        max_pixels=max_pixels,
+        threads=threads,
+        head=head,
+        throttle=throttle,
+        engine=engine,
+        ocr=ocr,
+        model=model,
+        ckpt=ckpt,
+    )
     _job("build", name, images, manifest, _settings(index_root=root, **enc))
 
 
 @index_app.command("add")
-def add_cmd(name: Name, images: Images = None, manifest: Manifest = None, model: Model = None, ckpt: Ckpt = None,
-            root: Root = None, workers: Workers = None, batch_size: BatchSize = None, factory: Factory = None,
-            max_pixels: MaxPixels = None, threads: Threads = None, throttle: Throttle = None, engine: Engine = None,
-            ocr: Ocr = None):
+def add_cmd(
+    name: Name,
+    images: Images = None,
+    manifest: Manifest = None,
+    model: Model = None,
+    ckpt: Ckpt = None,
+    root: Root = None,
+    workers: Workers = None,
+    batch_size: BatchSize = None,
+    factory: Factory = None,
+    max_pixels: MaxPixels = None,
+    threads: Threads = None,
+    throttle: Throttle = None,
+    engine: Engine = None,
+    ocr: Ocr = None,
+):
     """Add (or replace) items: a new version = active items + these, then one switch (with the index's model)."""
-    enc = encode_settings(workers=workers, batch_size=batch_size, factory=factory, max_pixels=max_pixels,
-                          threads=threads, throttle=throttle, engine=engine, ocr=ocr, model=model, ckpt=ckpt)
+    enc = encode_settings(
+        workers=workers,
+        batch_size=batch_size,
+        factory=factory,
+        max_pixels=max_pixels,
+        threads=threads,
+        throttle=throttle,
+        engine=engine,
+        ocr=ocr,
+        model=model,
+        ckpt=ckpt,
+    )
     _job("add", name, images, manifest, _settings(index_root=root, **enc))
 
 
@@ -118,11 +211,23 @@ def add_cmd(name: Name, images: Images = None, manifest: Manifest = None, model:
 def delete_cmd(
     name: Name,
     ids: Annotated[Optional[list[str]], typer.Option("--ids", help="item ids, comma separated and/or repeated")] = None,
-    ids_from: Annotated[Optional[typer.FileBinaryRead], typer.Option(
-        metavar="FILE", help="a file of item ids, one per line, each exactly as written (commas and spaces included; "
-        "UTF-8; '-': standard input)")] = None,
-    null: Annotated[bool, typer.Option("--null", "-0", help="ids in --ids-from end with a NUL byte instead of a "
-                                       "newline (find -print0): for ids that hold a newline")] = False,
+    ids_from: Annotated[
+        Optional[typer.FileBinaryRead],
+        typer.Option(
+            metavar="FILE",
+            help="a file of item ids, one per line, each exactly as written (commas and spaces included; "
+            "UTF-8; '-': standard input)",
+        ),
+    ] = None,
+    null: Annotated[
+        bool,
+        typer.Option(
+            "--null",
+            "-0",
+            help="ids in --ids-from end with a NUL byte instead of a "
+            "newline (find -print0): for ids that hold a newline",
+        ),
+    ] = False,
     root: Root = None,
     factory: Factory = None,
 ):
@@ -136,8 +241,9 @@ def delete_cmd(
     if ids_from is not None:
         wanted += _read_ids(ids_from.read(), null, getattr(ids_from, "name", "-"))
     try:
-        res = kinds.delete(name, list(dict.fromkeys(wanted)), settings=_settings(index_root=root, factory=factory),
-                           log=typer.echo)
+        res = kinds.delete(
+            name, list(dict.fromkeys(wanted)), settings=_settings(index_root=root, factory=factory), log=typer.echo
+        )
     except (ValueError, LookupError, RuntimeError) as e:
         _fail(e)
     typer.echo(res.summary())
@@ -166,20 +272,45 @@ def reindex_cmd(
     model: Model = None,
     ckpt: Ckpt = None,
     root: Root = None,
-    max_lost: Annotated[Optional[float], typer.Option(
-        min=0, max=1, help="refuse to activate when more than this fraction of the items is lost (default 0.01, "
-        "env CROSSPROBE_INDEX_REINDEX_MAX_LOST)")] = None,
-    quantization: Annotated[Optional[str], typer.Option(
-        help="float16 | int8 (default: the old version's layout)")] = None,
-    workers: Workers = None, batch_size: BatchSize = None, factory: Factory = None, max_pixels: MaxPixels = None,
-    threads: Threads = None, head: Head = None, throttle: Throttle = None, engine: Engine = None, ocr: Ocr = None,
+    max_lost: Annotated[
+        Optional[float],
+        typer.Option(
+            min=0,
+            max=1,
+            help="refuse to activate when more than this fraction of the items is lost (default 0.01, "
+            "env CROSSPROBE_INDEX_REINDEX_MAX_LOST)",
+        ),
+    ] = None,
+    quantization: Annotated[
+        Optional[str], typer.Option(help="float16 | int8 (default: the old version's layout)")
+    ] = None,
+    workers: Workers = None,
+    batch_size: BatchSize = None,
+    factory: Factory = None,
+    max_pixels: MaxPixels = None,
+    threads: Threads = None,
+    head: Head = None,
+    throttle: Throttle = None,
+    engine: Engine = None,
+    ocr: Ocr = None,
 ):
     """Re-encode every item of an index from its recorded sources with the model (--model, CROSSPROBE_MODEL) into a
     new version and activate it: how an index moves to another model while the old version keeps serving (run again
     to resume after a kill). The old version stays until `crossprobe index gc`."""
     # quantization is the job's (the new version's layout), not a setting: unset keeps the old version's
-    enc = encode_settings(workers=workers, batch_size=batch_size, factory=factory, max_pixels=max_pixels,
-                          threads=threads, head=head, throttle=throttle, engine=engine, ocr=ocr, model=model, ckpt=ckpt)
+    enc = encode_settings(
+        workers=workers,
+        batch_size=batch_size,
+        factory=factory,
+        max_pixels=max_pixels,
+        threads=threads,
+        head=head,
+        throttle=throttle,
+        engine=engine,
+        ocr=ocr,
+        model=model,
+        ckpt=ckpt,
+    )
     settings = _settings(index_root=root, reindex_max_lost=max_lost, **enc)
     if bool(names) == all_:
         _fail("give index names or --all (not both)", 2)
@@ -212,8 +343,11 @@ def _served(settings, names: list[str] | None, all_: bool) -> list[str]:
         except ValueError as e:
             _fail(e, 2)
         if n not in served:
-            _fail(f"no index {n!r} with an active version under {settings.index_root.resolve()} "
-                  f"(indexes there: {', '.join(served) or 'none'})", 2)
+            _fail(
+                f"no index {n!r} with an active version under {settings.index_root.resolve()} "
+                f"(indexes there: {', '.join(served) or 'none'})",
+                2,
+            )
     return names
 
 
@@ -232,7 +366,9 @@ def _reindex_each(names: list[str], settings, quantization: str | None) -> None:
             continue
         typer.echo(res.summary())
     if failed:
-        typer.echo(f"reindex failed for {', '.join(failed)} ({len(names) - len(failed)} of {len(names)} done)", err=True)
+        typer.echo(
+            f"reindex failed for {', '.join(failed)} ({len(names) - len(failed)} of {len(names)} done)", err=True
+        )
         raise typer.Exit(1)
 
 
@@ -243,16 +379,25 @@ def watch_cmd(
     model: Model = None,
     ckpt: Ckpt = None,
     root: Root = None,
-    settle: Annotated[Optional[float], typer.Option(
-        help="seconds a changed file must be left alone before it is read (default 1)")] = None,
+    settle: Annotated[
+        Optional[float], typer.Option(help="seconds a changed file must be left alone before it is read (default 1)")
+    ] = None,
     poll: Annotated[Optional[float], typer.Option(help="seconds between scans without file events (default 2)")] = None,
-    events: Annotated[Optional[bool], typer.Option(
-        "--events/--poll-only", help="wake on inotify events where they start (default), or only scan every --poll "
-        "seconds")] = None,
+    events: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--events/--poll-only",
+            help="wake on inotify events where they start (default), or only scan every --poll seconds",
+        ),
+    ] = None,
     batch_max: Annotated[Optional[int], typer.Option(help="changed files per version (default 500)")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option(
-        help="port of the watcher's Prometheus /metrics (default 9109; 0: none)")] = None,
-    workers: Workers = None, batch_size: BatchSize = None, max_pixels: MaxPixels = None, threads: Threads = None,
+    metrics_port: Annotated[
+        Optional[int], typer.Option(help="port of the watcher's Prometheus /metrics (default 9109; 0: none)")
+    ] = None,
+    workers: Workers = None,
+    batch_size: BatchSize = None,
+    max_pixels: MaxPixels = None,
+    threads: Threads = None,
     ocr: Ocr = None,
 ):
     """Keep NAME in step with a folder: new, changed, moved and deleted files reach the served index within
@@ -265,17 +410,26 @@ def watch_cmd(
 
     from crossprobe.indexer.jobs.watch import Watcher
 
-    enc = encode_settings(workers=workers, batch_size=batch_size, max_pixels=max_pixels, threads=threads, ocr=ocr,
-                          model=model, ckpt=ckpt)
-    settings = _settings(index_root=root, watch_settle_s=settle, watch_poll_s=poll, watch_events=events,
-                         watch_batch_max=batch_max, watch_metrics_port=metrics_port, progress=False, **enc)
+    enc = encode_settings(
+        workers=workers, batch_size=batch_size, max_pixels=max_pixels, threads=threads, ocr=ocr, model=model, ckpt=ckpt
+    )
+    settings = _settings(
+        index_root=root,
+        watch_settle_s=settle,
+        watch_poll_s=poll,
+        watch_events=events,
+        watch_batch_max=batch_max,
+        watch_metrics_port=metrics_port,
+        progress=False,
+        **enc,
+    )
     stop = threading.Event()
     try:
         w = Watcher(name, images, settings, say=typer.echo)
         signal.signal(signal.SIGTERM, lambda *_: (stop.set(), w.wake.set()))  # finish the batch in hand, exit 0
         w.run(stop)
     except KeyboardInterrupt:
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     except (ValueError, LookupError, FileNotFoundError, RedisError) as e:
         _fail(e)
 
@@ -291,8 +445,10 @@ def list_cmd(name: Annotated[Optional[str], typer.Argument()] = None, root: Root
     store = Store(settings, connect(settings))
     for n in [name] if name else store.names():
         for v in store.versions(n):
-            typer.echo(f"{n:<20} {v.version:<24} {v.state:<9} {v.count if v.count is not None else '-':>9} "
-                       f"{v.fingerprint or '-':<17} {v.factory or '-':<14} {v.words or '-':<9} {v.created or ''}")
+            typer.echo(
+                f"{n:<20} {v.version:<24} {v.state:<9} {v.count if v.count is not None else '-':>9} "
+                f"{v.fingerprint or '-':<17} {v.factory or '-':<14} {v.words or '-':<9} {v.created or ''}"
+            )
 
 
 @index_app.command("activate")
@@ -351,8 +507,9 @@ def drop_cmd(
     if not yes:
         active = next((v for v in versions if v.state == "active"), None)
         what = f"{len(versions)} version(s)" + (f", {active.count} items active" if active else "")
-        typer.confirm(f"drop index {name!r} ({what}) from {settings.index_root.resolve()} and Redis, for good?",
-                      abort=True)
+        typer.confirm(
+            f"drop index {name!r} ({what}) from {settings.index_root.resolve()} and Redis, for good?", abort=True
+        )
     try:
         dropped, rest = store.drop_index(name)
     except (RuntimeError, RedisError, OSError) as e:
@@ -374,5 +531,8 @@ def _snapshot(store) -> None:
         if store.snapshot_embedded():
             typer.echo(f"embedded Redis snapshot {store.settings.rdb} written again")
     except (RedisError, TimeoutError) as e:
-        typer.echo(f"warning: the embedded Redis snapshot was not written again ({e}); it holds the removed values "
-                   f"until its next save", err=True)
+        typer.echo(
+            f"warning: the embedded Redis snapshot was not written again ({e}); it holds the removed values "
+            f"until its next save",
+            err=True,
+        )

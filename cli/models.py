@@ -6,6 +6,7 @@
 
 DIR defaults to the service's graphs folder (CROSSPROBE_ARTIFACTS_DIR, else artifacts/service, as the service's
 settings default it). cli/__init__.py adds this group to the command line."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import typer
 
-models_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="model families: export a model's graphs, list the exported ones, pull weights")
+models_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="model families: export a model's graphs, list the exported ones, pull weights",
+)
 
 ROOT_HELP = "root folder of exported models, <root>/<fingerprint>/ (env CROSSPROBE_ARTIFACTS_DIR, the service's)"
 
@@ -24,8 +28,9 @@ def _root(default: str = "artifacts/service"):
 
 
 @models_app.command("export")
-def export(spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> | hf:<repo id or dir>"),
-           out: Path = _root()):
+def export(
+    spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> | hf:<repo id or dir>"), out: Path = _root()
+):
     """Export SPEC's graphs, tokenizer and model.json into <out>/<fingerprint>/ (kept if it exists), checked against
     the family's own library. Needs PyTorch and the family's library: Hugging Face models export in the main
     environment, open_clip ones (and M-CLIP, whose image tower is open_clip's) in scripts/openclip-env.sh's venv."""
@@ -36,10 +41,13 @@ def export(spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> 
 
         folder = families.export(spec, out, log=typer.echo)
     except ImportError as e:
-        typer.echo(f"{spec}: this environment cannot export it ({e}). Hugging Face models export where PyTorch, "
-                   f"transformers and crossprobe's export extra are installed (pip install 'crossprobe[export]'); "
-                   f"open_clip and M-CLIP models in the venv scripts/openclip-env.sh makes: "
-                   f"artifacts/openclip-venv/bin/crossprobe models export {spec}", err=True)
+        typer.echo(
+            f"{spec}: this environment cannot export it ({e}). Hugging Face models export where PyTorch, "
+            f"transformers and crossprobe's export extra are installed (pip install 'crossprobe[export]'); "
+            f"open_clip and M-CLIP models in the venv scripts/openclip-env.sh makes: "
+            f"artifacts/openclip-venv/bin/crossprobe models export {spec}",
+            err=True,
+        )
         raise typer.Exit(2) from None
     except (BadSpec, FileNotFoundError) as e:
         typer.echo(str(e), err=True)
@@ -64,7 +72,9 @@ def list_models(root: Path = _root()):
         d = m.get("dims", {})
         dims = f"d {d.get('d')} grid {'x'.join(map(str, d.get('grid', [])))} text {d.get('text_width')}"
         specs = ", ".join([m.get("spec", "?"), *(m.get("aliases") or {})])
-        rows.append((m.get("fingerprint", mj.parent.name), m.get("family", "?"), specs, dims, f"{size / 2**20:.1f} MiB"))
+        rows.append(
+            (m.get("fingerprint", mj.parent.name), m.get("family", "?"), specs, dims, f"{size / 2**20:.1f} MiB")
+        )
     if not rows:
         typer.echo(f"no exported models under {root} (`crossprobe models export SPEC --out {root}`)")
         return
@@ -75,13 +85,16 @@ def list_models(root: Path = _root()):
 
 
 @models_app.command("pull")
-def pull(spec: str = typer.Argument(..., help="hf:<repo id> | open_clip:<arch>/<tag> | immich:<repo id>"),
-         timeout: float = typer.Option(10.0, min=0.1, help="seconds to wait for the hub (each connection)")):
+def pull(
+    spec: str = typer.Argument(..., help="hf:<repo id> | open_clip:<arch>/<tag> | immich:<repo id>"),
+    timeout: float = typer.Option(10.0, min=0.1, help="seconds to wait for the hub (each connection)"),
+):
     """Download SPEC's files (the Hugging Face cache, open_clip's cache) where a network exists; where none does,
     say so within TIMEOUT seconds and what to do instead."""
     from crossprobe.cli import HF_OFFLINE_ASKED
-    from crossprobe.models.families.pull import NoNetwork, pull as run_pull
     from crossprobe.core.inference.spec import BadSpec
+    from crossprobe.models.families.pull import NoNetwork
+    from crossprobe.models.families.pull import pull as run_pull
 
     try:
         use = run_pull(spec, timeout, offline_asked=HF_OFFLINE_ASKED, log=typer.echo)
@@ -94,5 +107,8 @@ def pull(spec: str = typer.Argument(..., help="hf:<repo id> | open_clip:<arch>/<
     except Exception as e:  # the hub answered, then the download failed (no such repo, a cut connection): say it
         typer.echo(f"{spec}: download failed: {e}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"pulled: use {use} (then `crossprobe models export {use}`)" if not use.startswith("immich:")
-               else f"pulled: use {use}")
+    typer.echo(
+        f"pulled: use {use} (then `crossprobe models export {use}`)"
+        if not use.startswith("immich:")
+        else f"pulled: use {use}"
+    )

@@ -1,5 +1,6 @@
 """What several command groups share: the checkpoint option, the command line as run (recorded in what a
 command writes), and the Flickr8k check of the commands that train or evaluate on it."""
+
 from __future__ import annotations
 
 import shlex

@@ -1,6 +1,7 @@
 """The model stack's commands (typer), at the top level of `crossprobe`: train (also `--backbone`: reranker heads
 on another model's backbone), eval (also `--data`: any model on a captioned folder), frontier, ablate, promote,
 export, demo and fit-text-gate. They need PyTorch (the `torch` extra); cli/__init__.py adds them to the command line."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,33 +12,58 @@ from crossprobe.cli.options import CKPT, command_line, need_flickr
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
 
-_GRAPHS = typer.Option(Path("artifacts/service"), envvar="CROSSPROBE_ARTIFACTS_DIR",
-                       help="root folder of exported models, <root>/<fingerprint>/ (the service's)")
+_GRAPHS = typer.Option(
+    Path("artifacts/service"),
+    envvar="CROSSPROBE_ARTIFACTS_DIR",
+    help="root folder of exported models, <root>/<fingerprint>/ (the service's)",
+)
 
 
 @app.command()
 def train(
-    out: Path = typer.Option(None, help="where to write the checkpoint (default: models/checkpoints/default; with "
-                                        "--backbone: artifacts/heads/<backbone fingerprint>)"),
-    run_dir: Path = typer.Option(None, help="resumable training state; run again to continue (default: runs/default; "
-                                            "with --backbone: runs/heads)"),
-    cache_dir: Path = typer.Option(None, help="frozen-backbone feature cache (default: cache/flickr8k; with --backbone: "
-                                              "cache/backbones)"),
+    out: Path = typer.Option(
+        None,
+        help="where to write the checkpoint (default: models/checkpoints/default; with "
+        "--backbone: artifacts/heads/<backbone fingerprint>)",
+    ),
+    run_dir: Path = typer.Option(
+        None,
+        help="resumable training state; run again to continue (default: runs/default; with --backbone: runs/heads)",
+    ),
+    cache_dir: Path = typer.Option(
+        None, help="frozen-backbone feature cache (default: cache/flickr8k; with --backbone: cache/backbones)"
+    ),
     tower_epochs: int = typer.Option(16, help="two-tower epochs (each: every training image once)"),
-    gray: float = typer.Option(0.0, min=0.0, max=1.0, help="share of training images the towers see as their grayscale copy"),
+    gray: float = typer.Option(
+        0.0, min=0.0, max=1.0, help="share of training images the towers see as their grayscale copy"
+    ),
     methods: str = typer.Option("cp,temde,sm,tv", help="rerankers to train, comma separated"),
     reuse: str = typer.Option("", help="stages to take from --reuse-from instead of training them, e.g. towers,sm,tv"),
     reuse_from: Path = typer.Option(None, help="checkpoint whose stages --reuse takes (weights, report, wall time)"),
-    refit_fusion: str = typer.Option("", help="reused rerankers whose fusion weight is fit again on this run's dev banks"),
-    region: str = typer.Option("", help="region-label weights inside the rerankers' training logit, e.g. cp=0.5,temde=0.5 "
-                                        "(models/region_labels.py); empty: none"),
-    backbone: str = typer.Option(None, help="train Cross-probe and T-EMDE heads on this model's frozen backbone (a "
-                                             "spec: hf:..., open_clip:...) instead of crossprobe's own model, on --data"),
-    data: Path = typer.Option(None, help="with --backbone: a captioned folder (images/ + captions.tsv with an optional "
-                                         "split column; docs/models.md)"),
+    refit_fusion: str = typer.Option(
+        "", help="reused rerankers whose fusion weight is fit again on this run's dev banks"
+    ),
+    region: str = typer.Option(
+        "",
+        help="region-label weights inside the rerankers' training logit, e.g. cp=0.5,temde=0.5 "
+        "(models/region_labels.py); empty: none",
+    ),
+    backbone: str = typer.Option(
+        None,
+        help="train Cross-probe and T-EMDE heads on this model's frozen backbone (a "
+        "spec: hf:..., open_clip:...) instead of crossprobe's own model, on --data",
+    ),
+    data: Path = typer.Option(
+        None,
+        help="with --backbone: a captioned folder (images/ + captions.tsv with an optional "
+        "split column; docs/models.md)",
+    ),
     graphs: Path = _GRAPHS,
-    heads: str = typer.Option("", help="with --backbone: training settings and head shapes, e.g. "
-                                       "epochs=12,lr=5e-4,cp.d=64,temde.N=40 (models/training/backbone_heads.py)"),
+    heads: str = typer.Option(
+        "",
+        help="with --backbone: training settings and head shapes, e.g. "
+        "epochs=12,lr=5e-4,cp.d=64,temde.N=40 (models/training/backbone_heads.py)",
+    ),
     seed: int = 0,
     threads: int = 2,
 ):
@@ -49,7 +75,8 @@ def train(
     run_dir, cache_dir = run_dir or Path("runs/default"), cache_dir or Path("cache/flickr8k")
     need_flickr()
     from crossprobe.models import checkpoint
-    from crossprobe.models.training.run import TrainConfig, seed_from_checkpoint, train as run_train
+    from crossprobe.models.training.run import TrainConfig, seed_from_checkpoint
+    from crossprobe.models.training.run import train as run_train
 
     stages = tuple(s for s in reuse.split(",") if s)
     if stages:
@@ -57,10 +84,9 @@ def train(
             typer.echo("--reuse needs --reuse-from CHECKPOINT", err=True)
             raise typer.Exit(2)
         seed_from_checkpoint(reuse_from, run_dir, tuple(s for s in stages if not (run_dir / f"{s}.done.pt").exists()))
-    from crossprobe.models.training.towers import TowerTrainConfig
-
     from crossprobe.models.model import ModelConfig
     from crossprobe.models.region_labels import RegionConfig
+    from crossprobe.models.training.towers import TowerTrainConfig
 
     try:
         weights = {m: float(w) for m, w in (kv.split("=", 1) for kv in region.split(",") if kv)}
@@ -68,15 +94,31 @@ def train(
     except ValueError as e:
         typer.echo(f"--region {region!r}: expected METHOD=W,... with W >= 0 ({e})", err=True)
         raise typer.Exit(2) from e
-    cfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                      out=out or checkpoint.DEFAULT_CHECKPOINT, towers=TowerTrainConfig(epochs=tower_epochs, gray=gray),
-                      model=ModelConfig(region=region_cfg),
-                      methods=tuple(m for m in methods.split(",") if m), refit_fusion=tuple(m for m in refit_fusion.split(",") if m))
+    cfg = TrainConfig(
+        seed=seed,
+        threads=threads,
+        cache_dir=cache_dir,
+        run_dir=run_dir,
+        out=out or checkpoint.DEFAULT_CHECKPOINT,
+        towers=TowerTrainConfig(epochs=tower_epochs, gray=gray),
+        model=ModelConfig(region=region_cfg),
+        methods=tuple(m for m in methods.split(",") if m),
+        refit_fusion=tuple(m for m in refit_fusion.split(",") if m),
+    )
     run_train(cfg, log=typer.echo)
 
 
-def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_dir: Path | None,
-                 cache_dir: Path | None, graphs: Path, settings: str, seed: int, threads: int) -> None:
+def _train_heads(
+    backbone: str | None,
+    data: Path | None,
+    out: Path | None,
+    run_dir: Path | None,
+    cache_dir: Path | None,
+    graphs: Path,
+    settings: str,
+    seed: int,
+    threads: int,
+) -> None:
     if not backbone or data is None:
         typer.echo("--backbone SPEC and --data FOLDER go together", err=True)
         raise typer.Exit(2)
@@ -84,9 +126,20 @@ def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_
     from crossprobe.models.training.backbone_heads import HeadsTrainConfig, train_heads, with_settings
 
     try:
-        cfg = with_settings(HeadsTrainConfig(backbone, data, out, graphs, cache=cache_dir or Path("cache/backbones"),
-                                             run_dir=run_dir or Path("runs/heads"), seed=seed, threads=threads,
-                                             command=command_line()), settings)
+        cfg = with_settings(
+            HeadsTrainConfig(
+                backbone,
+                data,
+                out,
+                graphs,
+                cache=cache_dir or Path("cache/backbones"),
+                run_dir=run_dir or Path("runs/heads"),
+                seed=seed,
+                threads=threads,
+                command=command_line(),
+            ),
+            settings,
+        )
         report = train_heads(cfg, log=typer.echo)
     except (BadSpec, ModelUnavailable, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -98,22 +151,33 @@ def _train_heads(backbone: str | None, data: Path | None, out: Path | None, run_
 def evaluate(
     ckpt: Path = CKPT,
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json (make eval: docs/research)"),
+    docs: Path = typer.Option(
+        Path("artifacts/reports"),
+        help="writes DOCS/flickr8k.md and DOCS/results/flickr8k.json (make eval: docs/research)",
+    ),
     methods: str = typer.Option("cp,temde,sm,tv"),
     cp_all: bool = typer.Option(True, help="also score every caption x image pair with CP"),
     timing: bool = typer.Option(True, help="measure rerank ms per query (PyTorch and ONNX Runtime)"),
     card: bool = typer.Option(True, help="rewrite the committed checkpoint's MODEL_CARD.md from these results"),
     flickr: bool = typer.Option(True, help="the Flickr8k test protocol (--no-flickr: only the out-of-domain part)"),
     ood: bool = typer.Option(True, help="out-of-domain: coco-mini-dev among the Flickr8k dev images -> DOCS/ood.md"),
-    baseline: Path = typer.Option(Path("artifacts/checkpoints/pre-bridge"),
-                                  help="checkpoint the out-of-domain rows compare with (measured in the same run; the "
-                                  "default, the model before the label bridge, is restored from git history by "
-                                  "scripts/restore-checkpoint.sh pre-bridge)"),
+    baseline: Path = typer.Option(
+        Path("artifacts/checkpoints/pre-bridge"),
+        help="checkpoint the out-of-domain rows compare with (measured in the same run; the "
+        "default, the model before the label bridge, is restored from git history by "
+        "scripts/restore-checkpoint.sh pre-bridge)",
+    ),
     threads: int = 2,
-    data: Path = typer.Option(None, help="evaluate on this captioned folder instead (any model, through the serving "
-                                         "code: models/evaluation/captioned.py); the Flickr8k options do not apply"),
-    model: str = typer.Option(None, envvar="CROSSPROBE_MODEL", help="with --data: the model spec (default: --ckpt, "
-                                                                    "else the committed checkpoint)"),
+    data: Path = typer.Option(
+        None,
+        help="evaluate on this captioned folder instead (any model, through the serving "
+        "code: models/evaluation/captioned.py); the Flickr8k options do not apply",
+    ),
+    model: str = typer.Option(
+        None,
+        envvar="CROSSPROBE_MODEL",
+        help="with --data: the model spec (default: --ckpt, else the committed checkpoint)",
+    ),
     split: str = typer.Option("test", help="with --data: train | dev | test | all"),
     k: int = typer.Option(100, min=1, help="with --data: the shortlist each reranker reorders"),
     graphs: Path = _GRAPHS,
@@ -127,8 +191,11 @@ def evaluate(
         return
     need_flickr()
     if ood and not (baseline / "config.json").exists():
-        typer.echo(f"error: no baseline checkpoint at {baseline} for the out-of-domain rows: restore the default one "
-                   f"with scripts/restore-checkpoint.sh pre-bridge, pass --baseline CKPT, or run with --no-ood", err=True)
+        typer.echo(
+            f"error: no baseline checkpoint at {baseline} for the out-of-domain rows: restore the default one "
+            f"with scripts/restore-checkpoint.sh pre-bridge, pass --baseline CKPT, or run with --no-ood",
+            err=True,
+        )
         raise typer.Exit(2)
     import torch
 
@@ -142,19 +209,24 @@ def evaluate(
     data = CachedData.build(cache_dir, model.cfg.text.frozen_layers)
     j = None
     if flickr:
-        res = report.evaluate(model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo)
+        res = report.evaluate(
+            model, data, methods=tuple(m for m in methods.split(",") if m), cp_all=cp_all, timing=timing, log=typer.echo
+        )
         j = report.write(res, docs, command_line(), meta["fingerprint"])
         typer.echo(report.markdown(j))
     demo = run_demo(None, None, 3, ckpt, echo=lambda *_: None, rerank=_served())
     o = _eval_ood(model, meta, data, baseline, demo, docs, cache_dir.parent / "coco-mini-dev") if ood else None
-    if ckpt is None and card and j is not None:  # the committed checkpoint's card carries these metrics and the demo's answers
+    if (
+        ckpt is None and card and j is not None
+    ):  # the committed checkpoint's card carries these metrics and the demo's answers
         from crossprobe.models.model_card import write_card
 
         write_card(checkpoint.DEFAULT_CHECKPOINT, j, demo, ood=o, rerank=_served())
 
 
-def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path, json_out: Path | None,
-                 threads: int) -> None:
+def _eval_folder(
+    data: Path, spec: str | None, split: str, k: int, graphs: Path, json_out: Path | None, threads: int
+) -> None:
     import json
 
     from crossprobe.core import inference
@@ -168,8 +240,15 @@ def _eval_folder(data: Path, spec: str | None, split: str, k: int, graphs: Path,
     except (inference.BadSpec, inference.ModelUnavailable, ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    res = {"model": str(inference.parse(spec)), "fingerprint": backend.fingerprint, "data": str(data), "split": split,
-           **res, "command": command_line(), "host": machine()}
+    res = {
+        "model": str(inference.parse(spec)),
+        "fingerprint": backend.fingerprint,
+        "data": str(data),
+        "split": split,
+        **res,
+        "command": command_line(),
+        "host": machine(),
+    }
     text = json.dumps(res, indent=1)
     if json_out is not None:
         from crossprobe.core.atomic import atomic_write
@@ -194,18 +273,28 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, c
     from crossprobe.models.evaluation.report import machine
 
     if not CaptionedFolder.available(coco_root()):
-        typer.echo(f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True)
+        typer.echo(
+            f"coco-mini-dev not found at {coco_root()} (set COCO_MINI_DEV_DIR); out-of-domain part skipped.", err=True
+        )
         return None
     base_model, base_meta = checkpoint.load(baseline)
-    feats = ood.OodFeatures(CaptionedFolder.load(coco_root()), cache, model.cfg.text.frozen_layers,
-                            data.grids[data.split_images("dev")])
+    feats = ood.OodFeatures(
+        CaptionedFolder.load(coco_root()), cache, model.cfg.text.frozen_layers, data.grids[data.split_images("dev")]
+    )
     served = _served()
     base_demo = run_demo(None, None, 3, baseline, echo=lambda *_: None, rerank=served)
     j = ood.to_json(
-        ood.evaluate(base_model, feats), ood.evaluate(model, feats),
+        ood.evaluate(base_model, feats),
+        ood.evaluate(model, feats),
         "TT" if served == "none" else f"{served.upper()}@100",
-        {"baseline_top1": ood.gallery_top1(base_demo, EXPECTED), "top1": ood.gallery_top1(demo, EXPECTED), "queries": len(EXPECTED)},
-        command_line(), machine(), {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
+        {
+            "baseline_top1": ood.gallery_top1(base_demo, EXPECTED),
+            "top1": ood.gallery_top1(demo, EXPECTED),
+            "queries": len(EXPECTED),
+        },
+        command_line(),
+        machine(),
+        {"baseline": base_meta["fingerprint"], "default": meta["fingerprint"]},
     )
     ood.write(j, docs)
     typer.echo(ood.markdown(j))
@@ -215,9 +304,14 @@ def _eval_ood(model, meta: dict, data, baseline: Path, demo: dict, docs: Path, c
 @app.command()
 def frontier(
     ckpt: Path = CKPT,
-    run_dir: Path = typer.Option(Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"),
+    run_dir: Path = typer.Option(
+        Path("runs/default"), help="per-setting training state (frontier_<setting>.*); resumable"
+    ),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/frontier.md and DOCS/results/frontier.json (make frontier: docs/research)"),
+    docs: Path = typer.Option(
+        Path("artifacts/reports"),
+        help="writes DOCS/frontier.md and DOCS/results/frontier.json (make frontier: docs/research)",
+    ),
     seed: int = 0,
     threads: int = 2,
 ):
@@ -233,12 +327,18 @@ def frontier(
 
 @app.command()
 def ablate(
-    tower_epochs: int = typer.Option(0, help="tower options' budget; 0: the default's own (16 epochs, ~21 min "
-                                     "each on 2 cores); N: a short budget, rows <option>@Nep against default@Nep"),
+    tower_epochs: int = typer.Option(
+        0,
+        help="tower options' budget; 0: the default's own (16 epochs, ~21 min "
+        "each on 2 cores); N: a short budget, rows <option>@Nep against default@Nep",
+    ),
     only: str = typer.Option("", help="comma-separated subset of options (default: all)"),
     run_dir: Path = typer.Option(Path("runs/ablation"), help="per-option training state and results; resumable"),
     cache_dir: Path = typer.Option(Path("cache/flickr8k")),
-    docs: Path = typer.Option(Path("artifacts/reports"), help="writes DOCS/ablation.md and DOCS/results/ablation.json (make ablation: docs/research)"),
+    docs: Path = typer.Option(
+        Path("artifacts/reports"),
+        help="writes DOCS/ablation.md and DOCS/results/ablation.json (make ablation: docs/research)",
+    ),
     retime: bool = typer.Option(False, help="re-measure ms/query of every stored row on an otherwise idle machine"),
     seed: int = 0,
     threads: int = 2,
@@ -252,8 +352,16 @@ def ablate(
     if unknown:
         typer.echo(f"unknown options {unknown}; choose from {list(OPTIONS)}", err=True)
         raise typer.Exit(2)
-    cfg = AblationConfig(tower_epochs=tower_epochs or None, seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                         docs=docs, only=subset, command=command_line())
+    cfg = AblationConfig(
+        tower_epochs=tower_epochs or None,
+        seed=seed,
+        threads=threads,
+        cache_dir=cache_dir,
+        run_dir=run_dir,
+        docs=docs,
+        only=subset,
+        command=command_line(),
+    )
     Runner(cfg, log=typer.echo).run(retime=retime)
 
 
@@ -275,11 +383,15 @@ def promote(
         typer.echo(f"unknown option {option!r}; choose from {list(OPTIONS)}", err=True)
         raise typer.Exit(2)
     try:
-        run_promote(option, AblationConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir,
-                                           command=command_line()), out, log=typer.echo)
+        run_promote(
+            option,
+            AblationConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir, command=command_line()),
+            out,
+            log=typer.echo,
+        )
     except (FileNotFoundError, ValueError) as e:
         typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -290,9 +402,8 @@ def export(
     """Export every ONNX graph the service and the indexer run: the checkpoint's graphs into <out>/<fingerprint>/
     (each checked against PyTorch), its int8 query tower, and the shared image backbone <out>/image_backbone.onnx.
     Point CROSSPROBE_ARTIFACTS_DIR and CROSSPROBE_INDEX_MODEL_DIR at <out> and nothing exports at start."""
-    from crossprobe.models import checkpoint
+    from crossprobe.models import checkpoint, graphs
     from crossprobe.models import export as ex
-    from crossprobe.models import graphs
     from crossprobe.models.evaluation.timing import parity
 
     model, meta = checkpoint.load(ckpt)
@@ -326,29 +437,42 @@ def demo(
 @app.command("fit-text-gate")
 def fit_text_gate(
     out: Path = typer.Option(None, help="where to write the gate (default: models/checkpoints/text_gate)"),
-    workdir: Path = typer.Option(Path("artifacts/text-gate"), help="generated sets, OCR and grid caches (kept: a "
-                                 "rerun takes seconds)"),
+    workdir: Path = typer.Option(
+        Path("artifacts/text-gate"), help="generated sets, OCR and grid caches (kept: a rerun takes seconds)"
+    ),
     real: int = typer.Option(2000, help="train photos whose real writing full OCR reads (0: none)"),
     documents: int = typer.Option(400, help="generated train documents and screens (0: none)"),
     l2: float = typer.Option(0.1, help="L2 weight of the logistic regression"),
-    pass_pct: float = typer.Option(None, "--pass", min=0.0, max=100.0, help="the threshold: this % of the dev "
-                                   "photos without a sign pass (default: as many as the detector gate passes)"),
+    pass_pct: float = typer.Option(
+        None,
+        "--pass",
+        min=0.0,
+        max=100.0,
+        help="the threshold: this % of the dev "
+        "photos without a sign pass (default: as many as the detector gate passes)",
+    ),
 ):
     """Fit the text gate that decides which photos OCR reads (core/text_gate.py): a probe over each cell of the
     backbone's grid, trained on Flickr8k train photos, its threshold chosen on dev (needs the ocr extra)."""
     need_flickr()
     import importlib.util
 
-    if importlib.util.find_spec("rapidocr_onnxruntime") is None:  # full OCR finds the real writing, its detector the threshold
+    if (
+        importlib.util.find_spec("rapidocr_onnxruntime") is None
+    ):  # full OCR finds the real writing, its detector the threshold
         typer.echo("the text gate's fit reads photos with rapidocr: pip install 'crossprobe[ocr]'", err=True)
         raise typer.Exit(2)
     from crossprobe.core.text_gate import DEFAULT_GATE
-    from crossprobe.models.training.text_gate import GateFitConfig, fit_text_gate as run_fit
+    from crossprobe.models.training.text_gate import GateFitConfig
+    from crossprobe.models.training.text_gate import fit_text_gate as run_fit
     from crossprobe.models.training.text_gate_sets import missing_fonts
 
     if missing_fonts():  # the sets would be drawn otherwise than the served gate's: refuse rather than differ
-        typer.echo(f"the generated signs and documents are drawn with fonts this machine lacks: {missing_fonts()} "
-                   "(Debian: apt-get install fonts-dejavu-core fonts-liberation)", err=True)
+        typer.echo(
+            f"the generated signs and documents are drawn with fonts this machine lacks: {missing_fonts()} "
+            "(Debian: apt-get install fonts-dejavu-core fonts-liberation)",
+            err=True,
+        )
         raise typer.Exit(2)
 
     cfg = GateFitConfig(workdir=workdir, real=real, documents=documents, l2=l2, pass_pct=pass_pct)

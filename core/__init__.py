@@ -5,6 +5,7 @@ exported graphs' files (graph_files.py) and atomic writes. Nothing here imports 
 torch part: towers, training, evaluation, the exporters); torch_side.py is the one door to it, opened only where a
 graph is missing or an in-memory model is handed in, and it names the extra to install where torch is absent.
 The import-linter contract in .importlinter holds this (tests/test_layers.py)."""
+
 import importlib.util
 import json
 from pathlib import Path

@@ -12,6 +12,7 @@ overwrites; unique=True adds a random part where several processes may write the
 export of a checkpoint's graphs). A failed write removes its temporary file. The lowest layer (models) holds it:
 the indexer and the service import it from here.
 """
+
 from __future__ import annotations
 
 import os

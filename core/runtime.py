@@ -12,6 +12,7 @@ ONNX Runtime allows the shared pool to be made once per process and then
 requires every later session to use it, so `share_thread_pool` is process-wide
 and `session` follows it.
 """
+
 from __future__ import annotations
 
 import logging

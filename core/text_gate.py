@@ -14,6 +14,7 @@ Trained by `crossprobe fit-text-gate` (models/training/text_gate.py) on Flickr8k
 generated documents and screens; the threshold is chosen there on dev, and its recall and pass rate are in
 docs/research/text_search.md. The backbone is the same for every crossprobe checkpoint, so one gate serves them all.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,12 @@ class TextGate:
             return None
         m = self.cfg.margin
         (r0, c0), (r1, c1) = np.maximum(on.min(0) - m, 0), np.minimum(on.max(0) + m, GRID - 1)
-        return (int(c0 * width / GRID), int(r0 * height / GRID),
-                int(round((c1 + 1) * width / GRID)), int(round((r1 + 1) * height / GRID)))
+        return (
+            int(c0 * width / GRID),
+            int(r0 * height / GRID),
+            int(round((c1 + 1) * width / GRID)),
+            int(round((r1 + 1) * height / GRID)),
+        )
 
     def save(self, folder: Path, about: dict | None = None) -> None:
         """The folder (model.safetensors, config.json), written whole under a temporary name and renamed."""
@@ -83,6 +88,8 @@ class TextGate:
         return cls(t["w"], float(t["b"][0]), TextGateConfig(**cfg))
 
     @classmethod
-    def from_standardised(cls, w: np.ndarray, b: float, mu: np.ndarray, sd: np.ndarray, cfg: TextGateConfig) -> "TextGate":
+    def from_standardised(
+        cls, w: np.ndarray, b: float, mu: np.ndarray, sd: np.ndarray, cfg: TextGateConfig
+    ) -> "TextGate":
         """A probe fitted on (x - mu) / sd, folded into one (w, b) on raw features."""
         return cls(w / sd, b - float((mu / sd) @ w), cfg)

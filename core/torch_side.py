@@ -6,14 +6,17 @@ By name (importlib), not by an import statement, so that the layers contract (.i
 storage layer, the jobs and the service never import torch or crossprobe.models) holds for every code path that
 serves or indexes with exported graphs; tests/deploy/test_torch_free_runtime.py runs those paths with torch
 absent."""
+
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
 EXTRA = "torch"  # pyproject.toml's optional dependencies: PyTorch and the exporters' libraries
-INSTALL = (f"pip install 'crossprobe[{EXTRA}]' (PyTorch's CPU build first where the default is the CUDA one: "
-           f"pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+INSTALL = (
+    f"pip install 'crossprobe[{EXTRA}]' (PyTorch's CPU build first where the default is the CUDA one: "
+    f"pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+)
 
 
 class TorchUnavailable(RuntimeError):

@@ -7,13 +7,23 @@ The jobs are indexer/jobs/kinds.py (one function per kind), the read path indexe
 Names are imported lazily: `crossprobe --help` imports indexer.cli, and should
 not pay for faiss, onnxruntime and torch.
 """
+
 from importlib import import_module
 
 _EXPORTS = {
-    "build": "jobs.kinds", "add": "jobs.kinds", "delete": "jobs.kinds", "reindex": "jobs.kinds", "sync": "jobs.kinds",
-    "Result": "jobs.run", "TooManyLost": "jobs.report",
-    "open_index": "storage.reader", "IndexReader": "storage.reader", "FingerprintMismatch": "storage.reader",
-    "IndexerSettings": "jobs.settings", "StorageSettings": "storage.settings", "connect": "storage.redis_conn",
+    "build": "jobs.kinds",
+    "add": "jobs.kinds",
+    "delete": "jobs.kinds",
+    "reindex": "jobs.kinds",
+    "sync": "jobs.kinds",
+    "Result": "jobs.run",
+    "TooManyLost": "jobs.report",
+    "open_index": "storage.reader",
+    "IndexReader": "storage.reader",
+    "FingerprintMismatch": "storage.reader",
+    "IndexerSettings": "jobs.settings",
+    "StorageSettings": "storage.settings",
+    "connect": "storage.redis_conn",
 }
 __all__ = sorted(_EXPORTS)
 

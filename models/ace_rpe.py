@@ -23,6 +23,7 @@ through anchors and measures distance along the resulting graph:
             the alignment a(q, I) = mean over groups and real tokens of
             max_patch S'; trains the anchors to find the caption's words.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,14 +40,19 @@ from crossprobe.core import inputs
 @dataclass
 class AceRpeConfig:
     """ACE-RPE in a joint reranker (TV: models/single_stream.py, SM: models/split_merge.py), one group per head."""
+
     enabled: bool = False  # anchor-based cross-modal relative positions
     shrink: float = 0.2  # lambda of the soft-shrink: weaker token-patch matches are no anchor
     max_dist: int = 8  # distances beyond this share the "far" bucket
     anchor_loss: float = 0.0  # weight of the anchor loss in reranker training (0 = off)
     # A checkpoint's config.json holds these flat in the reranker's config, under the names they had before they
     # were nested; its fingerprint hashes that form, so it is the one written and read (AceRpeField).
-    FLAT: ClassVar[dict[str, str]] = {"enabled": "ace_rpe", "shrink": "ace_shrink", "max_dist": "ace_max_dist",
-                                      "anchor_loss": "anchor_loss"}
+    FLAT: ClassVar[dict[str, str]] = {
+        "enabled": "ace_rpe",
+        "shrink": "ace_shrink",
+        "max_dist": "ace_max_dist",
+        "anchor_loss": "anchor_loss",
+    }
 
 
 class AceRpeField:
@@ -56,8 +62,9 @@ class AceRpeField:
         out: dict = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            out.update({flat: getattr(v, name) for name, flat in AceRpeConfig.FLAT.items()} if f.name == "ace"
-                       else {f.name: v})
+            out.update(
+                {flat: getattr(v, name) for name, flat in AceRpeConfig.FLAT.items()} if f.name == "ace" else {f.name: v}
+            )
         return out
 
     @classmethod

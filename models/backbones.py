@@ -10,6 +10,7 @@
 Nothing here downloads anything: code that fetches weights at run time fails on
 this project's machines by design.
 """
+
 from __future__ import annotations
 
 import os

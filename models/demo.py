@@ -4,6 +4,7 @@ Encodes a small gallery (scikit-image's bundled photos, or IMAGES=dir), then for
 each query ranks the gallery with the two towers, reranks it with the chosen
 reranker (the service's default unless told), and prints the top images with both scores.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,28 +13,49 @@ import numpy as np
 import torch
 from PIL import Image
 
+from crossprobe.core import inputs
+from crossprobe.models import backbones as bb
 from crossprobe.models import checkpoint
 from crossprobe.models.region_labels import add_region
-from crossprobe.models import backbones as bb
-from crossprobe.core import inputs
 
 # scikit-image photos that ship inside its wheel (others are fetched on demand and fail offline)
 SAMPLES = {
-    "astronaut": "astronaut", "camera": "camera", "cat": "chelsea", "coffee": "coffee", "coins": "coins",
-    "horse": "horse", "moon": "moon", "rocket": "rocket", "motorcycle": "stereo_motorcycle",
-    "hubble": "hubble_deep_field", "clock": "clock", "page": "page", "brick": "brick", "grass": "grass",
-    "retina": "retina", "colorwheel": "colorwheel",
+    "astronaut": "astronaut",
+    "camera": "camera",
+    "cat": "chelsea",
+    "coffee": "coffee",
+    "coins": "coins",
+    "horse": "horse",
+    "moon": "moon",
+    "rocket": "rocket",
+    "motorcycle": "stereo_motorcycle",
+    "hubble": "hubble_deep_field",
+    "clock": "clock",
+    "page": "page",
+    "brick": "brick",
+    "grass": "grass",
+    "retina": "retina",
+    "colorwheel": "colorwheel",
 }
 # query -> the gallery photo a person would expect first: one everyday query per photo, each written before
 # its result was seen, so the list is not picked to flatter the model
 EXPECTED = {
-    "a cat": "cat", "a cup of coffee": "coffee", "a rocket launching into the sky": "rocket",
-    "a man riding a motorcycle": "motorcycle", "a woman in a space suit": "astronaut",
+    "a cat": "cat",
+    "a cup of coffee": "coffee",
+    "a rocket launching into the sky": "rocket",
+    "a man riding a motorcycle": "motorcycle",
+    "a woman in a space suit": "astronaut",
     "a black and white photo of a horse": "horse",
-    "an old clock": "clock", "a man with a camera on a tripod": "camera", "a pile of coins": "coins",
-    "the surface of the moon": "moon", "a brick wall": "brick", "green grass": "grass",
-    "a page of printed text": "page", "stars and galaxies in deep space": "hubble",
-    "a medical scan of an eye": "retina", "a colour wheel": "colorwheel",
+    "an old clock": "clock",
+    "a man with a camera on a tripod": "camera",
+    "a pile of coins": "coins",
+    "the surface of the moon": "moon",
+    "a brick wall": "brick",
+    "green grass": "grass",
+    "a page of printed text": "page",
+    "stars and galaxies in deep space": "hubble",
+    "a medical scan of an eye": "retina",
+    "a colour wheel": "colorwheel",
 }
 QUERIES = list(EXPECTED)
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -73,8 +95,9 @@ def folder_gallery(folder: Path) -> dict[str, Image.Image]:
 
 
 @torch.inference_mode()
-def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Path | None, echo=print,
-             rerank: str = "cp") -> dict:
+def run_demo(
+    images: Path | None, queries: list[str] | None, top: int, ckpt: Path | None, echo=print, rerank: str = "cp"
+) -> dict:
     """rerank: cp | temde | none, over the whole gallery, with the region term where the checkpoint has one (as the
     service's scorer graphs add it)."""
     if rerank not in ("cp", "temde", "none"):
@@ -106,7 +129,9 @@ def run_demo(images: Path | None, queries: list[str] | None, top: int, ckpt: Pat
     if rerank != "none" and model.cfg.region.weight(rerank) > 0:  # region labels (region_labels.py)
         labels = model.bridge.cell_labels(grids).expand(Q, -1, -1)  # (Q, G, 49)
         fused = add_region(fused, model.cfg.region, rerank, model.bridge.class_sims(t.g), labels)
-    echo(f"checkpoint {meta['fingerprint']}, gallery of {G} images ({images or 'scikit-image samples'}), rerank {rerank}")
+    echo(
+        f"checkpoint {meta['fingerprint']}, gallery of {G} images ({images or 'scikit-image samples'}), rerank {rerank}"
+    )
     results = {}
     for qi, q in enumerate(queries):
         order = fused[qi].argsort(descending=True)[:top].tolist()

@@ -6,6 +6,7 @@ each graph computes is models/graphs.py. Every file is written under a temp name
 reader (another process, a killed export's next run) never sees half a graph. The ensure_* names imported here
 are the core's: torch-side callers keep calling export.ensure_graphs.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,13 +20,19 @@ from typing import Iterable
 
 from crossprobe.core import torch_side
 from crossprobe.core.atomic import atomic_path, atomic_write
-from crossprobe.core.graph_files import (BACKBONE, HEADS_GRAPHS, SEARCH_GRAPHS, SERVICE_GRAPHS,  # noqa: F401
-                                         GraphsUnavailable, checkpoint_fingerprint, ensure_backbone, ensure_graphs,
-                                         ensure_heads_graphs, ensure_int8_query, quantize_query_tower)
+from crossprobe.core.graph_files import (
+    BACKBONE,
+    HEADS_GRAPHS,
+    SERVICE_GRAPHS,  # noqa: F401
+    GraphsUnavailable,
+    checkpoint_fingerprint,
+)
 
 log = logging.getLogger("crossprobe.models")
 
 OPSET = 17
+
+
 def _torch_for_export(what: str, folder: Path) -> None:
     """Refuse, with what to do, where a missing graph would need PyTorch that is not installed."""
     try:
@@ -36,11 +43,20 @@ def _torch_for_export(what: str, folder: Path) -> None:
             f"image ships without torch: it holds the graphs of its own checkpoint only). Export them where PyTorch "
             f"is installed: `crossprobe export --ckpt CKPT --out DIR` (for instance in the image's builder stage, "
             f"`docker build --target builder`), then point CROSSPROBE_ARTIFACTS_DIR (the service) and "
-            f"CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR; or install it here: {torch_side.INSTALL}") from None
+            f"CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR; or install it here: {torch_side.INSTALL}"
+        ) from None
 
 
-def export_graphs(root: Path, names: Iterable[str], ckpt: Path | None = None, *, model=None, bert=None,
-                  fingerprint: str | None = None, also: Iterable[str] = ()) -> Path:
+def export_graphs(
+    root: Path,
+    names: Iterable[str],
+    ckpt: Path | None = None,
+    *,
+    model=None,
+    bert=None,
+    fingerprint: str | None = None,
+    also: Iterable[str] = (),
+) -> Path:
     """<root>/<fingerprint>/ holding every graph in `names`, exporting the missing ones now (with `also`, while
     the model is loaded). The model is the in-memory `model` (with its `fingerprint`) or the checkpoint `ckpt`
     (default: the committed one), loaded only when something is missing."""
@@ -90,6 +106,7 @@ def export_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fin
         for name in missing:
             make, inputs, outputs, dynamic = graphs.HEADS_GRAPHS[name]
             _export(make(model), ex[name], tmp / f"{name}.onnx", inputs, outputs, dynamic)
+
     _publish(final, missing, fingerprint, write)
     return final
 
@@ -118,8 +135,8 @@ def export_backbone(root: Path) -> Path:
     _torch_for_export("the image backbone graph", path.parent)
     import torch
 
-    from crossprobe.models import backbones as bb
     from crossprobe.core import inputs
+    from crossprobe.models import backbones as bb
 
     path.parent.mkdir(parents=True, exist_ok=True)
     dummy = torch.zeros(1, 3, inputs.IMAGE_SIZE, inputs.IMAGE_SIZE)
@@ -136,7 +153,7 @@ def export_all(model, out_dir: Path, fingerprint: str, names: Iterable[str] | No
     out_dir = Path(out_dir)
     paths = {}
     ex = graphs.example_inputs(model)
-    for name in (names or tuple(graphs.GRAPHS)):
+    for name in names or tuple(graphs.GRAPHS):
         inputs, outputs, dynamic = graphs.io_names(model, name)
         paths[name] = out_dir / f"{name}.onnx"
         _export(graphs.GRAPHS[name][0](model), ex[name], paths[name], inputs, outputs, dynamic)
@@ -155,7 +172,13 @@ def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[st
     path.parent.mkdir(parents=True, exist_ok=True)
     # a unique temp name: the service and the indexer may export the same graph at once; 0644 as in ensure_graphs
     with atomic_path(path, mode=0o644, unique=True) as tmp, torch.no_grad():
-        torch.onnx.export(module.eval(), args, str(tmp), input_names=inputs, output_names=outputs,
-                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
-
-
+        torch.onnx.export(
+            module.eval(),
+            args,
+            str(tmp),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            dynamo=False,
+        )

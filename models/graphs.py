@@ -18,6 +18,7 @@ Reranker heads on another model's backbone (models/heads.py: no region labels, n
 
 models/export.py writes them to files; this module only says what they are.
 """
+
 from __future__ import annotations
 
 import torch
@@ -97,7 +98,7 @@ def attention_probs(attn: nn.Module, x: torch.Tensor, ctx: torch.Tensor) -> torc
     scaled_dot_product_attention kernel, which never materialises them."""
     B, Tq, _ = x.shape
     Tk = ctx.shape[1]
-    scale = attn.hd ** -0.5
+    scale = attn.hd**-0.5
     if hasattr(attn, "q2"):  # ZoDIAC: GELU on the inputs, on q / k and on the logits (zodiac.py)
         q = attn._heads(attn.q(F.gelu(x)))
         k = attn._heads(attn.kv(F.gelu(ctx)).chunk(2, dim=-1)[0])
@@ -202,7 +203,13 @@ def scorer_inputs(model, K: int = 7) -> dict[str, tuple]:
     cp, te = model.cp.cfg, model.temde.cfg  # modules' own configs (a frontier variant may be swapped in)
     dc, nk = cp.d, te.N * te.K
     return {
-        "cp_scorer": (torch.randn(1, cp.m, dc), torch.randn(1, dc), torch.randn(K, cp.n, dc), torch.randn(K, dc), torch.rand(K))
+        "cp_scorer": (
+            torch.randn(1, cp.m, dc),
+            torch.randn(1, dc),
+            torch.randn(K, cp.n, dc),
+            torch.randn(K, dc),
+            torch.rand(K),
+        )
         + region_inputs(model, "cp", K),
         "temde_scorer": (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + region_inputs(model, "temde", K),
     }
@@ -216,8 +223,18 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
         "query_tower": (ids, _mask(T)),
         "image_tower": (torch.randn(2, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM).abs(),),
         **scorer_inputs(model, K),
-        "sm_scorer": (torch.randn(1, T, model.sm.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.sm.cfg.d), torch.rand(K)),
-        "tv_scorer": (torch.randn(1, T, model.tv.cfg.d), torch.ones(1, T, dtype=torch.bool), torch.randn(K, 49, model.tv.cfg.d), torch.rand(K)),
+        "sm_scorer": (
+            torch.randn(1, T, model.sm.cfg.d),
+            torch.ones(1, T, dtype=torch.bool),
+            torch.randn(K, 49, model.sm.cfg.d),
+            torch.rand(K),
+        ),
+        "tv_scorer": (
+            torch.randn(1, T, model.tv.cfg.d),
+            torch.ones(1, T, dtype=torch.bool),
+            torch.randn(K, 49, model.tv.cfg.d),
+            torch.rand(K),
+        ),
         # a real grid is ReLU6 output: non-negative
         "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, cp.d))
         + ((F.normalize(torch.randn(1, 1000), dim=-1),) if model.cfg.region.enabled else ()),
@@ -227,20 +244,47 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
 GRAPHS = {
     # outputs named dynamic too: traced at batch 2, a reshape's output (the T-EMDE sketch) otherwise keeps a declared
     # batch of 2, which ONNX Runtime warns about on every other batch size (the values were right)
-    "query_tower": (QueryGraph, ["input_ids", "attention_mask"], ["g_q", "p_t", "w_bar", "s_q"],
-                    {"input_ids": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"},
-                     **{o: {0: "B"} for o in ("g_q", "p_t", "w_bar", "s_q")}}),
-    "image_tower": (ImageGraph, ["grid"], ["g_i", "p_v", "b_bar", "s_i"],
-                    {"grid": {0: "B"}, **{o: {0: "B"} for o in ("g_i", "p_v", "b_bar", "s_i")}}),
-    "cp_scorer": (CPScorer, ["p_t", "w_bar", "p_v", "b_bar", "s_tt"], ["logits"],
-                  {"p_v": {0: "K"}, "b_bar": {0: "K"}, "s_tt": {0: "K"}}),
+    "query_tower": (
+        QueryGraph,
+        ["input_ids", "attention_mask"],
+        ["g_q", "p_t", "w_bar", "s_q"],
+        {
+            "input_ids": {0: "B", 1: "T"},
+            "attention_mask": {0: "B", 1: "T"},
+            **{o: {0: "B"} for o in ("g_q", "p_t", "w_bar", "s_q")},
+        },
+    ),
+    "image_tower": (
+        ImageGraph,
+        ["grid"],
+        ["g_i", "p_v", "b_bar", "s_i"],
+        {"grid": {0: "B"}, **{o: {0: "B"} for o in ("g_i", "p_v", "b_bar", "s_i")}},
+    ),
+    "cp_scorer": (
+        CPScorer,
+        ["p_t", "w_bar", "p_v", "b_bar", "s_tt"],
+        ["logits"],
+        {"p_v": {0: "K"}, "b_bar": {0: "K"}, "s_tt": {0: "K"}},
+    ),
     "temde_scorer": (TemdeScorer, ["s_q", "s_i", "s_tt"], ["logits"], {"s_i": {0: "K"}, "s_tt": {0: "K"}}),
-    "sm_scorer": (lambda m: JointScorer(m.sm), ["t", "t_mask", "v", "s_tt"], ["logits"],
-                  {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
-    "tv_scorer": (lambda m: JointScorer(m.tv), ["t", "t_mask", "v", "s_tt"], ["logits"],
-                  {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}}),
-    "explain": (ExplainGraph, ["grid", "p_t"], ["regions", "probe_regions"],
-                {"grid": {0: "K"}, "regions": {0: "K"}, "probe_regions": {0: "K"}}),
+    "sm_scorer": (
+        lambda m: JointScorer(m.sm),
+        ["t", "t_mask", "v", "s_tt"],
+        ["logits"],
+        {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}},
+    ),
+    "tv_scorer": (
+        lambda m: JointScorer(m.tv),
+        ["t", "t_mask", "v", "s_tt"],
+        ["logits"],
+        {"t": {1: "T"}, "t_mask": {1: "T"}, "v": {0: "K"}, "s_tt": {0: "K"}},
+    ),
+    "explain": (
+        ExplainGraph,
+        ["grid", "p_t"],
+        ["regions", "probe_regions"],
+        {"grid": {0: "K"}, "regions": {0: "K"}, "probe_regions": {0: "K"}},
+    ),
 }
 
 
@@ -264,11 +308,22 @@ class HeadsTextGraph(nn.Module):
 
 
 HEADS_GRAPHS = {
-    "image_head": (HeadsImageGraph, ["tokens"], ["p_v", "b_bar", "s_i"],
-                   {"tokens": {0: "B"}, **{o: {0: "B"} for o in ("p_v", "b_bar", "s_i")}}),
-    "text_head": (HeadsTextGraph, ["tokens", "attention_mask"], ["p_t", "w_bar", "s_q"],
-                  {"tokens": {0: "B", 1: "T"}, "attention_mask": {0: "B", 1: "T"},
-                   **{o: {0: "B"} for o in ("p_t", "w_bar", "s_q")}}),
+    "image_head": (
+        HeadsImageGraph,
+        ["tokens"],
+        ["p_v", "b_bar", "s_i"],
+        {"tokens": {0: "B"}, **{o: {0: "B"} for o in ("p_v", "b_bar", "s_i")}},
+    ),
+    "text_head": (
+        HeadsTextGraph,
+        ["tokens", "attention_mask"],
+        ["p_t", "w_bar", "s_q"],
+        {
+            "tokens": {0: "B", 1: "T"},
+            "attention_mask": {0: "B", 1: "T"},
+            **{o: {0: "B"} for o in ("p_t", "w_bar", "s_q")},
+        },
+    ),
     "cp_scorer": GRAPHS["cp_scorer"],
     "temde_scorer": GRAPHS["temde_scorer"],
 }
@@ -276,8 +331,11 @@ HEADS_GRAPHS = {
 
 def heads_example_inputs(model, K: int = 7, T: int = 9) -> dict[str, tuple]:
     c = model.cfg
-    return {"image_head": (torch.randn(2, c.cells, c.image_width),),
-            "text_head": (torch.randn(2, T, c.text_width), _mask(T)), **scorer_inputs(model, K)}
+    return {
+        "image_head": (torch.randn(2, c.cells, c.image_width),),
+        "text_head": (torch.randn(2, T, c.text_width), _mask(T)),
+        **scorer_inputs(model, K),
+    }
 
 
 def region_inputs(model, method: str, K: int) -> tuple:

@@ -15,6 +15,7 @@ SPEC, "backbone_fingerprint", "fingerprint", "model": HeadsConfig, training fact
 heads are small) and MODEL_CARD.md. Its fingerprint hashes the backbone's fingerprint, the heads' config and their
 weights: an index built with the heads is bound to both.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,17 +98,31 @@ def _identity(model_cfg: dict, backbone_fingerprint: str) -> dict:
 def _tensors(model: HeadsModel) -> dict[str, torch.Tensor]:
     """The stored tensors: float32, each its own copy (T-EMDE's coders share their centroids with the module, and
     safetensors stores no shared memory; loading ties them again)."""
-    return {k: v.detach().float().clone() if v.is_floating_point() else v.clone()
-            for k, v in model.trained_state_dict().items()}
+    return {
+        k: v.detach().float().clone() if v.is_floating_point() else v.clone()
+        for k, v in model.trained_state_dict().items()
+    }
 
 
-def save(model: HeadsModel, out: Path, backbone: str, backbone_fingerprint: str, meta: dict | None = None,
-         card: str | None = None) -> str:
+def save(
+    model: HeadsModel,
+    out: Path,
+    backbone: str,
+    backbone_fingerprint: str,
+    meta: dict | None = None,
+    card: str | None = None,
+) -> str:
     """The heads checkpoint directory (module docstring), written atomically -> its fingerprint."""
     tensors, cfg = _tensors(model), model.cfg.to_dict()
     fp = checkpoint.fingerprint(tensors, _identity(cfg, backbone_fingerprint))
-    config = {"kind": KIND, "backbone": backbone, "backbone_fingerprint": backbone_fingerprint, "fingerprint": fp,
-              "model": cfg, **(meta or {})}
+    config = {
+        "kind": KIND,
+        "backbone": backbone,
+        "backbone_fingerprint": backbone_fingerprint,
+        "fingerprint": fp,
+        "model": cfg,
+        **(meta or {}),
+    }
     checkpoint.write(out, tensors, config, {"MODEL_CARD.md": card} if card else None)
     return fp
 

@@ -4,8 +4,8 @@ Attention is written out (not nn.MultiheadAttention) so that padding masks,
 export to ONNX and later attention variants all live in one readable place.
 Masks are boolean with True = real token, False = padding.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn as nn
@@ -36,8 +36,14 @@ class Attention(nn.Module):
         self.out = nn.Linear(d, d)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, x_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        ctx_mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        x_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """(B, Tq, D) queries, (B, Tk, D) keys/values, (B, Tk) bool ctx_mask -> (B, Tq, D).
         bias: optional additive logits (B, h, Tq, Tk) (ACE-RPE's relative positions).
         x_mask is unused here (padded queries are ignored downstream); ZoDIAC needs it."""
@@ -60,18 +66,31 @@ class Block(nn.Module):
     """Pre-LN transformer self-attention block. attention="zodiac" swaps in ZoDIAC
     attention (zodiac.py); bias is an optional additive (B, h, T, T) logit term."""
 
-    def __init__(self, d: int, heads: int, mlp_ratio: int = 4, dropout: float = 0.1,
-                 attention: str = "standard", zodiac_dropout: float = 0.2):
+    def __init__(
+        self,
+        d: int,
+        heads: int,
+        mlp_ratio: int = 4,
+        dropout: float = 0.1,
+        attention: str = "standard",
+        zodiac_dropout: float = 0.2,
+    ):
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
         self.ln1 = nn.LayerNorm(d)
-        self.attn = Attention(d, heads, dropout) if attention == "standard" else ZodiacAttention(d, heads, dropout, zodiac_dropout)
+        self.attn = (
+            Attention(d, heads, dropout)
+            if attention == "standard"
+            else ZodiacAttention(d, heads, dropout, zodiac_dropout)
+        )
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, mlp_ratio * d), nn.GELU(), nn.Linear(mlp_ratio * d, d))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T, d) tokens, (B, T) bool mask, (B, h, T, T) bias -> (B, T, d)."""
         h = self.ln1(x)
         x = x + self.drop(self.attn(h, h, mask, bias, x_mask=mask))
@@ -120,7 +139,9 @@ def grid_positions(grid: int, d: int) -> torch.Tensor:
     assert d % 4 == 0
     quarter = d // 4
     freq = 1.0 / (10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
-    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
     parts = []
     for coord in (ys.flatten(), xs.flatten()):
         ang = coord[:, None] * freq[None, :]

@@ -5,6 +5,7 @@
 - Rerankers: listwise softmax cross-entropy over [positive, hard negatives mined
   from the two-tower ranking], the ITM recipe of ALBEF made listwise.
 """
+
 from __future__ import annotations
 
 import torch

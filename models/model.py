@@ -2,6 +2,7 @@
 (CP, T-EMDE, and the SM / TV references). One config object describes all of it
 and is what a checkpoint's JSON holds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -12,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from crossprobe.models.bridge import BridgeConfig, LabelBridge
-from crossprobe.models.region_labels import RegionConfig
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
+from crossprobe.models.region_labels import RegionConfig
 from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
 from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
 from crossprobe.models.temde import Temde, TemdeConfig
@@ -72,8 +73,10 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.region.enabled and not self.bridge.enabled:
-            raise ValueError("region labels are matched through the label bridge's class table: enable the bridge "
-                             "(bridge.beta > 0) or switch them off (region=RegionConfig())")
+            raise ValueError(
+                "region labels are matched through the label bridge's class table: enable the bridge "
+                "(bridge.beta > 0) or switch them off (region=RegionConfig())"
+            )
 
     def to_dict(self) -> dict:
         """The dict config.json holds and the fingerprint hashes: each sub-config as it saves itself (the joint
@@ -84,11 +87,20 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> "ModelConfig":
         kinds = {f.name: f.type for f in dataclasses.fields(cls)}
         sub = {
-            "text": TextTowerConfig, "vision": VisionTowerConfig, "cp": CrossProbeConfig,
-            "temde": TemdeConfig, "sm": SplitMergeConfig, "tv": SingleStreamConfig, "bridge": BridgeConfig,
+            "text": TextTowerConfig,
+            "vision": VisionTowerConfig,
+            "cp": CrossProbeConfig,
+            "temde": TemdeConfig,
+            "sm": SplitMergeConfig,
+            "tv": SingleStreamConfig,
+            "bridge": BridgeConfig,
             "region": RegionConfig,
         }
-        kw = {k: (_loaded(sub[k], {**SAVED_DEFAULTS.get(k, {}), **v}) if k in sub else v) for k, v in d.items() if k in kinds}
+        kw = {
+            k: (_loaded(sub[k], {**SAVED_DEFAULTS.get(k, {}), **v}) if k in sub else v)
+            for k, v in d.items()
+            if k in kinds
+        }
         kw.setdefault("bridge", BridgeConfig.off())  # saved without the label bridge: it stays off
         kw.setdefault("region", RegionConfig())  # saved without region labels: they stay off
         return cls(**kw)

@@ -1,5 +1,6 @@
 """The towers' pooling choice for the two-tower vector: SEAM self-attentive
 pooling ("sap", multi-hop when hops > 1) or T-EMDE sketch pooling ("temde")."""
+
 from __future__ import annotations
 
 import torch.nn as nn

@@ -15,6 +15,7 @@ probability-weighted score, the max or the mean over cells. The index stores 49 
 (98 bytes); the scorer graphs take them with the query's class similarities, so the service runs the
 same formula as evaluation. w is 0 for the references (SM, TV) and for the two-tower order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,8 +49,9 @@ def region_score(class_sim: torch.Tensor, labels: torch.Tensor, pool: int) -> to
     return cells.topk(pool, dim=-1).values.mean(-1)
 
 
-def add_region(logits: torch.Tensor, cfg: RegionConfig, method: str, class_sim: torch.Tensor | None,
-               labels: torch.Tensor | None) -> torch.Tensor:
+def add_region(
+    logits: torch.Tensor, cfg: RegionConfig, method: str, class_sim: torch.Tensor | None, labels: torch.Tensor | None
+) -> torch.Tensor:
     """(Q, K) reranker logits -> the same plus the weighted region term (unchanged when w is 0)."""
     w = cfg.weight(method)
     if w <= 0:

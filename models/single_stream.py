@@ -4,6 +4,7 @@ backbones (the same depth budget as tower + cross layers), and a [CLS] token
 gives a matching score, as in text-vision BERT / ALBEF's ITM head. Nothing is
 cacheable per image beyond the frozen grid: the cost the probes avoid.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import torch.nn as nn
 
 from crossprobe.core import inputs
 from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
-from crossprobe.models.layers import Block, Fusion, joint_pairs, grid_positions
+from crossprobe.models.layers import Block, Fusion, grid_positions, joint_pairs
 
 
 @dataclass

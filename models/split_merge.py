@@ -5,6 +5,7 @@ tokens and ALL 49 regions of each query-image pair. Same scoring head as CP
 the only difference from CP is probes vs. every token in the cross layers.
 Option: ACE-RPE relative positions in the joint layers (models/ace_rpe.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -15,6 +15,7 @@ not fitted to the training split.
 merge() turns independently trained T-EMDEs into one wider T-EMDE scoring their mean:
 the default checkpoint's is 3 seeded members of N 20 (training/run.py, members_by_method).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -68,7 +69,7 @@ class TemdeCoder(nn.Module):
         # (B, T, N, K, inner) differences, which makes training steps two to three times faster on CPU
         # (docs/research/bridge.md, "Larger T-EMDE sketches")
         zc = torch.einsum("rni,nki->rnk", z, self.centroids)  # (B*T, N, K)
-        logits = (2 * zc - (self.centroids ** 2).sum(-1)) / self.log_tau.exp()
+        logits = (2 * zc - (self.centroids**2).sum(-1)) / self.log_tau.exp()
         if self.cfg.K > 8:
             return logits.softmax(-1).view(B, T, self.cfg.N, self.cfg.K)
         # a short K: softmax over dim 1 of a (B*T, K, N) view, the same numbers, vectorised across N instead of
@@ -78,7 +79,9 @@ class TemdeCoder(nn.Module):
 
 
 class Temde(nn.Module):
-    def __init__(self, cfg: TemdeConfig, text_width: int = inputs.TEXT_FEAT_DIM, image_width: int = inputs.IMAGE_FEAT_DIM):
+    def __init__(
+        self, cfg: TemdeConfig, text_width: int = inputs.TEXT_FEAT_DIM, image_width: int = inputs.IMAGE_FEAT_DIM
+    ):
         """text_width, image_width: the backbone features' widths, as for CrossProbe (cross_probe.py)."""
         super().__init__()
         self.cfg = cfg
@@ -100,7 +103,9 @@ class Temde(nn.Module):
         """(B, N, K) -> (B, N*K), unit L2 norm within each partition."""
         return F.normalize(raw, dim=-1).flatten(1)
 
-    def sketch_text(self, tokens: torch.Tensor | None, mask: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
+    def sketch_text(
+        self, tokens: torch.Tensor | None, mask: torch.Tensor, states: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T, d_in) tower tokens or (B, T, 384) frozen MiniLM states (per `inputs`), (B, T) -> s_q (B, N*K)."""
         return self.normalize(self.raw_sketch(self.text_coder(self._pick(tokens, states)), mask.bool()))
 
@@ -131,7 +136,10 @@ def merge(members: list[Temde]) -> Temde:
     scale and its centroids (the squared distances scale by s^2 when both do), so the members share the merged
     module's one temperature. Members must agree on K, inner and inputs; the fusion weight is the caller's to fit."""
     first = members[0].cfg
-    if any((m.cfg.K, m.cfg.inner, m.cfg.inputs, m.cfg.d_in) != (first.K, first.inner, first.inputs, first.d_in) for m in members):
+    if any(
+        (m.cfg.K, m.cfg.inner, m.cfg.inputs, m.cfg.d_in) != (first.K, first.inner, first.inputs, first.d_in)
+        for m in members
+    ):
         raise ValueError("merged T-EMDEs must share K, inner, inputs and d_in")
     out = Temde(replace(first, N=sum(m.cfg.N for m in members)))
     tau = members[0].log_tau.exp()

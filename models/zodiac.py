@@ -14,6 +14,7 @@ output depends on the rest of its batch and padding dilutes the mean. Here the
 mean runs over each sample's real (query, key) pairs only, per head: a query
 scores the same whatever it is batched with, which a reranker must guarantee.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,16 @@ class ZodiacAttention(nn.Module):
         B, T, _ = x.shape
         return F.gelu(x).view(B, T, self.h, self.hd).transpose(1, 2)  # (B, h, T, hd)
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, x_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, Tq, D) queries, (B, Tk, D) keys/values, (B, Tk) / (B, Tq) bool masks, (B, h, Tq, Tk) bias -> (B, Tq, D)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        ctx_mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        x_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, Tq, D) queries, (B, Tk, D) keys/values, (B, Tk) / (B, Tq) bool masks, (B, h, Tq, Tk) bias
+        -> (B, Tq, D)."""
         B, Tq, D = x.shape
         x, ctx = F.gelu(x), F.gelu(ctx)
         q, q2 = self._heads(self.q(x)), self._heads(self.q2(x))
@@ -64,7 +72,9 @@ class ZodiacAttention(nn.Module):
         o = a @ v  # (B, h, Tq, hd)
         s2 = F.gelu(q2 @ v.transpose(-1, -2) * scale)  # (B, h, Tq, Tk)
         w = pair.to(s2.dtype)
-        intensity = torch.sigmoid((s2 * w).sum((2, 3), keepdim=True) / w.sum((2, 3), keepdim=True).clamp_min(1.0))  # (B, h, 1, 1)
+        intensity = torch.sigmoid(
+            (s2 * w).sum((2, 3), keepdim=True) / w.sum((2, 3), keepdim=True).clamp_min(1.0)
+        )  # (B, h, 1, 1)
         self.last_intensity = intensity.detach()[..., 0, 0]  # (B, h), for inspection and tests
         o = self.value_drop(o) * (1 + self.zoneup * intensity)
         return self.out(o.transpose(1, 2).reshape(B, Tq, D))

@@ -2,12 +2,14 @@
 
     router   app.py, routes/, deps.py        routes, validation, errors (errors.py), metrics (metrics.py)
     queue    batcher.py                      admission (429) and micro-batching of the query tower
-    backend  pipeline/, registry.py          the timed stages (the model behind crossprobe.core.inference), index versions
+    backend  pipeline/, registry.py          the timed stages (the model behind crossprobe.core.inference), index
+    versions
 
     from crossprobe.service import create_app, Settings
 
 Names are imported lazily so `crossprobe --help` does not import FastAPI, FAISS or ONNX Runtime.
 """
+
 from importlib import import_module
 
 _EXPORTS = {"create_app": "app", "Settings": "settings", "serve": "server", "running": "server"}

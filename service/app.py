@@ -11,6 +11,7 @@ Routes: GET / (the web page, static/), POST /v1/search, POST /v1/search/image, P
 GET /v1/indexes, GET /v1/items/{id}, GET /v1/items/{id}/image, GET /healthz, GET /readyz, GET /metrics,
 POST /admin/reload, and the clip-retrieval compatible /knn-service, /indices-list, /metadata.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,17 @@ from crossprobe.service.state import ServiceState
 
 log = logging.getLogger("crossprobe.service")
 
-ROUTERS = (indexes.ops, page.router, search.router, explain.router, indexes.router, items.router, indexes.admin,
-           clip.query_routes, clip.read_routes)
+ROUTERS = (
+    indexes.ops,
+    page.router,
+    search.router,
+    explain.router,
+    indexes.router,
+    items.router,
+    indexes.admin,
+    clip.query_routes,
+    clip.read_routes,
+)
 
 
 def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
@@ -53,8 +63,13 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
 
     # redirect_slashes off: Starlette's redirect of /v1/search/ to /v1/search wrote the request's Host header into
     # its Location (a Host-steered URL in an answer, which a shared cache keeps); such paths are 404 instead
-    app = FastAPI(title="crossprobe", summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / "
-                  "T-EMDE reranking", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
+    app = FastAPI(
+        title="crossprobe",
+        summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / T-EMDE reranking",
+        version="0.1.0",
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.state.svc = state
     app.state.access = access
     errors.install(app)
@@ -63,9 +78,13 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     if settings.cors_list:
         # clip-retrieval's front-end runs on another origin; X-Admin-Key is deliberately not an allowed header
         # (admin calls come from scripts, not from pages), X-API-Key is (a page elsewhere with a search key)
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_list, allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type", security.API_KEY_HEADER],
-                           expose_headers=["Server-Timing", DEGRADED_HEADER, clip.IGNORED_HEADER, "Retry-After"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_list,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", security.API_KEY_HEADER],
+            expose_headers=["Server-Timing", DEGRADED_HEADER, clip.IGNORED_HEADER, "Retry-After"],
+        )
     hint = urls.clip_front_hint(settings)  # what a page on another origin (clip-retrieval's front-end) needs
     if hint:
         log.log(hint[0], "%s", hint[1])

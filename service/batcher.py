@@ -15,6 +15,7 @@ are in the service: a lone query (one client, a quiet service) starts at once,
 so batching costs one client nothing (docs/research/latency.md).
 With batching off every query runs alone (batch_max 1, no wait).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from crossprobe.core.inference import QueryVectors
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import Overloaded
-from crossprobe.core.inference import QueryVectors
 
 
 class Limiter:
@@ -39,8 +40,11 @@ class Limiter:
     @contextmanager
     def admit(self) -> Iterator[None]:
         if self.in_flight >= self.size:
-            raise Overloaded(f"too many searches in progress, retry shortly ({self.in_flight} searches in progress "
-                             f"(CROSSPROBE_QUEUE_SIZE={self.size}))", retry_after_s=1)
+            raise Overloaded(
+                f"too many searches in progress, retry shortly ({self.in_flight} searches in progress "
+                f"(CROSSPROBE_QUEUE_SIZE={self.size}))",
+                retry_after_s=1,
+            )
         self.in_flight += 1
         metrics.IN_FLIGHT.set(self.in_flight)
         try:
@@ -65,8 +69,14 @@ class _Job:
 
 
 class QueryBatcher:
-    def __init__(self, encode: Callable[[list[str]], list[QueryVectors]], batch_max: int, batch_wait_s: float,
-                 enabled: bool = True, busy: Callable[[int], bool] | None = None):
+    def __init__(
+        self,
+        encode: Callable[[list[str]], list[QueryVectors]],
+        batch_max: int,
+        batch_wait_s: float,
+        enabled: bool = True,
+        busy: Callable[[int], bool] | None = None,
+    ):
         self.encode = encode
         self.batch_max = batch_max if enabled else 1
         self.batch_wait = batch_wait_s if enabled else 0.0

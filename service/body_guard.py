@@ -12,6 +12,7 @@
 
 The checked body is then replayed to the app unchanged.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,9 @@ def json_depth(raw: bytes) -> int:
     quote = (a == ord('"')) & (run % 2 == 0)
     outside = np.cumsum(quote) % 2 == 0  # an even number of real quotes so far: not inside a string
     outside &= ~quote
-    steps = np.where(outside & ((a == ord("[")) | (a == ord("{"))), 1,
-                     np.where(outside & ((a == ord("]")) | (a == ord("}"))), -1, 0))
+    steps = np.where(
+        outside & ((a == ord("[")) | (a == ord("{"))), 1, np.where(outside & ((a == ord("]")) | (a == ord("}"))), -1, 0)
+    )
     return int(np.cumsum(steps).max(initial=0))
 
 
@@ -55,8 +57,9 @@ class BodyGuard:
         headers = dict(scope.get("headers") or ())
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(scope, receive, send, 413, "too_large",
-                               f"body of {int(length)} bytes; the limit is {self.max_bytes}")
+            await self._refuse(
+                scope, receive, send, 413, "too_large", f"body of {int(length)} bytes; the limit is {self.max_bytes}"
+            )
             return
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)  # no body read by any route
@@ -69,8 +72,14 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send, 413, "too_large",
-                                   f"body of more than {self.max_bytes} bytes; the limit is {self.max_bytes}")
+                await self._refuse(
+                    scope,
+                    receive,
+                    send,
+                    413,
+                    "too_large",
+                    f"body of more than {self.max_bytes} bytes; the limit is {self.max_bytes}",
+                )
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -78,8 +87,14 @@ class BodyGuard:
         raw = b"".join(chunks)
         binary = headers.get(b"content-type", b"").lower().lstrip().startswith(BINARY_TYPES)
         if not binary and json_depth(raw) > self.max_depth:
-            await self._refuse(scope, receive, send, 422, "invalid_request",
-                               f"invalid request: body: JSON nested deeper than {self.max_depth} levels")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                422,
+                "invalid_request",
+                f"invalid request: body: JSON nested deeper than {self.max_depth} levels",
+            )
             return
         sent = False
 

@@ -26,6 +26,7 @@ cool-down, no search is ever the probe; only the PING pays the timeout.
 Only availability errors count (redis ConnectionError, which includes BusyLoadingError, and
 TimeoutError): a missing key or a WRONGTYPE reply means Redis answered, so it counts as a success.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,13 @@ class FeatureStoreUnavailable(RedisConnectionError):
 class CircuitBreaker:
     """The state machine alone (thread-safe; no Redis, no metrics: FeatureStore adds those)."""
 
-    def __init__(self, failures: int = 3, cooldown_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        failures: int = 3,
+        cooldown_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, str], None] | None = None,
+    ):
         self.failures, self.cooldown_s, self.clock, self.on_change = failures, cooldown_s, clock, on_change
         self.state = CLOSED
         self.changed_at = clock()  # when the state last changed (health detail)
@@ -117,8 +123,13 @@ class CircuitBreaker:
 class FeatureStore:
     """Every Redis call of the service goes through call(); probe() is the background health check."""
 
-    def __init__(self, failures: int = 3, cooldown_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 log: logging.Logger | None = None):
+    def __init__(
+        self,
+        failures: int = 3,
+        cooldown_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        log: logging.Logger | None = None,
+    ):
         self.breaker = CircuitBreaker(failures, cooldown_s, clock, on_change=self._changed)
         self.clock, self.log = clock, log  # log: state changes (None: silent)
         metrics.FEATURE_STORE_UP.set(1)
@@ -139,8 +150,9 @@ class FeatureStore:
         if not b.allow():
             metrics.FEATURE_STORE_SKIPPED.labels(op).inc()
             since = self.clock() - b.changed_at
-            raise FeatureStoreUnavailable(f"feature store (Redis) unavailable: circuit {b.state} for {since:.1f} s "
-                                          f"(last error: {b.last_error})")
+            raise FeatureStoreUnavailable(
+                f"feature store (Redis) unavailable: circuit {b.state} for {since:.1f} s (last error: {b.last_error})"
+            )
         return self._run(op, fn, *args)
 
     def probe(self, ping: Callable[[], object]) -> bool:
@@ -174,13 +186,21 @@ class FeatureStore:
 
     def health(self) -> dict:
         b = self.breaker
-        return {"up": self.up, "state": b.state, "for_s": round(self.clock() - b.changed_at, 3),
-                "last_error": b.last_error}
+        return {
+            "up": self.up,
+            "state": b.state,
+            "for_s": round(self.clock() - b.changed_at, 3),
+            "last_error": b.last_error,
+        }
 
     def _changed(self, old: str, new: str) -> None:
         metrics.FEATURE_STORE_TRANSITIONS.labels(new).inc()
         metrics.FEATURE_STORE_UP.set(1 if new == CLOSED else 0)
         if self.log is not None:
             level = self.log.info if new == CLOSED else self.log.warning
-            level("feature store (Redis): circuit %s -> %s%s", old, new,
-                  f" ({self.breaker.last_error})" if new != CLOSED else "")
+            level(
+                "feature store (Redis): circuit %s -> %s%s",
+                old,
+                new,
+                f" ({self.breaker.last_error})" if new != CLOSED else "",
+            )

@@ -12,6 +12,7 @@ the route's parameters and body are validated: bad input is a 422 even while the
 request is 503 not_ready until it has loaded. (A dependency that checked readiness by itself would run before
 FastAPI validates the route's own parameters, and answer 503 to bad input.)
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -37,6 +37,7 @@ Clients branch on `code`, never on the message. Codes:
 clip-retrieval's front-end reads every /knn-service answer as a list of results: for its requests (posted as
 text/plain), an error is that list, one notice result drawn as a tile (clip_front_notice below).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,21 +53,37 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.core.inference import RerankerUnavailable
+from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import CrossprobeError, InvalidRequest
 
 log = logging.getLogger("crossprobe.service")
 
 STATUS = {
-    "invalid_request": 422, "unsupported": 422, "invalid_image": 422, "reranker_unavailable": 422,
+    "invalid_request": 422,
+    "unsupported": 422,
+    "invalid_image": 422,
+    "reranker_unavailable": 422,
     "explain_unavailable": 422,
-    "unauthorized": 401, "forbidden": 403, "admin_disabled": 403,
-    "index_not_found": 404, "item_not_found": 404, "image_unavailable": 404, "not_found": 404,
-    "method_not_allowed": 405, "request_timeout": 408, "too_large": 413, "bad_request": 400,
-    "overloaded": 429, "rate_limited": 429,
-    "not_ready": 503, "startup_failed": 503, "index_unavailable": 503, "feature_store_unavailable": 503, "ann_unavailable": 503,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "admin_disabled": 403,
+    "index_not_found": 404,
+    "item_not_found": 404,
+    "image_unavailable": 404,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "request_timeout": 408,
+    "too_large": 413,
+    "bad_request": 400,
+    "overloaded": 429,
+    "rate_limited": 429,
+    "not_ready": 503,
+    "startup_failed": 503,
+    "index_unavailable": 503,
+    "feature_store_unavailable": 503,
+    "ann_unavailable": 503,
 }
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
@@ -78,8 +95,14 @@ def body(code: str, message: str, details: Any = None) -> dict:
     return {"error": err}
 
 
-def answer(code: str, message: str, details: Any = None, headers: dict[str, str] | None = None,
-           status: int | None = None, scope: dict | None = None) -> JSONResponse:
+def answer(
+    code: str,
+    message: str,
+    details: Any = None,
+    headers: dict[str, str] | None = None,
+    status: int | None = None,
+    scope: dict | None = None,
+) -> JSONResponse:
     """The JSON error answer for `code` (counted in crossprobe_errors_total). scope: the request's ASGI scope;
     a request of clip-retrieval's front-end gets the error as a notice result (clip_front_notice)."""
     metrics.error(code)
@@ -112,22 +135,29 @@ def clip_front_notice(code: str, message: str, details: Any, status: int) -> dic
     """The error as one clip_back result: caption = the message (the front shows its first 50 characters, all of
     it with "Display full captions", and as the picture's tooltip); url = a picture of it (an SVG data: URL: the
     front hides a result whose picture does not load); similarity 0."""
-    return {"id": f"crossprobe:{code}", "similarity": 0.0, "caption": f"crossprobe: {message}",
-            "url": _notice_picture(f"{code} ({status})", message), **body(code, message, details)}
+    return {
+        "id": f"crossprobe:{code}",
+        "similarity": 0.0,
+        "caption": f"crossprobe: {message}",
+        "url": _notice_picture(f"{code} ({status})", message),
+        **body(code, message, details),
+    }
 
 
 def _notice_picture(title: str, message: str, width: int = 21, max_lines: int = 10) -> str:
     """An SVG of the message (the front draws a result's picture 150 px wide: ~12 px letters here)."""
     lines = textwrap.wrap(message, width) or [""]
     if len(lines) > max_lines:
-        lines = lines[:max_lines - 1] + [lines[max_lines - 1][:width - 1] + "\u2026"]
+        lines = lines[: max_lines - 1] + [lines[max_lines - 1][: width - 1] + "\u2026"]
     text = "".join(f'<tspan x="12" dy="{21 if i else 0}">{escape(line)}</tspan>' for i, line in enumerate(lines))
-    svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="220" height="300" viewBox="0 0 220 300">'
-           '<rect x="2" y="2" width="216" height="296" rx="10" fill="#fff4d6" stroke="#c98a00" stroke-width="3"/>'
-           '<text x="12" y="30" font-family="sans-serif" font-size="21" font-weight="bold" fill="#7a4f00">'
-           'crossprobe</text>'
-           f'<text x="12" y="54" font-family="monospace" font-size="14" fill="#7a4f00">{escape(title)}</text>'
-           f'<text x="12" y="84" font-family="sans-serif" font-size="16" fill="#222">{text}</text></svg>')
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="220" height="300" viewBox="0 0 220 300">'
+        '<rect x="2" y="2" width="216" height="296" rx="10" fill="#fff4d6" stroke="#c98a00" stroke-width="3"/>'
+        '<text x="12" y="30" font-family="sans-serif" font-size="21" font-weight="bold" fill="#7a4f00">'
+        "crossprobe</text>"
+        f'<text x="12" y="54" font-family="monospace" font-size="14" fill="#7a4f00">{escape(title)}</text>'
+        f'<text x="12" y="84" font-family="sans-serif" font-size="16" fill="#222">{text}</text></svg>'
+    )
     return "data:image/svg+xml," + quote(svg, safe="")
 
 
@@ -177,8 +207,9 @@ def install(app: FastAPI) -> None:
             # UnicodeDecodeError, a ValueError, is the cause); every other bad body is a 422 here, /knn-service
             # and /metadata answer this one 422 too (their own parser), and JSON must be UTF-8 (RFC 8259): so
             # one answer for all routes, 422 invalid_request
-            return answer("invalid_request", f"invalid request: body is not valid JSON ({exc.__cause__})",
-                          scope=request.scope)
+            return answer(
+                "invalid_request", f"invalid request: body is not valid JSON ({exc.__cause__})", scope=request.scope
+            )
         code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
         return answer(code, str(exc.detail), headers=exc.headers, status=exc.status_code, scope=request.scope)
 
@@ -197,11 +228,16 @@ def install(app: FastAPI) -> None:
     async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
         # a Redis failure that no stage turned into a degraded answer is the feature store's, never a 500
         fs = getattr(getattr(request.app.state, "svc", None), "feature_store", None)
-        return answer("feature_store_unavailable", str(exc) or type(exc).__name__,
-                      headers={"Retry-After": str(fs.retry_after_s if fs else 1)}, scope=request.scope)
+        return answer(
+            "feature_store_unavailable",
+            str(exc) or type(exc).__name__,
+            headers={"Retry-After": str(fs.retry_after_s if fs else 1)},
+            scope=request.scope,
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return answer("internal", f"internal error ({type(exc).__name__}); see the server log", status=500,
-                      scope=request.scope)
+        return answer(
+            "internal", f"internal error ({type(exc).__name__}); see the server log", status=500, scope=request.scope
+        )

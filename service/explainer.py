@@ -7,6 +7,7 @@ query's P_t) to weights (crossprobe.core.inference.explain). Grids of recently e
 of GRID_CACHE entries, 250 KB each, keyed by index, version and id), because the page explains the same results
 again when the reranker or the query changes.
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,15 +39,23 @@ class Explainer:
         self.settings, self.model = settings, model
         self.head = model.explainer()  # loads (exports first if missing) the explain graph
         if self.head is None:
-            raise NoExplainMaps(f"this server's model ({settings.model_spec} {model.fingerprint}) has no explain "
-                                f"maps", {"model": str(settings.model_spec)})
+            raise NoExplainMaps(
+                f"this server's model ({settings.model_spec} {model.fingerprint}) has no explain maps",
+                {"model": str(settings.model_spec)},
+            )
         model.warm("image")  # the backbone the grids come from
         self.mode, self.grid_side = self.head.mode, self.head.side
         self._grids: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def explain(self, handle: IndexHandle, ids: list[str], metas: list[dict | None], p_t: np.ndarray,
-                q_cls: np.ndarray | None = None) -> ExplainMaps:
+    def explain(
+        self,
+        handle: IndexHandle,
+        ids: list[str],
+        metas: list[dict | None],
+        p_t: np.ndarray,
+        q_cls: np.ndarray | None = None,
+    ) -> ExplainMaps:
         """q_cls: the query's (1000,) class cosines, which the label map needs (QueryVectors.q_cls)."""
         timings = {"decode": 0.0, "backbone": 0.0, "attention": 0.0}
         t = time.perf_counter()

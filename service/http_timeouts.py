@@ -31,6 +31,7 @@ body, sees http.disconnect (BodyGuard then returns without answering) and any la
 MetricsMiddleware counts the request as 408 (the scope key below). Every expiry also counts in
 crossprobe_errors_total{kind="request_timeout"}.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +57,7 @@ def _timeout_response(message: str, default_headers: list[tuple[bytes, bytes]]) 
     body = json.dumps({"error": {"code": "request_timeout", "message": message}}).encode()
     head = [b"HTTP/1.1 408 Request Timeout"]
     head += [name + b": " + value for name, value in default_headers]  # server / date, as uvicorn sends
-    head += [b"content-type: application/json", b"content-length: " + str(len(body)).encode(),
-             b"connection: close"]
+    head += [b"content-type: application/json", b"content-length: " + str(len(body)).encode(), b"connection: close"]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
@@ -145,17 +145,26 @@ class TimedH11Protocol(H11Protocol):
             cycle.message_event.set()
         if partial:
             metrics.error("request_timeout")
-            what = ("request line and headers", self.header_timeout_s) if phase == "head" \
+            what = (
+                ("request line and headers", self.header_timeout_s)
+                if phase == "head"
                 else ("request body", self.body_timeout_s)
+            )
             client = "%s:%d" % self.client if self.client else "?"
             log.info("%s: closed a connection whose %s did not arrive within %g s", client, *what)
             if answer:
-                self.transport.write(_timeout_response(f"the {what[0]} did not arrive within {what[1]:g} s",
-                                                       self.server_state.default_headers))
+                self.transport.write(
+                    _timeout_response(
+                        f"the {what[0]} did not arrive within {what[1]:g} s", self.server_state.default_headers
+                    )
+                )
         self.transport.close()
 
 
 def timed_protocol(header_timeout_s: float, body_timeout_s: float) -> type[TimedH11Protocol]:
     """A TimedH11Protocol class with these deadlines, for uvicorn.Config(http=...)."""
-    return type("TimedH11Protocol", (TimedH11Protocol,),
-                {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)})
+    return type(
+        "TimedH11Protocol",
+        (TimedH11Protocol,),
+        {"header_timeout_s": float(header_timeout_s), "body_timeout_s": float(body_timeout_s)},
+    )

@@ -15,6 +15,7 @@
 
 Filters apply to both sides: the keyword stage passes over items the filter (and "like") exclude.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,12 @@ class KeywordOutcome:
         return dict(self.hits)
 
     def info(self) -> dict:
-        return {"words": self.query.words, "phrases": self.query.phrases, "hits": len(self.hits),
-                "ignored_terms": self.query.dropped}
+        return {
+            "words": self.query.words,
+            "phrases": self.query.phrases,
+            "hits": len(self.hits),
+            "ignored_terms": self.query.dropped,
+        }
 
 
 def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str, str | None]:
@@ -55,9 +60,11 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
         if not has_text:
             raise InvalidRequest("invalid request: mode keyword needs a query text")
         if not has_index:
-            raise InvalidRequest("invalid request: mode keyword: this index version has no usable keyword index "
-                                 "(built before them, or unreadable: see the server's log); `crossprobe index "
-                                 "reindex NAME` makes one")
+            raise InvalidRequest(
+                "invalid request: mode keyword: this index version has no usable keyword index "
+                "(built before them, or unreadable: see the server's log); `crossprobe index "
+                "reindex NAME` makes one"
+            )
         return "keyword", None
     if requested == "vector":
         return "vector", None
@@ -65,34 +72,45 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
         return "hybrid", None
     why = None
     if requested == "hybrid":
-        why = ("hybrid needs a query text; ranked by vectors" if not has_text else
-               "this index version has no usable keyword index (built before them, or unreadable: see the server's "
-               "log); ranked by vectors")
+        why = (
+            "hybrid needs a query text; ranked by vectors"
+            if not has_text
+            else "this index version has no usable keyword index (built before them, or unreadable: see the server's "
+            "log); ranked by vectors"
+        )
     return "vector", why
 
 
-def keyword_stage(index: keyword.KeywordIndex, text: str, limit: int, allow: Callable[[str], bool] | None,
-                  required: bool) -> KeywordOutcome:
+def keyword_stage(
+    index: keyword.KeywordIndex, text: str, limit: int, allow: Callable[[str], bool] | None, required: bool
+) -> KeywordOutcome:
     """BM25's best `limit` items for the query text. required (mode keyword): a query that keeps no word after
     stop words and punctuation are dropped is 422; in hybrid it only leaves the vector side alone."""
     q = keyword.parse(text)
     if q.empty:
         if required:
-            raise InvalidRequest("invalid request: mode keyword: the query has no word to look up (only stop "
-                                 "words or punctuation); search with mode vector or hybrid")
+            raise InvalidRequest(
+                "invalid request: mode keyword: the query has no word to look up (only stop "
+                "words or punctuation); search with mode vector or hybrid"
+            )
         return KeywordOutcome(q)
     try:
         hits = index.search(q, limit, allow)
         ids = [i for i, _ in hits]
         docs = index.documents(ids)
         return KeywordOutcome(q, hits, index.coverage(q, ids, docs), docs)
-    except (OSError, ValueError, RuntimeError) as e:  # a damaged index, a disk error: the vectors still answer, and say so
+    except (
+        OSError,
+        ValueError,
+        RuntimeError,
+    ) as e:  # a damaged index, a disk error: the vectors still answer, and say so
         log.warning("keyword index %s failed: %s: %s", index.path, type(e).__name__, e)
         return KeywordOutcome(q, error=f"{type(e).__name__}: {e}")
 
 
-def fuse(final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutcome, k: float,
-         weight: float, power: float) -> tuple[np.ndarray, np.ndarray]:
+def fuse(
+    final: np.ndarray, ranked: np.ndarray, ids: list[str], kw: KeywordOutcome, k: float, weight: float, power: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Weighted reciprocal rank fusion of the reranked order and the keyword order, each keyword match's weight
     scaled by its coverage ** power (the share of the query's words it holds).
     final: each candidate's ranking score; ranked: candidate positions in their vector order (best first).
@@ -124,5 +142,7 @@ def highlights(index: keyword.KeywordIndex | None, kw: KeywordOutcome | None, id
     except (OSError, ValueError, RuntimeError) as e:  # the results stand without their marks
         log.warning("keyword highlights from %s failed: %s: %s", index.path, type(e).__name__, e)
         return {}
-    return {i: [{"field": h.field, "text": h.text, "spans": [list(s) for s in h.spans]} for h in hs]
-            for i, hs in found.items()}
+    return {
+        i: [{"field": h.field, "text": h.text, "spans": [list(s) for s in h.spans]} for h in hs]
+        for i, hs in found.items()
+    }

@@ -6,6 +6,7 @@ can name a file that was not indexed. Every format the indexer reads (core/image
 that decoding will produce is checked before decoding (a file replaced by a decompression bomb since indexing
 is refused), after JPEG draft mode (large photos decode at reduced scale) or a HEIC's thumbnail is chosen.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,10 @@ def resized_jpeg(path: str, max_side: int, quality: int, max_pixels: int) -> byt
         with image_formats.open_path(path, max_side) as pic:  # HEIC, AVIF, RAW (its preview) too
             dw, dh = pic.image.size  # after JPEG draft / a HEIC's thumbnail: what decoding will produce
             if dw * dh > max_pixels:
-                raise ImageUnavailable(f"{pic.width}x{pic.height} decodes at {dw}x{dh}, over the {max_pixels}-pixel "
-                                       "limit (CROSSPROBE_IMAGE_MAX_PIXELS)")
+                raise ImageUnavailable(
+                    f"{pic.width}x{pic.height} decodes at {dw}x{dh}, over the {max_pixels}-pixel "
+                    "limit (CROSSPROBE_IMAGE_MAX_PIXELS)"
+                )
             out = ImageOps.exif_transpose(pic.image).convert("RGB")  # first frame of a GIF / page of a TIFF
         out.thumbnail((max_side, max_side), Image.BILINEAR)
         buf = io.BytesIO()

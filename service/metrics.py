@@ -13,6 +13,7 @@ and crossprobe_search_seconds{rerank}: cp costs a few ms more than none, so
 percentiles over all modes move with the traffic mix; per mode they move only
 when the service does (deploy/'s dashboard and the p99 alert read these).
 """
+
 from __future__ import annotations
 
 import time
@@ -27,56 +28,128 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 # request latencies on 2 CPU cores span ~1 ms (ann) to ~1 s (an overloaded queue)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-STAGE_SECONDS = Histogram("crossprobe_stage_seconds", "Time per request-path stage (queue, encode, ann, fetch, "
-                          "rerank, metadata)", ["stage"], buckets=_BUCKETS, registry=REGISTRY)
-REQUEST_SECONDS = Histogram("crossprobe_request_seconds", "HTTP request latency by route template and status",
-                            ["endpoint", "status"], buckets=_BUCKETS, registry=REGISTRY)
-REQUESTS = Counter("crossprobe_requests", "HTTP requests by route template and status", ["endpoint", "status"],
-                   registry=REGISTRY)
-ERRORS = Counter("crossprobe_errors", "Errors by kind (the JSON error code, or an internal kind)", ["kind"],
-                 registry=REGISTRY)
-INDEX_ITEMS = Gauge("crossprobe_index_items", "Items in the served version of each index", ["index"],
-                    registry=REGISTRY)
-INDEX_VERSION = Gauge("crossprobe_index_version_info", "1 for the served version of each index", ["index", "version",
-                      "fingerprint"], registry=REGISTRY)
-BATCH_SIZE = Histogram("crossprobe_batch_size", "Queries per query-tower run (micro-batching)",
-                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=REGISTRY)
+STAGE_SECONDS = Histogram(
+    "crossprobe_stage_seconds",
+    "Time per request-path stage (queue, encode, ann, fetch, rerank, metadata)",
+    ["stage"],
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+REQUEST_SECONDS = Histogram(
+    "crossprobe_request_seconds",
+    "HTTP request latency by route template and status",
+    ["endpoint", "status"],
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "crossprobe_requests", "HTTP requests by route template and status", ["endpoint", "status"], registry=REGISTRY
+)
+ERRORS = Counter(
+    "crossprobe_errors", "Errors by kind (the JSON error code, or an internal kind)", ["kind"], registry=REGISTRY
+)
+INDEX_ITEMS = Gauge("crossprobe_index_items", "Items in the served version of each index", ["index"], registry=REGISTRY)
+INDEX_VERSION = Gauge(
+    "crossprobe_index_version_info",
+    "1 for the served version of each index",
+    ["index", "version", "fingerprint"],
+    registry=REGISTRY,
+)
+BATCH_SIZE = Histogram(
+    "crossprobe_batch_size",
+    "Queries per query-tower run (micro-batching)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    registry=REGISTRY,
+)
 IN_FLIGHT = Gauge("crossprobe_searches_in_flight", "Searches admitted and not yet answered", registry=REGISTRY)
-RELOADS = Counter("crossprobe_reloads", "Index version switches and failed attempts", ["index", "outcome"],
-                  registry=REGISTRY)
+RELOADS = Counter(
+    "crossprobe_reloads", "Index version switches and failed attempts", ["index", "outcome"], registry=REGISTRY
+)
 # the feature store (Redis) and its circuit breaker (service/breaker.py)
-FEATURE_STORE_UP = Gauge("crossprobe_feature_store_up", "1 while the feature store (Redis) is usable (circuit "
-                         "closed); 0 while the breaker is open or half-open", registry=REGISTRY)
-FEATURE_STORE_ERRORS = Counter("crossprobe_feature_store_errors", "Redis calls that failed to reach Redis, by kind "
-                               "(timeout | connection), after redis-py's retries", ["kind"], registry=REGISTRY)
-FEATURE_STORE_SKIPPED = Counter("crossprobe_feature_store_skipped", "Redis calls skipped at once because the circuit "
-                                "was open, by operation (fetch | metadata | item | ...)", ["op"], registry=REGISTRY)
-FEATURE_STORE_TRANSITIONS = Counter("crossprobe_feature_store_breaker_transitions", "Circuit breaker state changes, "
-                                    "by the state entered (open | half_open | closed)", ["to"], registry=REGISTRY)
+FEATURE_STORE_UP = Gauge(
+    "crossprobe_feature_store_up",
+    "1 while the feature store (Redis) is usable (circuit closed); 0 while the breaker is open or half-open",
+    registry=REGISTRY,
+)
+FEATURE_STORE_ERRORS = Counter(
+    "crossprobe_feature_store_errors",
+    "Redis calls that failed to reach Redis, by kind (timeout | connection), after redis-py's retries",
+    ["kind"],
+    registry=REGISTRY,
+)
+FEATURE_STORE_SKIPPED = Counter(
+    "crossprobe_feature_store_skipped",
+    "Redis calls skipped at once because the circuit was open, by operation (fetch | metadata | item | ...)",
+    ["op"],
+    registry=REGISTRY,
+)
+FEATURE_STORE_TRANSITIONS = Counter(
+    "crossprobe_feature_store_breaker_transitions",
+    "Circuit breaker state changes, by the state entered (open | half_open | closed)",
+    ["to"],
+    registry=REGISTRY,
+)
 
 # -- by rerank mode (the request's mode: a degraded search that skipped its rerank keeps the mode it asked for) --
 RERANK_MODES = ("cp", "temde", "none")  # settings.Rerank
-# pipeline/stages.py; fetch + rerank: not none. decode_image / encode_image: image queries; like: stored vectors; filter:
+# pipeline/stages.py; fetch + rerank: not none. decode_image / encode_image: image queries; like: stored vectors;
+# filter:
 # the metadata bitmap (the first filtered search of a version also reads its metadata); dedup; keyword and
 # highlight: modes hybrid and keyword (hybrid.py)
-SEARCH_STAGES = ("queue", "encode", "decode_image", "encode_image", "like", "filter", "ann", "keyword", "fetch",
-                 "rerank", "dedup", "metadata", "highlight")
-DEGRADED_REASONS = ("feature_store_unavailable", "features_missing", "fetch_failed", "metadata_failed", "keyword_failed")  # pipeline/stages.py
-SEARCH_SECONDS = Histogram("crossprobe_search_seconds", "Search latency inside the service (the pipeline from "
-                           "queue to metadata: the timings_ms total) by rerank mode", ["rerank"], buckets=_BUCKETS,
-                           registry=REGISTRY)
-SEARCH_STAGE_SECONDS = Histogram("crossprobe_search_stage_seconds", "Time per search stage (queue, encode, ann, "
-                                 "fetch, rerank, metadata) by rerank mode", ["stage", "rerank"], buckets=_BUCKETS,
-                                 registry=REGISTRY)
-DEGRADED = Counter("crossprobe_degraded_answers", "Searches answered degraded (part of the path skipped), by rerank "
-                   "mode and reason code; an answer with two reasons counts once under each",
-                   ["rerank", "reason"], registry=REGISTRY)
-INDEXES_SERVED = Gauge("crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)",
-                       registry=REGISTRY)
+SEARCH_STAGES = (
+    "queue",
+    "encode",
+    "decode_image",
+    "encode_image",
+    "like",
+    "filter",
+    "ann",
+    "keyword",
+    "fetch",
+    "rerank",
+    "dedup",
+    "metadata",
+    "highlight",
+)
+DEGRADED_REASONS = (
+    "feature_store_unavailable",
+    "features_missing",
+    "fetch_failed",
+    "metadata_failed",
+    "keyword_failed",
+)  # pipeline/stages.py
+SEARCH_SECONDS = Histogram(
+    "crossprobe_search_seconds",
+    "Search latency inside the service (the pipeline from queue to metadata: the timings_ms total) by rerank mode",
+    ["rerank"],
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+SEARCH_STAGE_SECONDS = Histogram(
+    "crossprobe_search_stage_seconds",
+    "Time per search stage (queue, encode, ann, fetch, rerank, metadata) by rerank mode",
+    ["stage", "rerank"],
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+DEGRADED = Counter(
+    "crossprobe_degraded_answers",
+    "Searches answered degraded (part of the path skipped), by rerank "
+    "mode and reason code; an answer with two reasons counts once under each",
+    ["rerank", "reason"],
+    registry=REGISTRY,
+)
+INDEXES_SERVED = Gauge(
+    "crossprobe_indexes_served", "Indexes with a served version (0: /readyz says not ready)", registry=REGISTRY
+)
 # the rate limit (security.py); label `endpoint` as crossprobe_requests_total's, so the two divide in PromQL
 RATE_LIMITED_ROUTES = ("/v1/search", "/v1/search/image", "/v1/explain", "/knn-service")  # the routes with a rate limit
-RATE_LIMITED = Counter("crossprobe_rate_limited", "Requests refused by the per-key / per-client rate limit "
-                       "(429 rate_limited), by route template", ["endpoint"], registry=REGISTRY)
+RATE_LIMITED = Counter(
+    "crossprobe_rate_limited",
+    "Requests refused by the per-key / per-client rate limit (429 rate_limited), by route template",
+    ["endpoint"],
+    registry=REGISTRY,
+)
 
 # Every known label combination exists from the start at 0 (Prometheus' advice for labelled metrics): a rate
 # over a series that appeared mid-window misses its first increments, and a panel or alert over "no series"

@@ -10,6 +10,7 @@ crossprobe.core.inputs.load_image, which indexer/jobs/decode.py calls on the fil
 (JPEG, PNG, WebP, GIF, BMP, TIFF, HEIC / HEIF, AVIF, camera RAW by its embedded preview), JPEG draft mode,
 EXIF orientation, RGB, 224 x 224. So an indexed file sent as a query gives the very g_I the index stores for it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,13 +43,15 @@ async def upload_bytes(request, max_bytes: int) -> bytes:
         try:
             form = await request.form(max_files=1, max_fields=16)
         except Exception as e:  # noqa: BLE001 - a malformed multipart body is the client's: 422, never a 500
-            raise InvalidRequest(f"invalid request: the multipart body cannot be read "
-                           f"({getattr(e, 'detail', e)})") from None
+            raise InvalidRequest(
+                f"invalid request: the multipart body cannot be read ({getattr(e, 'detail', e)})"
+            ) from None
         try:
             part = next((form[f] for f in UPLOAD_FIELDS if f in form and hasattr(form[f], "read")), None)
             if part is None:
-                raise InvalidRequest("invalid request: the multipart form has no file field "
-                               "named \"image\" (curl -F image=@photo.jpg)")
+                raise InvalidRequest(
+                    'invalid request: the multipart form has no file field named "image" (curl -F image=@photo.jpg)'
+                )
             data = await part.read(max_bytes + 1)
         finally:
             await form.close()
@@ -63,8 +66,7 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
     """base64 (standard or URL-safe alphabet, padding optional, a data: URL prefix allowed) -> bytes."""
     text = _WHITESPACE.sub("", _DATA_URL.sub("", text, count=1))
     if len(text) * 3 // 4 > max_bytes + 2:  # before decoding: the length alone says the size
-        raise TooLarge(f"{field}: the image is over {max_bytes} bytes "
-                       f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+        raise TooLarge(f"{field}: the image is over {max_bytes} bytes (CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
     if not text:
         raise InvalidImage(f"{field}: empty")
     try:
@@ -73,13 +75,13 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
     except (binascii.Error, ValueError) as e:
         raise InvalidImage(f"{field}: not base64 ({e})") from None
     if len(data) > max_bytes:
-        raise TooLarge(f"{field}: the image is {len(data)} bytes, over {max_bytes} "
-                       f"(CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
+        raise TooLarge(f"{field}: the image is {len(data)} bytes, over {max_bytes} (CROSSPROBE_QUERY_IMAGE_MAX_BYTES)")
     return data
 
 
-def pixels(data: bytes, max_pixels: int, field: str = "image", preprocess=inputs.load_image,
-           size: int = inputs.IMAGE_SIZE) -> np.ndarray:
+def pixels(
+    data: bytes, max_pixels: int, field: str = "image", preprocess=inputs.load_image, size: int = inputs.IMAGE_SIZE
+) -> np.ndarray:
     """Image file bytes -> (3, S, S) float32, as the indexer decodes its files (every format of
     crossprobe.core.image_formats: HEIC, AVIF and camera RAW too). preprocess, size: the model's
     (Backend.preprocessor, Backend.image_size; default crossprobe's own)."""
@@ -92,13 +94,14 @@ def pixels(data: bytes, max_pixels: int, field: str = "image", preprocess=inputs
         with image_formats.open_picture(io.BytesIO(data), None, size) as pic:  # lazy: header only
             dw, dh = pic.image.size
             if dw * dh > max_pixels:
-                raise TooLarge(f"{field}: {pic.width}x{pic.height} decodes at {dw}x{dh} = {dw * dh} pixels, over "
-                               f"{max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
+                raise TooLarge(
+                    f"{field}: {pic.width}x{pic.height} decodes at {dw}x{dh} = {dw * dh} pixels, over "
+                    f"{max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)"
+                )
             return preprocess(pic.image)  # first frame of a GIF / page of a TIFF
     except CrossprobeError:
         raise
     except Image.DecompressionBombError as e:
         raise TooLarge(f"{field}: {e}") from None
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises on hostile bytes is the input's fault
-        raise InvalidImage(f"{field}: not a readable image ({type(e).__name__}: "
-                       f"{str(e)[:200]})") from None
+        raise InvalidImage(f"{field}: not a readable image ({type(e).__name__}: {str(e)[:200]})") from None

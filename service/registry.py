@@ -4,6 +4,7 @@ collection), ids, Redis keys).
 A new version is loaded completely beside the old one, then the dict is replaced by a new dict in one
 assignment: a request that already took a handle finishes on its version; the next request sees the new one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,11 +14,11 @@ import time
 import numpy as np
 from redis.exceptions import RedisError
 
+from crossprobe.indexer.storage import filter_columns, keyword
 from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.indexer.storage.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import NAME_RE, Store
-from crossprobe.indexer.storage import filter_columns, keyword
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
 from crossprobe.service.scope import EVERY, Scope
@@ -43,20 +44,32 @@ class IndexHandle:
 
     def info(self) -> dict:
         m = self.reader.manifest
-        return {"name": self.name, "version": self.version, "count": len(self), "fingerprint": m["fingerprint"],
-                "model": m.get("model_spec"), "factory": m.get("factory"), "created": m.get("created")}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "count": len(self),
+            "fingerprint": m["fingerprint"],
+            "model": m.get("model_spec"),
+            "factory": m.get("factory"),
+            "created": m.get("created"),
+        }
 
 
 def other_model(name: str, version: str, manifest: dict, spec: str, fingerprint: str) -> str:
     """Why a version built with another model is not served, and the two ways out."""
     built, fp = manifest.get("model_spec"), manifest["fingerprint"]
-    its = f"model {built} (fingerprint {fp})" if built else (
-        f"model fingerprint {fp} (a crossprobe checkpoint: built before versions recorded their model spec)")
+    its = (
+        f"model {built} (fingerprint {fp})"
+        if built
+        else (f"model fingerprint {fp} (a crossprobe checkpoint: built before versions recorded their model spec)")
+    )
     serve = f"CROSSPROBE_MODEL={built}" if built else f"CROSSPROBE_MODEL=crossprobe:<the checkpoint of {fp}>"
-    return (f"index {name!r} version {version} was built with {its}, but this service runs model {spec} (fingerprint "
-            f"{fingerprint}); vectors of two models are not comparable. Either serve the index's model ({serve}), or "
-            f"move the index to this service's model: crossprobe index reindex {name} --model {spec} (it re-encodes "
-            f"the index's photos into a new version while this one keeps serving, then switches)")
+    return (
+        f"index {name!r} version {version} was built with {its}, but this service runs model {spec} (fingerprint "
+        f"{fingerprint}); vectors of two models are not comparable. Either serve the index's model ({serve}), or "
+        f"move the index to this service's model: crossprobe index reindex {name} --model {spec} (it re-encodes "
+        f"the index's photos into a new version while this one keeps serving, then switches)"
+    )
 
 
 class Registry:
@@ -118,12 +131,18 @@ class Registry:
                 t = time.perf_counter()
                 try:
                     h.columns.get(lambda: filter_columns.all_metadata(reader))
-                    log.info("%s/%s: filter columns of %d items read in %.2f s", name, version, len(h),
-                             time.perf_counter() - t)
+                    log.info(
+                        "%s/%s: filter columns of %d items read in %.2f s",
+                        name,
+                        version,
+                        len(h),
+                        time.perf_counter() - t,
+                    )
                 except RedisError as e:  # not fatal: the first filtered search reads them (or answers 503)
                     metrics.error("filter_preload")
-                    log.warning("%s/%s: filter columns not preloaded (%s); read on the first filtered search",
-                                name, version, e)
+                    log.warning(
+                        "%s/%s: filter columns not preloaded (%s); read on the first filtered search", name, version, e
+                    )
         return h
 
     def refresh(self, force: bool = False) -> dict[str, dict]:
@@ -150,16 +169,20 @@ class Registry:
                     out[name] = self._unload(name, cur)
                     continue
                 if active is None:
-                    out[name] = self._failed(name, cur, None, "no active version (never built, or its key was "
-                                             "deleted)", "no_active")
+                    out[name] = self._failed(
+                        name, cur, None, "no active version (never built, or its key was deleted)", "no_active"
+                    )
                     continue
                 if cur is not None and cur.version == active:
                     self.problems.pop(name, None)  # e.g. a refused version was rolled back
                     out[name] = {"version": active, "changed": False}
                     continue
                 if not force and self._refused.get(name) == active:
-                    out[name] = {"version": cur.version if cur else None, "changed": False,
-                                 "error": self.problems.get(name)}
+                    out[name] = {
+                        "version": cur.version if cur else None,
+                        "changed": False,
+                        "error": self.problems.get(name),
+                    }
                     continue
                 try:
                     h = self.load(name, active)
@@ -178,8 +201,13 @@ class Registry:
                 self._refused.pop(name, None)
                 metrics.index_served(name, h.version, h.reader.fingerprint, len(h))
                 metrics.RELOADS.labels(name, "switched" if cur else "loaded").inc()
-                log.info("index %s: serving version %s (%d items)%s", name, h.version, len(h),
-                         f", was {cur.version}" if cur else "")
+                log.info(
+                    "index %s: serving version %s (%d items)%s",
+                    name,
+                    h.version,
+                    len(h),
+                    f", was {cur.version}" if cur else "",
+                )
                 out[name] = {"version": h.version, "changed": True, "previous": cur.version if cur else None}
             return out
 
@@ -191,8 +219,9 @@ class Registry:
         self._refused.pop(name, None)
         metrics.index_dropped(name)
         metrics.RELOADS.labels(name, "dropped").inc()
-        log.info("index %s: dropped (no active version, version %s gone from disk); no longer served", name,
-                 cur.version)
+        log.info(
+            "index %s: dropped (no active version, version %s gone from disk); no longer served", name, cur.version
+        )
         return {"version": None, "changed": True, "previous": cur.version}
 
     def _failed(self, name: str, cur: IndexHandle | None, version: str | None, why: str, kind: str) -> dict:

@@ -7,6 +7,7 @@ routes show Scope.visible's indexes only, so an index outside the scope is answe
 exist: 404 index_not_found with the same message, whose list of served indexes holds the scope's only. A scoped
 caller cannot tell another library from no library.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

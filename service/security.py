@@ -30,6 +30,7 @@ thumbnails per search). A request takes one token; the bucket holds `rate_limit_
 counted in crossprobe_rate_limited_total{endpoint}. Authentication comes first, so a request without a valid
 key never spends anyone's tokens.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,13 +59,23 @@ ADMIN_KEY_HEADER = "X-Admin-Key"
 
 # auto_error=False: the dependencies below answer themselves, in this API's error JSON (FastAPI's own would be
 # {"detail": ...}); the schemes are there for the OpenAPI document ("securitySchemes" and each route's "security")
-_search_scheme = APIKeyHeader(name=API_KEY_HEADER, scheme_name="SearchKey", auto_error=False,
-                              description="A search key; needed only when the server sets CROSSPROBE_API_KEYS "
-                              "or CROSSPROBE_API_KEYS_FILE")
-_admin_scheme = APIKeyHeader(name=ADMIN_KEY_HEADER, scheme_name="AdminKey", auto_error=False,
-                             description="The admin key (CROSSPROBE_ADMIN_KEY); never a search key")
-_metrics_scheme = HTTPBearer(scheme_name="MetricsKey", auto_error=False,
-                             description="The metrics key; needed only when the server sets CROSSPROBE_METRICS_KEY")
+_search_scheme = APIKeyHeader(
+    name=API_KEY_HEADER,
+    scheme_name="SearchKey",
+    auto_error=False,
+    description="A search key; needed only when the server sets CROSSPROBE_API_KEYS or CROSSPROBE_API_KEYS_FILE",
+)
+_admin_scheme = APIKeyHeader(
+    name=ADMIN_KEY_HEADER,
+    scheme_name="AdminKey",
+    auto_error=False,
+    description="The admin key (CROSSPROBE_ADMIN_KEY); never a search key",
+)
+_metrics_scheme = HTTPBearer(
+    scheme_name="MetricsKey",
+    auto_error=False,
+    description="The metrics key; needed only when the server sets CROSSPROBE_METRICS_KEY",
+)
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")  # what an HTTP header value can carry as sent, no spaces or commas
 # between a key and its index names: ASCII spaces and tabs only (a no-break space inside a key stays an error)
@@ -113,8 +124,10 @@ def _entry(text: str, what: str) -> tuple[str, Scope]:
     _check(key, what)
     for n, name in enumerate(names, 1):
         if not NAME_RE.match(name):
-            raise ValueError(f"{what}: index name {n} is not an index name (letters, digits, '_', '.', '-'; "
-                             "names are separated by spaces)")
+            raise ValueError(
+                f"{what}: index name {n} is not an index name (letters, digits, '_', '.', '-'; "
+                "names are separated by spaces)"
+            )
     return key, Scope(tuple(dict.fromkeys(names))) if names else EVERY
 
 
@@ -208,8 +221,11 @@ class Access:
         self._search = [_digest(k) for k in keys]
         self._scopes = list(keys.values())  # the scope of the key whose digest is at the same position
         self._metrics = [_digest(metrics_key)] if metrics_key is not None else []
-        self.limiter = (RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst,
-                                    settings.rate_limit_max_clients) if settings.rate_limit_rps > 0 else None)
+        self.limiter = (
+            RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst, settings.rate_limit_max_clients)
+            if settings.rate_limit_rps > 0
+            else None
+        )
 
     @property
     def search_keys_on(self) -> bool:
@@ -234,6 +250,7 @@ def _unauthorized(message: str, scheme: str = "APIKey") -> Unauthorized:
 class Caller:
     """Who sent a search-group request: its rate-limit identity (the key's position when keys are set, else the
     client address) and the indexes it may read."""
+
     who: Hashable
     scope: Scope
 
@@ -262,8 +279,11 @@ async def rate_limit(request: Request, caller: Annotated[Caller, Depends(search_
         metrics.rate_limited(getattr(request.scope.get("route"), "path", None) or "unmatched")
         retry = max(1, math.ceil(wait_s))  # Retry-After is whole seconds; rounding down would retry too early
         whose = "search key" if caller.who[0] == "key" else "client address"
-        raise RateLimited(f"rate limit of this {whose} reached ({limiter.rate:g} requests/s, "
-                          f"burst {limiter.burst}); retry after {retry} s", retry_after_s=retry)
+        raise RateLimited(
+            f"rate limit of this {whose} reached ({limiter.rate:g} requests/s, "
+            f"burst {limiter.burst}); retry after {retry} s",
+            retry_after_s=retry,
+        )
 
 
 async def admin_client(request: Request, key: Annotated[str | None, Security(_admin_scheme)]) -> None:
@@ -277,8 +297,9 @@ async def admin_client(request: Request, key: Annotated[str | None, Security(_ad
         raise Forbidden(f"the {ADMIN_KEY_HEADER} header does not hold the admin key")
 
 
-async def metrics_client(request: Request,
-                         cred: Annotated[HTTPAuthorizationCredentials | None, Security(_metrics_scheme)]) -> None:
+async def metrics_client(
+    request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Security(_metrics_scheme)]
+) -> None:
     """GET /metrics: Authorization: Bearer <CROSSPROBE_METRICS_KEY> when that is set, else open."""
     acc = access(request)
     if not acc.metrics_key_on:
@@ -293,8 +314,7 @@ async def metrics_client(request: Request,
 def document_optional_keys(app, acc: Access) -> None:
     """In this app's OpenAPI document, a scheme with no key configured is optional ("security": [{}, {...}]),
     so a client generated from it does not insist on a header the server ignores."""
-    optional = {name for name, on in (("SearchKey", acc.search_keys_on), ("MetricsKey", acc.metrics_key_on))
-                if not on}
+    optional = {name for name, on in (("SearchKey", acc.search_keys_on), ("MetricsKey", acc.metrics_key_on)) if not on}
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -319,8 +339,10 @@ SEARCH_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 QUERY_RESPONSES: dict[int | str, dict[str, Any]] = {
     **SEARCH_RESPONSES,
-    429: _error("rate_limited: this key's (or address's) rate limit is reached; overloaded: the admission queue "
-                "is full. Retry after Retry-After seconds"),
+    429: _error(
+        "rate_limited: this key's (or address's) rate limit is reached; overloaded: the admission queue "
+        "is full. Retry after Retry-After seconds"
+    ),
 }
 ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _error("unauthorized: no X-Admin-Key header"),

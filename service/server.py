@@ -1,4 +1,5 @@
 """Running the app: `crossprobe serve` (uvicorn, blocking) and an in-process server for the demo."""
+
 from __future__ import annotations
 
 import socket
@@ -24,9 +25,13 @@ def uvicorn_options(settings: Settings) -> dict:
     http: uvicorn's h11 protocol with head and body deadlines (http_timeouts.py: uvicorn has none of its own)."""
     from crossprobe.service.http_timeouts import timed_protocol
 
-    return dict(log_level=settings.log_level, access_log=settings.access_log, lifespan="on",
-                http=timed_protocol(settings.header_timeout_s, settings.body_timeout_s),
-                timeout_keep_alive=settings.keep_alive_timeout_s)
+    return dict(
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        lifespan="on",
+        http=timed_protocol(settings.header_timeout_s, settings.body_timeout_s),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+    )
 
 
 def serve(settings: Settings) -> None:

@@ -1,6 +1,7 @@
 """The service's Settings: StorageSettings (index root, Redis, ANN, Milvus: shared with the batch jobs) plus the
 server's own knobs. Environment prefix CROSSPROBE_; docs/configuration.md lists every variable.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +10,9 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from crossprobe.indexer.storage.settings import StorageSettings
 from crossprobe.core import SERVED_RERANK
 from crossprobe.core.int8 import MIN_COSINE
+from crossprobe.indexer.storage.settings import StorageSettings
 
 Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
@@ -29,9 +30,16 @@ class Settings(StorageSettings):
     # threads=1: concurrent searches already run the graphs side by side, and a pool's workers would spin on the
     # cores the other searches need (docs/research/reliability.md); raise it for one-query-at-a-time latency on an
     # idle many-core host. Milvus: a search waits 1 s at most, then answers 503 ann_unavailable.
-    ROLE_DEFAULTS = {"redis_socket_timeout_s": 0.2, "redis_connect_timeout_s": 0.2, "redis_retries": 1,
-                     "redis_backoff_base_s": 0.01, "redis_backoff_cap_s": 0.05, "redis_health_check_interval_s": 5.0,
-                     "milvus_timeout_s": 1.0, "threads": 1}
+    ROLE_DEFAULTS = {
+        "redis_socket_timeout_s": 0.2,
+        "redis_connect_timeout_s": 0.2,
+        "redis_retries": 1,
+        "redis_backoff_base_s": 0.01,
+        "redis_backoff_cap_s": 0.05,
+        "redis_health_check_interval_s": 5.0,
+        "milvus_timeout_s": 1.0,
+        "threads": 1,
+    }
 
     # -- server ----------------------------------------------------------------
     host: str = "127.0.0.1"  # bind address; 0.0.0.0 in a container (the Dockerfile sets it)
@@ -125,7 +133,8 @@ class Settings(StorageSettings):
     workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
 
     # -- hot reload --------------------------------------------------------------
-    # poll each index's `active` key (one GET per index: 1 s keeps `crossprobe index watch`'s lag low); 0 = only POST /admin/reload
+    # poll each index's `active` key (one GET per index: 1 s keeps `crossprobe index watch`'s lag low); 0 = only POST
+    # /admin/reload
     reload_interval_s: float = Field(1.0, ge=0)
 
     # -- items -------------------------------------------------------------------
@@ -139,9 +148,11 @@ class Settings(StorageSettings):
     # front-end (a page on another origin) needs it, and CROSSPROBE_CORS_ORIGINS. Unset: root-relative
     # (/v1/items/...). Never taken from the request (Host, X-Forwarded-Host: any client chooses those; a
     # poisoned cache or an injected link otherwise). CROSSPROBE_PUBLIC_URL wins when both names are set
-    public_base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
-                                        validation_alias=AliasChoices("CROSSPROBE_PUBLIC_URL",
-                                                                      "CROSSPROBE_PUBLIC_BASE_URL"))
+    public_base_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        validation_alias=AliasChoices("CROSSPROBE_PUBLIC_URL", "CROSSPROBE_PUBLIC_BASE_URL"),
+    )
 
     # -- query by image (/v1/search "image", /knn-service "image") ----------------------------------------------
     # the decoded image's bytes at most (the base64 text is a third longer, and the whole body must also fit
@@ -152,7 +163,8 @@ class Settings(StorageSettings):
     # more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
-    # -- metadata filters (/v1/search "filter"; indexer/storage/filter_columns.py) ----------------------------------------------
+    # -- metadata filters (/v1/search "filter"; indexer/storage/filter_columns.py)
+    # ----------------------------------------------
     # with an HNSW / IVF index, a filter that at most this many items pass is answered by scanning their stored
     # vectors exactly (~1 ms per 4,000 at d=256); more: FAISS with the filter's bitmap (approximate, as unfiltered)
     filter_exact_max: int = Field(20_000, ge=0)
@@ -172,7 +184,9 @@ class Settings(StorageSettings):
     # the whole body must arrive within this many seconds of the end of the headers (a deadline too); else 408
     # and close. 30 s lets a client as slow as ~35 KB/s send the largest body max_body_bytes allows (1 MiB)
     body_timeout_s: float = Field(30.0, gt=0, le=3600)
-    keep_alive_timeout_s: float = Field(5.0, gt=0, le=3600)  # an idle kept-alive connection is closed after this (uvicorn's timeout_keep_alive)
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, le=3600
+    )  # an idle kept-alive connection is closed after this (uvicorn's timeout_keep_alive)
 
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes

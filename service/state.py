@@ -5,6 +5,7 @@ the server listens at once, /healthz answers, /readyz and the search routes answ
 until the models, every index and one warm-up query per reranker are done, so the
 first real query never pays for a cold start.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from crossprobe.core import inference
 from crossprobe.core.inference import Backend
 from crossprobe.service import metrics
-from crossprobe.service.explainer import Explainer
-from crossprobe.service.registry import Registry
 from crossprobe.service.batcher import Limiter, QueryBatcher
 from crossprobe.service.breaker import FeatureStore
 from crossprobe.service.exceptions import NotReady
+from crossprobe.service.explainer import Explainer
 from crossprobe.service.pipeline import Searcher
+from crossprobe.service.registry import Registry
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
@@ -40,11 +41,20 @@ def load_model(settings: Settings, bert=None) -> Backend:
     """The service's model with its parts for a search loaded: the query tower and the scorers now; the image
     towers and the explain graph on first use (the warm-up makes the image towers), so a service never asked for
     them pays nothing."""
-    model = inference.load(settings.model_spec, inference.RuntimeOptions(
-        graphs=settings.artifacts_dir, threads=settings.threads, spinning=settings.ort_spinning,
-        shared_pool=settings.ort_shared_pool, query_precision=settings.query_precision, bert=bert,
-        int8_min_cosine=settings.int8_min_cosine,
-        device=settings.device, precision=settings.device_precision))
+    model = inference.load(
+        settings.model_spec,
+        inference.RuntimeOptions(
+            graphs=settings.artifacts_dir,
+            threads=settings.threads,
+            spinning=settings.ort_spinning,
+            shared_pool=settings.ort_shared_pool,
+            query_precision=settings.query_precision,
+            bert=bert,
+            int8_min_cosine=settings.int8_min_cosine,
+            device=settings.device,
+            precision=settings.device_precision,
+        ),
+    )
     model.warm("search")
     return model
 
@@ -96,8 +106,13 @@ class ServiceState:
         try:
             self.models, self.registry = await asyncio.to_thread(self._load)
             settings = self.settings
-            self.batcher = QueryBatcher(lambda texts: self.models.encode_texts(texts), settings.batch_max, settings.batch_wait_ms / 1000,
-                                        settings.batching, busy=lambda n: self.limiter.in_flight > n)
+            self.batcher = QueryBatcher(
+                lambda texts: self.models.encode_texts(texts),
+                settings.batch_max,
+                settings.batch_wait_ms / 1000,
+                settings.batching,
+                busy=lambda n: self.limiter.in_flight > n,
+            )
             self.batcher.start()
             self.searcher = Searcher(settings, self.models, self.registry, self.batcher, self.pool, self.feature_store)
             await self.warmup()
@@ -110,8 +125,12 @@ class ServiceState:
             self._tasks.append(asyncio.create_task(self._poll(), name="index-poller"))
         if self.settings.redis_probe_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._probe_redis(), name="redis-probe"))
-        log.info("ready: model %s, indexes %s, providers %s", self.models.fingerprint,
-                 {n: h.version for n, h in self.registry.handles.items()}, self.models.providers)
+        log.info(
+            "ready: model %s, indexes %s, providers %s",
+            self.models.fingerprint,
+            {n: h.version for n, h in self.registry.handles.items()},
+            self.models.providers,
+        )
 
     def _load(self) -> tuple[Backend, Registry]:
         models = load_model(self.settings, self._bert)

@@ -13,6 +13,7 @@ A page on another origin, clip-retrieval's front-end, needs both settings: CROSS
 root-relative URL against its own origin, gets 404s and hides every image) and CROSSPROBE_CORS_ORIGINS (its
 browser lets it read no answer otherwise). clip_front_hint says what is missing, at start-up.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,16 +34,24 @@ def clip_front_hint(settings: Settings) -> tuple[int, str] | None:
     needs, given the CORS origins and the public URL; None when neither is set (a same-origin deployment)."""
     cors, public = settings.cors_list, settings.public_base_url
     if cors and not public:
-        return (logging.WARNING, f"CROSSPROBE_CORS_ORIGINS is set ({', '.join(cors)}) but {PUBLIC_URL_ENV} is "
-                "not: image URLs in /knn-service and /metadata answers are root-relative (/v1/items/...), and a "
-                "page on another origin, such as clip-retrieval's front-end, resolves them against its own origin "
-                f"and shows no images. Set {PUBLIC_URL_ENV} to the address browsers reach this service at "
-                "(e.g. https://search.example.org)")
+        return (
+            logging.WARNING,
+            f"CROSSPROBE_CORS_ORIGINS is set ({', '.join(cors)}) but {PUBLIC_URL_ENV} is "
+            "not: image URLs in /knn-service and /metadata answers are root-relative (/v1/items/...), and a "
+            "page on another origin, such as clip-retrieval's front-end, resolves them against its own origin "
+            f"and shows no images. Set {PUBLIC_URL_ENV} to the address browsers reach this service at "
+            "(e.g. https://search.example.org)",
+        )
     if public and not cors:
-        return (logging.INFO, f"image URLs are absolute, under {public}; for clip-retrieval's front-end (a page "
-                "on another origin) also set CROSSPROBE_CORS_ORIGINS to that page's origin, or its browser reads "
-                "no answer")
+        return (
+            logging.INFO,
+            f"image URLs are absolute, under {public}; for clip-retrieval's front-end (a page "
+            "on another origin) also set CROSSPROBE_CORS_ORIGINS to that page's origin, or its browser reads "
+            "no answer",
+        )
     if public and cors:
-        return (logging.INFO, f"clip-retrieval's front-end: image URLs under {public}; pages of "
-                f"{', '.join(cors)} may call the API")
+        return (
+            logging.INFO,
+            f"clip-retrieval's front-end: image URLs under {public}; pages of {', '.join(cors)} may call the API",
+        )
     return None

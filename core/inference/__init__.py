@@ -4,27 +4,47 @@ the features it gives (layout.py), and what names a model (spec.py). Implementat
 checkpoint's graphs over ONNX Runtime), exported.py (a model family's exported graphs: open_clip, Hugging Face),
 immich.py (a folder in the layout Immich publishes), heads.py (reranker heads on a family model's backbone).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
 from crossprobe.core import runtime, torch_side
-from crossprobe.core.inference.base import (Backend, ImageFeatures, ImageGrid, QueryVectors, RerankerUnavailable,
-                                              RuntimeOptions)
+from crossprobe.core.inference.base import (
+    Backend,
+    ImageFeatures,
+    ImageGrid,
+    QueryVectors,
+    RerankerUnavailable,
+    RuntimeOptions,
+)
 from crossprobe.core.inference.layout import FeatureDims, ItemDims
 from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 
-__all__ = ["Backend", "BadSpec", "FeatureDims", "ImageFeatures", "ImageGrid", "ItemDims", "ModelSpec", "QueryVectors",
-           "RerankerUnavailable", "RuntimeOptions", "load", "parse"]
+__all__ = [
+    "Backend",
+    "BadSpec",
+    "FeatureDims",
+    "ImageFeatures",
+    "ImageGrid",
+    "ItemDims",
+    "ModelSpec",
+    "QueryVectors",
+    "RerankerUnavailable",
+    "RuntimeOptions",
+    "load",
+    "parse",
+]
 
 
 class ModelUnavailable(RuntimeError):
     """The spec names a model whose graphs are not exported here, and this environment cannot export them."""
 
 
-def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
-         identity: tuple[str, FeatureDims] | None = None) -> Backend:
+def load(
+    model: str | Path | ModelSpec | None, opts: RuntimeOptions, identity: tuple[str, FeatureDims] | None = None
+) -> Backend:
     """The model a spec names (spec.py; a bare path or None: a crossprobe checkpoint, None the committed one), its
     parts loaded on first use. identity: its (fingerprint, dims) where the caller knows them (crossprobe.py)."""
     spec = model if isinstance(model, ModelSpec) else parse(model)
@@ -37,8 +57,9 @@ def load(model: str | Path | ModelSpec | None, opts: RuntimeOptions,
         from crossprobe.core.inference.crossprobe import CrossprobeBackend
 
         if opts.device.startswith("cuda") and not runtime.onnxruntime_has_cuda():  # the GPU machines: torch, CUDA
-            return torch_side.module("torch_backend", f"device {opts.device} without onnxruntime-gpu") \
-                .TorchCrossprobeBackend(spec.path, opts, identity)
+            return torch_side.module(
+                "torch_backend", f"device {opts.device} without onnxruntime-gpu"
+            ).TorchCrossprobeBackend(spec.path, opts, identity)
         return CrossprobeBackend(spec.path, opts, identity)
     if spec.family in ("open_clip", "hf"):
         from crossprobe.core.inference.exported import ExportedBackend
@@ -77,5 +98,7 @@ def exported_folder(spec: ModelSpec, root: Path | None) -> Path:
         raise ModelUnavailable(
             f"model {spec} is not exported under {root}, and this environment cannot export it ({e}). Export it where "
             f"PyTorch and the family's library are installed ({torch_side.INSTALL}; open_clip models also "
-            f"pip install open-clip-torch): `crossprobe models export {spec} --out DIR`, then point CROSSPROBE_ARTIFACTS_DIR (the "
-            f"service) and CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR") from None
+            f"pip install open-clip-torch): `crossprobe models export {spec} --out DIR`, then point "
+            "CROSSPROBE_ARTIFACTS_DIR (the "
+            f"service) and CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR"
+        ) from None

@@ -18,6 +18,7 @@ the grid between them. Everything a backend holds is loaded lazily, each piece o
 never loads the query tower; a service not asked for query images never loads the image towers), or at
 once with warm().
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,6 +38,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class QueryVectors:
     """The query side of one text."""
+
     g_q: np.ndarray  # (d,) unit norm: the ANN query
     p_t: np.ndarray | None  # (m, dc) text probes (Cross-probe)
     w_bar: np.ndarray | None  # (dc,) mean text token (Cross-probe)
@@ -47,6 +49,7 @@ class QueryVectors:
 @dataclass
 class ImageGrid:
     """What a model's frozen trunk gives for a batch of images."""
+
     cells: np.ndarray  # (B, P, W) float32: local features (EfficientNet's 7 x 7 cells, a ViT's patch tokens)
     pooled: np.ndarray | None = None  # (B, d) the trunk's own pooled embedding (CLIP families), not yet unit norm
 
@@ -57,6 +60,7 @@ class ImageGrid:
 @dataclass
 class ImageFeatures:
     """The image side of a batch (shapes: layout.py)."""
+
     g: np.ndarray  # (B, d) unit norm
     p_v: np.ndarray  # (B, n, dc)
     b_bar: np.ndarray  # (B, dc)
@@ -67,6 +71,7 @@ class ImageFeatures:
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How a backend runs, not what it computes (a model's fingerprint never depends on these)."""
+
     graphs: Path | None = None  # where exported graphs live: <graphs>/<fingerprint>/*.onnx (+ shared ones at the top)
     threads: int | None = None  # ONNX Runtime intra-op threads per session (None: its default)
     spinning: bool | None = None  # idle workers spin (None: ONNX Runtime's default)
@@ -111,7 +116,7 @@ class Backend(ABC):
     def preprocess(self, image) -> np.ndarray:
         return self.preprocessor()(image)
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - an optional hook: nothing to prepare by default
         """Fetch or export what the image parts need, without loading them (a driver before its workers start)."""
 
     @abstractmethod
@@ -137,8 +142,10 @@ class Backend(ABC):
 
     def require_reranker(self, kind: str) -> None:
         if kind not in self.rerankers:
-            raise RerankerUnavailable(f"model {self.fingerprint} has no trained {kind!r} reranker "
-                                      f"(it has: {', '.join(self.rerankers) or 'none'})")
+            raise RerankerUnavailable(
+                f"model {self.fingerprint} has no trained {kind!r} reranker "
+                f"(it has: {', '.join(self.rerankers) or 'none'})"
+            )
 
     # ---- optional parts --------------------------------------------------------------------------------
     def text_gate(self, threshold: float | None = None):
@@ -155,7 +162,7 @@ class Backend(ABC):
         """The ONNX Runtime execution providers its sessions run on."""
         return []
 
-    def warm(self, *parts: str) -> None:
+    def warm(self, *parts: str) -> None:  # noqa: B027 - an optional hook: parts load on first use by default
         """Load the named parts now (each backend names its own) instead of on first use."""
 
     # ---- lazy parts ------------------------------------------------------------------------------------

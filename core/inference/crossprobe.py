@@ -14,6 +14,7 @@ What each graph computes is models/graphs.py; models/export.py writes them into 
 atomically. When the wanted graphs exist, nothing here imports torch or loads the PyTorch model (the container
 image has no torch), so a restart takes seconds.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.core import DEFAULT_CHECKPOINT, inputs, int8, read_config, runtime
-from crossprobe.core import graph_files, torch_side
+from crossprobe.core import DEFAULT_CHECKPOINT, graph_files, inputs, int8, read_config, runtime, torch_side
 from crossprobe.core.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.core.inference.layout import FeatureDims, ItemDims
 
@@ -62,8 +62,15 @@ class CrossprobeBackend(Backend):
 
     def _export(self, names: tuple[str, ...], also: tuple[str, ...] = ()) -> Path:
         """<graphs>/<fingerprint>/ with `names` exported (and `also`, while the model is loaded anyway)."""
-        return graph_files.ensure_graphs(self.opts.graphs, names, self.ckpt, model=self.opts.model, bert=self.opts.bert,
-                                    fingerprint=self.fingerprint, also=also)
+        return graph_files.ensure_graphs(
+            self.opts.graphs,
+            names,
+            self.ckpt,
+            model=self.opts.model,
+            bert=self.opts.bert,
+            fingerprint=self.fingerprint,
+            also=also,
+        )
 
     def warm(self, *parts: str) -> None:
         """parts: "search" (the query tower and both scorers, exporting the explain and image graphs beside them
@@ -102,6 +109,7 @@ class CrossprobeBackend(Backend):
 
     def _head(self):
         """The image tower: its ONNX graph (exported first if missing), or the PyTorch module (image_head torch)."""
+
         def make():
             if self.opts.image_head == "torch":  # checking the graph against the PyTorch module
                 checkpoint = torch_side.module("checkpoint", "image_head torch")
@@ -109,6 +117,7 @@ class CrossprobeBackend(Backend):
                 graph = torch_side.module("graphs", "image_head torch").ImageGraph(model)
                 return torch_side.module("torch_backend", "image_head torch").numpy_module(graph)
             return self._session(self._export(("image_tower",)) / "image_tower.onnx")
+
         return self._part("head", make)
 
     def prepare(self) -> None:
@@ -138,10 +147,15 @@ class CrossprobeBackend(Backend):
                 return fp32, tokenizer
             weights = int8.weight_format()
             q8 = self._session(graph_files.ensure_int8_query(graphs, weights))
-            self.int8_check = int8.check(lambda ts: self._run_query(fp32, tokenizer, ts)[0],
-                                         lambda t: self._run_query(q8, tokenizer, [t])[0],
-                                         self.opts.int8_min_cosine, weights, f"checkpoint {self.fingerprint}")
+            self.int8_check = int8.check(
+                lambda ts: self._run_query(fp32, tokenizer, ts)[0],
+                lambda t: self._run_query(q8, tokenizer, [t])[0],
+                self.opts.int8_min_cosine,
+                weights,
+                f"checkpoint {self.fingerprint}",
+            )
             return q8, tokenizer
+
         return self._part("query", make)
 
     @staticmethod
@@ -159,16 +173,21 @@ class CrossprobeBackend(Backend):
         out: list[QueryVectors] = []
         for group in groups:
             g, p_t, w_bar, s_q, *q_cls = self._run_query(session, tokenizer, group)
-            out += [QueryVectors(g[i], p_t[i], w_bar[i], s_q[i], q_cls[0][i] if q_cls else None)
-                    for i in range(len(group))]
+            out += [
+                QueryVectors(g[i], p_t[i], w_bar[i], s_q[i], q_cls[0][i] if q_cls else None) for i in range(len(group))
+            ]
         return out
 
     # ---- scoring ---------------------------------------------------------------------------------------
     def _scorer(self, kind: str):
         """(session, whether it adds the region-label term: it then takes q_cls and the candidates' labels)."""
+
         def make():
-            s = self._session(self._export(graph_files.SEARCH_GRAPHS, also=graph_files.SERVICE_GRAPHS) / f"{kind}_scorer.onnx")
+            s = self._session(
+                self._export(graph_files.SEARCH_GRAPHS, also=graph_files.SERVICE_GRAPHS) / f"{kind}_scorer.onnx"
+            )
             return s, "labels" in {i.name for i in s.get_inputs()}
+
         return self._part(kind, make)
 
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
@@ -183,8 +202,10 @@ class CrossprobeBackend(Backend):
     def explainer(self):
         from crossprobe.core.inference.explain import ExplainHead
 
-        return self._part("explain", lambda: ExplainHead(
-            self._session(self._export(("explain",)) / "explain.onnx"), self._has_cross_layers()))
+        return self._part(
+            "explain",
+            lambda: ExplainHead(self._session(self._export(("explain",)) / "explain.onnx"), self._has_cross_layers()),
+        )
 
     def _has_cross_layers(self) -> bool:
         if self.opts.model is not None:
@@ -230,7 +251,8 @@ def describe(ckpt: Path | None = None, model=None, graphs: Path | None = None) -
 
 def model_dims(model_cfg: dict) -> FeatureDims:
     c = torch_side.module("model", "reading a checkpoint whose image tower is not exported").ModelConfig.from_dict(
-        model_cfg)
+        model_cfg
+    )
     return FeatureDims(c.vision.d, ItemDims(c.cp.n, c.cp.d, c.temde.N * c.temde.K, 49 if c.region.enabled else 0))
 
 
@@ -245,8 +267,9 @@ def graph_dims(head: Path) -> FeatureDims:
 def _graph_dims(head: str, _mtime_ns: int, _size: int) -> FeatureDims:
     grid = np.zeros((1, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM), np.float32)
     g, p_v, _, s_i, *labels = runtime.session(Path(head), threads=1).run(None, {"grid": grid})
-    return FeatureDims(g.shape[1], ItemDims(p_v.shape[1], p_v.shape[2], s_i.shape[1],
-                                            labels[0].shape[1] if labels else 0))
+    return FeatureDims(
+        g.shape[1], ItemDims(p_v.shape[1], p_v.shape[2], s_i.shape[1], labels[0].shape[1] if labels else 0)
+    )
 
 
 def _fingerprint_of(model) -> str:

@@ -19,6 +19,7 @@ format, and from EXIF where present the date taken (DateTimeOriginal, else DateT
 local time as written, no zone) and the camera (Make + Model). The file's size and mtime (bytes, mtime_ns) as
 opened are recorded too: `crossprobe index watch` finds changed files by them.
 """
+
 from __future__ import annotations
 
 import errno
@@ -36,13 +37,32 @@ from crossprobe.core import image_formats, inputs
 # the most pixels a photo may decode to before it is skipped as "oversized" (CROSSPROBE_INDEX_MAX_PIXELS; the
 # indexer's settings say why that many)
 DEFAULT_MAX_PIXELS = 100_000_000
-VIDEO_BRANDS = {b"isom", b"iso2", b"iso4", b"iso5", b"iso6", b"mp41", b"mp42", b"qt  ", b"M4V ", b"M4VP",
-                b"3gp4", b"3gp5", b"3gp6", b"3g2a", b"avc1", b"dash", b"MSNV", b"XAVC"}
+VIDEO_BRANDS = {
+    b"isom",
+    b"iso2",
+    b"iso4",
+    b"iso5",
+    b"iso6",
+    b"mp41",
+    b"mp42",
+    b"qt  ",
+    b"M4V ",
+    b"M4VP",
+    b"3gp4",
+    b"3gp5",
+    b"3gp6",
+    b"3g2a",
+    b"avc1",
+    b"dash",
+    b"MSNV",
+    b"XAVC",
+}
 
 
 @dataclass(frozen=True)
 class Unreadable:
     """Why a file gives no pixels: reason is one of the skip reasons above, error the decoder's words."""
+
     reason: str
     error: str = ""
 
@@ -82,8 +102,9 @@ def exif_facts(img: Image.Image | Image.Exif) -> dict:
     return out
 
 
-def decode_file(path: str, max_pixels: int, preprocess: Preprocess = inputs.load_image,
-                size: int = inputs.IMAGE_SIZE) -> tuple[np.ndarray, dict] | Unreadable:
+def decode_file(
+    path: str, max_pixels: int, preprocess: Preprocess = inputs.load_image, size: int = inputs.IMAGE_SIZE
+) -> tuple[np.ndarray, dict] | Unreadable:
     """A file -> (its pixels, its facts: width, height, format, [taken, camera,] bytes, mtime_ns), or why not.
     size: the side the model takes, for reduced decoding (draft) and the pixel limit after it."""
     ext = os.path.splitext(path)[1].lower()
@@ -108,12 +129,21 @@ def decode_file(path: str, max_pixels: int, preprocess: Preprocess = inputs.load
                 w, h = pic.width, pic.height
                 dw, dh = pic.image.size  # after draft: what decoding will really produce
                 if dw * dh > max_pixels:
-                    return Unreadable("oversized",
-                                f"{w}x{h} {pic.format} decodes at {dw}x{dh} = {dw * dh} pixels > max_pixels "
-                                f"{max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)")
+                    return Unreadable(
+                        "oversized",
+                        f"{w}x{h} {pic.format} decodes at {dw}x{dh} = {dw * dh} pixels > max_pixels "
+                        f"{max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)",
+                    )
                 facts = exif_facts(pic.exif())  # header data: read before load_image decodes the pixels
                 x = preprocess(pic.image)  # first frame of a GIF / first page of a TIFF
-        return x, {"width": w, "height": h, "format": pic.format, **facts, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return x, {
+            "width": w,
+            "height": h,
+            "format": pic.format,
+            **facts,
+            "bytes": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+        }
     except (FileNotFoundError, IsADirectoryError) as e:
         return Unreadable("missing", str(e)[:200])
     except PermissionError as e:

@@ -8,6 +8,7 @@ docs/research/explain_maps.md); else Cross-probe's attention from the query to t
 cross layers (models/graphs.py ExplainGraph); without cross layers nothing links the query to the regions, and
 the map is where the image's own probes look.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,11 +18,11 @@ from crossprobe.core import inputs
 EXPLAIN_MODES = {
     # what the maps mean, said on the page beside them
     "query": "where this query looked: the query's text probes attend to the image's vision probes, which "
-             "attend to the 7x7 regions (the two attention steps composed; Cross-probe reranker)",
+    "attend to the 7x7 regions (the two attention steps composed; Cross-probe reranker)",
     "probes": "regions the image's probes attend to (averaged over probes and heads; the checkpoint's "
-              "Cross-probe has no cross layers, so the query cannot change them)",
+    "Cross-probe has no cross layers, so the query cannot change them)",
     "labels": "how well what the ImageNet head sees in each 7x7 region matches the query (the region-label term's "
-              "per-region scores, each region's share of their softmax)",
+    "per-region scores, each region's share of their softmax)",
 }
 
 
@@ -32,7 +33,9 @@ class ExplainHead:
         self.labels = "q_cls" in {i.name for i in session.get_inputs()}
         self.mode = "labels" if self.labels else "query" if has_cross_layers else "probes"
 
-    def maps(self, grids: np.ndarray, p_t: np.ndarray, q_cls: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def maps(
+        self, grids: np.ndarray, p_t: np.ndarray, q_cls: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """-> (the map `mode` says, (K, 7, 7)), (the image's probes averaged, query-independent, (K, 7, 7))."""
         feed = {"grid": np.ascontiguousarray(grids, np.float32), "p_t": np.ascontiguousarray(p_t[None], np.float32)}
         if self.labels:
@@ -41,8 +44,10 @@ class ExplainHead:
             feed["q_cls"] = np.ascontiguousarray(q_cls[None], np.float32)
         regions, probes, *label_maps = self.session.run(None, feed)
         shown = label_maps[0] if self.labels else regions
-        return (np.stack([_renormalised(r).reshape(self.side, self.side) for r in shown]),
-                np.stack([_renormalised(p).reshape(self.side, self.side) for p in probes]))
+        return (
+            np.stack([_renormalised(r).reshape(self.side, self.side) for r in shown]),
+            np.stack([_renormalised(p).reshape(self.side, self.side) for p in probes]),
+        )
 
 
 def _renormalised(w: np.ndarray) -> np.ndarray:

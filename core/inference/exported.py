@@ -12,6 +12,7 @@ family's library are installed; serving it needs ONNX Runtime, Pillow and `token
 image_grid gives ImageGrid(cells = the patch tokens, pooled = the embedding); g is the embedding at unit norm. Such
 a model is two-tower only: rerankers are trained for it separately (heads.py), so dims.item is all zeros here.
 """
+
 from __future__ import annotations
 
 import html
@@ -29,8 +30,12 @@ from crossprobe.core.inference.layout import FeatureDims, ItemDims
 
 MODEL_JSON = "model.json"
 FORMAT = 1
-_FILTERS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
-            "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
+_FILTERS = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class ImagePreprocess:
     """A PIL image -> (3, size, size) float32, as the family's own preprocessing makes it. Picklable (Ray's decode
     tasks get it). The two resize modes are torchvision's / HF's: "shortest" scales the shorter side to `size`
     (the longer to int(size * long / short)) and crops the centre; "squash" resizes to size x size."""
+
     size: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -53,8 +59,12 @@ class ImagePreprocess:
     alpha: str = "drop"
 
     def __post_init__(self):
-        if self.resize not in ("shortest", "squash") or self.interpolation not in _FILTERS \
-                or self.crop_rounding not in ("round", "floor") or self.alpha not in ("drop", "white"):
+        if (
+            self.resize not in ("shortest", "squash")
+            or self.interpolation not in _FILTERS
+            or self.crop_rounding not in ("round", "floor")
+            or self.alpha not in ("drop", "white")
+        ):
             raise ValueError(f"unsupported image preprocessing {self}")
 
     def __call__(self, img: Image.Image) -> np.ndarray:
@@ -90,9 +100,17 @@ class ImagePreprocess:
 
     @classmethod
     def from_json(cls, d: dict) -> "ImagePreprocess":
-        return cls(int(d["size"]), tuple(d["mean"]), tuple(d["std"]), d.get("resize", "shortest"),
-                   d.get("interpolation", "bicubic"), bool(d.get("crop", True)), d.get("crop_rounding", "round"),
-                   bool(d.get("rgb_last", False)), d.get("alpha", "drop"))
+        return cls(
+            int(d["size"]),
+            tuple(d["mean"]),
+            tuple(d["std"]),
+            d.get("resize", "shortest"),
+            d.get("interpolation", "bicubic"),
+            bool(d.get("crop", True)),
+            d.get("crop_rounding", "round"),
+            bool(d.get("rgb_last", False)),
+            d.get("alpha", "drop"),
+        )
 
 
 _WHITESPACE = re.compile(r"\s+")
@@ -135,6 +153,7 @@ class ExportedBackend(Backend):
             if name == "text" and self.query_precision == "int8":
                 return self._int8_text(path)
             return runtime.session(path, self.opts.threads, self.opts.spinning, self.opts.device)
+
         return self._part(name, make)
 
     def _int8_text(self, fp32: Path):
@@ -142,8 +161,13 @@ class ExportedBackend(Backend):
         weights = int8.weight_format()
         q8 = runtime.session(int8_graph(fp32, weights), self.opts.threads, self.opts.spinning, self.opts.device)
         ref = runtime.session(fp32, self.opts.threads, self.opts.spinning, self.opts.device)
-        self.int8_check = int8.check(lambda ts: self._run_text(ref, ts)[0], lambda t: self._run_text(q8, [t])[0],
-                                     self.opts.int8_min_cosine, weights, f"model {self.spec or self.fingerprint}")
+        self.int8_check = int8.check(
+            lambda ts: self._run_text(ref, ts)[0],
+            lambda t: self._run_text(q8, [t])[0],
+            self.opts.int8_min_cosine,
+            weights,
+            f"model {self.spec or self.fingerprint}",
+        )
         return q8
 
     def warm(self, *parts: str) -> None:
@@ -168,15 +192,17 @@ class ExportedBackend(Backend):
         return self._preprocess
 
     def image_grid(self, pixels: np.ndarray) -> ImageGrid:
-        emb, tokens = self._session("image").run(["embedding", "tokens"],
-                                                 {"pixels": np.ascontiguousarray(pixels, np.float32)})
+        emb, tokens = self._session("image").run(
+            ["embedding", "tokens"], {"pixels": np.ascontiguousarray(pixels, np.float32)}
+        )
         return ImageGrid(tokens, emb)
 
     def image_features(self, grid: ImageGrid) -> ImageFeatures:
         g = unit(grid.pooled)
         B = len(g)
-        return ImageFeatures(g, np.zeros((B, 0, 0), np.float32), np.zeros((B, 0), np.float32),
-                             np.zeros((B, 0), np.float32), None)
+        return ImageFeatures(
+            g, np.zeros((B, 0, 0), np.float32), np.zeros((B, 0), np.float32), np.zeros((B, 0), np.float32), None
+        )
 
     # ---- texts -----------------------------------------------------------------------------------------
     def _tokenizer(self):
@@ -217,8 +243,11 @@ def text_tokenizer(file: Path | str, text: dict):
 
     tok = Tokenizer.from_file(str(file)) if isinstance(file, Path) else Tokenizer.from_str(file)
     tok.enable_truncation(max_length=int(text["context_length"]))
-    tok.enable_padding(pad_id=int(text["pad_id"]), pad_token=text.get("pad_token", "<pad>"),
-                       length=int(text["context_length"]) if text.get("pad_to_context") else None)
+    tok.enable_padding(
+        pad_id=int(text["pad_id"]),
+        pad_token=text.get("pad_token", "<pad>"),
+        length=int(text["context_length"]) if text.get("pad_to_context") else None,
+    )
     return tok
 
 

@@ -14,14 +14,14 @@ So the two-tower ranking is the backbone's own, and the index stores the heads' 
 heads' config). Its fingerprint is the heads checkpoint's, which covers the backbone's: an index built with it is
 refused by any other model. Serving needs no torch when the graphs are exported (`crossprobe train` exports them).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from crossprobe.core import read_config, runtime
-from crossprobe.core import graph_files
+from crossprobe.core import graph_files, read_config, runtime
 from crossprobe.core.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.core.inference.crossprobe import scorer_feed
 from crossprobe.core.inference.exported import unit
@@ -66,7 +66,8 @@ class HeadsBackend(Backend):
             raise BackboneChanged(
                 f"heads {self.ckpt} were trained on backbone {self.meta['backbone']} with fingerprint "
                 f"{self.meta['backbone_fingerprint']}; that spec now gives {backbone.fingerprint} (other weights): "
-                f"train the heads again on it (`crossprobe train --backbone {self.meta['backbone']} --data ...`)")
+                f"train the heads again on it (`crossprobe train --backbone {self.meta['backbone']} --data ...`)"
+            )
         self.fingerprint = self.meta["fingerprint"]
         self.dims = heads_dims(backbone.dims.d, self.meta["model"])
         self.image_size = backbone.image_size
@@ -77,6 +78,7 @@ class HeadsBackend(Backend):
         def make():
             folder = graph_files.ensure_heads_graphs(self.opts.graphs, self.ckpt, fingerprint=self.fingerprint)
             return runtime.session(folder / f"{name}.onnx", self.opts.threads, self.opts.spinning, self.opts.device)
+
         return self._part(name, make)
 
     def prepare(self) -> None:
@@ -98,8 +100,10 @@ class HeadsBackend(Backend):
                 raise ValueError(f"unknown part {p!r} (search, image)")
 
     def sessions(self) -> dict[str, object]:
-        return {**{f"backbone.{k}": v for k, v in self.backbone.sessions().items()},
-                **{k: v for k, v in self._parts.items() if hasattr(v, "get_providers")}}
+        return {
+            **{f"backbone.{k}": v for k, v in self.backbone.sessions().items()},
+            **{k: v for k, v in self._parts.items() if hasattr(v, "get_providers")},
+        }
 
     @property
     def providers(self) -> list[str]:
@@ -114,7 +118,9 @@ class HeadsBackend(Backend):
 
     def image_features(self, grid: ImageGrid) -> ImageFeatures:
         """cells (B, P, W), pooled (B, d) -> g (B, d), p_v (B, n, dc), b_bar (B, dc), s_i (B, N*K)."""
-        p_v, b_bar, s_i = self._session("image_head").run(None, {"tokens": np.ascontiguousarray(grid.cells, np.float32)})
+        p_v, b_bar, s_i = self._session("image_head").run(
+            None, {"tokens": np.ascontiguousarray(grid.cells, np.float32)}
+        )
         return ImageFeatures(unit(grid.pooled), p_v, b_bar, s_i, None)
 
     # ---- texts -----------------------------------------------------------------------------------------
@@ -122,7 +128,8 @@ class HeadsBackend(Backend):
         """One run of each graph for the batch: the heads mask the padding, so batching changes no query's vectors."""
         emb, tokens, mask = self.backbone.text_tokens(texts)
         p_t, w_bar, s_q = self._session("text_head").run(
-            None, {"tokens": np.ascontiguousarray(tokens, np.float32), "attention_mask": np.asarray(mask, np.int64)})
+            None, {"tokens": np.ascontiguousarray(tokens, np.float32), "attention_mask": np.asarray(mask, np.int64)}
+        )
         return [QueryVectors(g, p_t[i], w_bar[i], s_q[i]) for i, g in enumerate(unit(emb))]
 
     # ---- scoring ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ batches run item by item where the graph's batch axis is fixed.
 The fingerprint: SHA-256 over the config files and the graphs' bytes (first 16 hex), cached by their sizes and
 mtimes under the graphs folder (a large folder is hashed once).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,14 @@ from crossprobe.core.atomic import atomic_path
 from crossprobe.core.inference.base import ImageGrid, RuntimeOptions
 from crossprobe.core.inference.exported import ExportedBackend, ImagePreprocess
 
-FILES = ("config.json", "visual/preprocess_cfg.json", "visual/model.onnx", "textual/model.onnx",
-         "textual/tokenizer.json", "textual/tokenizer_config.json")
+FILES = (
+    "config.json",
+    "visual/preprocess_cfg.json",
+    "visual/model.onnx",
+    "textual/model.onnx",
+    "textual/tokenizer.json",
+    "textual/tokenizer_config.json",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,9 @@ class ImmichBackend(ExportedBackend):
         x = np.ascontiguousarray(pixels, np.float32)
         if session.get_inputs()[0].type == "tensor(uint8)":  # newer exports take the RGB photo and normalise inside
             x = self._rgb(x)
-        emb = _run(session, [{"image": x[i:i + 1]} for i in range(len(x))] if _fixed_batch(session)
-                   else [{"image": x}])
+        emb = _run(
+            session, [{"image": x[i : i + 1]} for i in range(len(x))] if _fixed_batch(session) else [{"image": x}]
+        )
         return ImageGrid(emb[:, None, :], emb)  # a one-cell grid: these graphs give the pooled embedding only
 
     def _rgb(self, pixels: np.ndarray) -> np.ndarray:
@@ -104,20 +112,39 @@ def describe(folder: Path, cache_root: Path | None) -> dict:
     resize = pre.get("resize_mode", "shortest")  # open_clip's default for older configs, as Immich reads them
     canonical = (text_cfg.get("tokenizer_kwargs") or {}).get("clean") == "canonicalize"
     return {
-        "family": "immich", "spec": f"immich:{folder}", "fingerprint": fingerprint(folder, cache_root),
+        "family": "immich",
+        "spec": f"immich:{folder}",
+        "fingerprint": fingerprint(folder, cache_root),
         "dims": {"d": int(cfg["embed_dim"]), "grid": [1, int(cfg["embed_dim"])]},
-        "image": {"size": int(size), "resize": resize, "crop": resize == "shortest",
-                  "interpolation": pre.get("interpolation", "bicubic"), "mean": pre["mean"], "std": pre["std"],
-                  "crop_rounding": "floor"},
-        "text": {"context_length": int(text_cfg.get("context_length", 77)), "pad_id": pad_id, "pad_token": pad,
-                 "pad_to_context": True, "clean": "canonicalize" if canonical else "whitespace", "lowercase": False},
-        "graphs": {"image": "visual/model.onnx", "text": "textual/model.onnx"}, "tokenizer": "textual/tokenizer.json"}
+        "image": {
+            "size": int(size),
+            "resize": resize,
+            "crop": resize == "shortest",
+            "interpolation": pre.get("interpolation", "bicubic"),
+            "mean": pre["mean"],
+            "std": pre["std"],
+            "crop_rounding": "floor",
+        },
+        "text": {
+            "context_length": int(text_cfg.get("context_length", 77)),
+            "pad_id": pad_id,
+            "pad_token": pad,
+            "pad_to_context": True,
+            "clean": "canonicalize" if canonical else "whitespace",
+            "lowercase": False,
+        },
+        "graphs": {"image": "visual/model.onnx", "text": "textual/model.onnx"},
+        "tokenizer": "textual/tokenizer.json",
+    }
 
 
 def fingerprint(folder: Path, cache_root: Path | None) -> str:
     stamp = {f: [(folder / f).stat().st_size, (folder / f).stat().st_mtime_ns] for f in FILES}
-    cache = (Path(cache_root) / "immich" / (hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16] + ".json")
-             if cache_root else None)
+    cache = (
+        Path(cache_root) / "immich" / (hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16] + ".json")
+        if cache_root
+        else None
+    )
     try:
         if cache and (hit := json.loads(cache.read_text()))["files"] == stamp:
             return hit["fingerprint"]

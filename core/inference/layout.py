@@ -12,6 +12,7 @@ FeatureDims holds those sizes; ItemDims the part the feature store keeps per ite
 them in its manifest.json as "dims" (FeatureDims.manifest / from_manifest: the only code that writes or reads
 that entry). A two-tower-only model (no trained rerankers) has n = dc = nk = cells = 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ItemDims:
     """Sizes of one item's reranker features (what the feature store keeps per item)."""
+
     n: int  # vision probes
     dc: int  # probe width
     nk: int  # T-EMDE sketch size N * K
@@ -33,6 +35,7 @@ class ItemDims:
 @dataclass(frozen=True)
 class FeatureDims:
     """Sizes of everything a model gives per image: the two-tower width and the item's reranker features."""
+
     d: int  # two-tower width (g)
     item: ItemDims
 

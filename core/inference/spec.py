@@ -9,6 +9,7 @@
 A spec names weights; what runs is the graphs exported from them (core/inference/exported.py), found by the
 spec in a graphs folder. Parsing here reads no file.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ class ModelSpec:
 
 
 def parse(text: str | Path | None) -> ModelSpec:
-    """"open_clip:ViT-B-32/laion2b_s34b_b79k" -> ModelSpec; None or "" -> the committed checkpoint; a bare path
+    """ "open_clip:ViT-B-32/laion2b_s34b_b79k" -> ModelSpec; None or "" -> the committed checkpoint; a bare path
     (no known family prefix) -> a crossprobe checkpoint there (CROSSPROBE_CKPT's older form)."""
     if text is None or str(text).strip() == "":
         return ModelSpec("crossprobe", "")
@@ -58,13 +59,17 @@ def parse(text: str | Path | None) -> ModelSpec:
     family, sep, ref = text.partition(":")
     if not sep or family not in FAMILIES:
         if sep and len(family) > 1 and "/" not in family:  # "clip:..." - a typo of a family, not a path
-            raise BadSpec(f"model {text!r}: unknown family {family!r}; a model is one of "
-                          + ", ".join(f"{f}:..." for f in FAMILIES))
+            raise BadSpec(
+                f"model {text!r}: unknown family {family!r}; a model is one of "
+                + ", ".join(f"{f}:..." for f in FAMILIES)
+            )
         return ModelSpec("crossprobe", text)  # a checkpoint folder's path
     ref = ref.strip()
     if family == "open_clip" and ("/" not in ref or not ref.split("/", 1)[0] or not ref.split("/", 1)[1]):
-        raise BadSpec(f"model {text!r}: open_clip:<architecture>/<pretrained tag or weights file>, "
-                      f"e.g. open_clip:ViT-B-32/laion2b_s34b_b79k")
+        raise BadSpec(
+            f"model {text!r}: open_clip:<architecture>/<pretrained tag or weights file>, "
+            f"e.g. open_clip:ViT-B-32/laion2b_s34b_b79k"
+        )
     if family in ("hf", "immich") and not ref:
         raise BadSpec(f"model {text!r}: {family}:<{'repo id or local dir' if family == 'hf' else 'folder'}>")
     return ModelSpec(family, ref)

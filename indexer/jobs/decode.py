@@ -5,15 +5,16 @@ explainer decodes an indexed file exactly as the indexer did); this stage turns 
 job's skips (counted in report.json, never a stopped job). Pillow releases the GIL while decoding and
 resizing, so a thread pool overlaps this stage with the encoder.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from crossprobe.indexer.jobs.sources import Item, Skip
 from crossprobe.core import inputs
 from crossprobe.core.inference.decode import Preprocess, Unreadable, decode_file
+from crossprobe.indexer.jobs.sources import Item, Skip
 
 
 @dataclass
@@ -24,14 +25,20 @@ class Decoded:
     skips: list[tuple[int, Skip]]  # (position, why) for the rest
 
 
-def decode_one(item: Item, max_pixels: int, preprocess: Preprocess = inputs.load_image,
-               size: int = inputs.IMAGE_SIZE) -> tuple[np.ndarray, dict] | Skip:
+def decode_one(
+    item: Item, max_pixels: int, preprocess: Preprocess = inputs.load_image, size: int = inputs.IMAGE_SIZE
+) -> tuple[np.ndarray, dict] | Skip:
     r = decode_file(item.uri, max_pixels, preprocess, size)
     return Skip(item.id, item.uri, r.reason, r.error) if isinstance(r, Unreadable) else r
 
 
-def decode_batch(items: list[Item], start: int, max_pixels: int, preprocess: Preprocess = inputs.load_image,
-                 size: int = inputs.IMAGE_SIZE) -> Decoded:
+def decode_batch(
+    items: list[Item],
+    start: int,
+    max_pixels: int,
+    preprocess: Preprocess = inputs.load_image,
+    size: int = inputs.IMAGE_SIZE,
+) -> Decoded:
     """Decode items (which sit at positions start.. in the build's list)."""
     rows, pix, meta, skips = [], [], [], []
     for i, it in enumerate(items):

@@ -10,25 +10,38 @@ exported for this fingerprint never builds the PyTorch model (a resumed build st
 head = "torch" remains for checking. Graphs live in <model_dir> (IndexerSettings.models), written by
 models/export.py: image_backbone.onnx (one for all checkpoints) and <fingerprint>/image_tower.onnx.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.core import inference
 from crossprobe.core.inference import Backend, FeatureDims, ModelSpec, RuntimeOptions
+from crossprobe.indexer.jobs.settings import IndexerSettings
 
 
-def job_backend(settings: IndexerSettings, spec: ModelSpec | Path | None = None, model=None, bert=None,
-                identity: tuple[str, FeatureDims] | None = None) -> Backend:
+def job_backend(
+    settings: IndexerSettings,
+    spec: ModelSpec | Path | None = None,
+    model=None,
+    bert=None,
+    identity: tuple[str, FeatureDims] | None = None,
+) -> Backend:
     """The job's model: `spec` (a ModelSpec, or a crossprobe checkpoint's path), else the settings' (CROSSPROBE_MODEL,
     CROSSPROBE_CKPT, the committed checkpoint); nothing is loaded until a part is used (identify a model cheaply by
     building one)."""
     # with OCR on, an OCR thread shares the cores: ONNX Runtime's spinning workers would take them from it while
     # they wait (measured: docs/research/text_search.md, "Indexing with OCR on")
-    opts = RuntimeOptions(graphs=settings.models, threads=settings.threads, spinning=False if settings.ocr else None,
-                          image_head=settings.head, model=model, bert=bert, device=settings.device,
-                          precision=settings.device_precision)
+    opts = RuntimeOptions(
+        graphs=settings.models,
+        threads=settings.threads,
+        spinning=False if settings.ocr else None,
+        image_head=settings.head,
+        model=model,
+        bert=bert,
+        device=settings.device,
+        precision=settings.device_precision,
+    )
     return inference.load(spec if spec is not None else settings.model_spec, opts, identity)
 
 

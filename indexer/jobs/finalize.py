@@ -10,6 +10,7 @@
 A version without manifest.json is incomplete: readers and `index activate` refuse it, and a kill anywhere before
 it leaves a version that the same command resumes (tests/indexer/jobs/test_kill_runs.py kills at each write).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,17 +19,18 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.indexer.jobs import report
 from crossprobe.indexer.jobs.run import JobContext, recorded_spec
 from crossprobe.indexer.jobs.sources import Skip
 from crossprobe.indexer.storage import ann, faiss_io, keyword
 from crossprobe.indexer.storage.store import KeyLayout, Store
-from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 
 
 @dataclass
 class Rows:
     """The items a job encoded, in item order."""
+
     ids: list[str]
     g: np.ndarray  # (M, d) float32 two-tower vectors
     skips: list[Skip]  # decode skips, in item order
@@ -38,6 +40,7 @@ class Rows:
 class TextChanges:
     """How a derived version's keyword index differs from its base's: `inserted` ids written (again), `removed`
     ids taken out. None in their place: the keyword index is written from every item."""
+
     inserted: list[str]
     removed: set[str]
 
@@ -51,8 +54,9 @@ def fresh_version(job: JobContext, new: Rows, what: str, extra: dict | None = No
     """build, reindex: a version of the encoded items only. what: the source, for the error when none was indexed."""
     extra = extra or {}
     if not new.ids:
-        report.write_report(job.vdir, job.kind, 0, job.reader_skips + new.skips, job.times, job.t0, job.encoded,
-                            job.reused, "-", extra)
+        report.write_report(
+            job.vdir, job.kind, 0, job.reader_skips + new.skips, job.times, job.t0, job.encoded, job.reused, "-", extra
+        )
         raise RuntimeError(f"no image of {what} could be indexed; see {job.vdir / 'report.json'}")
     return write_version(job, new.ids, new.g, new.skips, extra, None)
 
@@ -67,15 +71,26 @@ def derive_version(job: JobContext, deleted: list[str], counts: tuple[str, ...])
     drop = set(new.ids) | gone  # a decoded item replaces its id; deleted ids go
     keep = [i for i, it in enumerate(base_ids) if it not in drop]
     with job.times.stage("copy_redis"):
-        _copy_values(store, store.layout(name, base), store.layout(name, version, job.spec["key_buckets"]),
-                     [base_ids[i] for i in keep], job.settings.redis_batch, features=not job.layout.empty)
+        _copy_values(
+            store,
+            store.layout(name, base),
+            store.layout(name, version, job.spec["key_buckets"]),
+            [base_ids[i] for i in keep],
+            job.settings.redis_batch,
+            features=not job.layout.empty,
+        )
     ids = [base_ids[i] for i in keep] + new.ids
     vectors = np.concatenate([base_vecs[keep], new.g]) if len(new.g) else base_vecs[keep]
     replaced = len(base_ids) - len(keep) - len(gone)
-    have = {"replaced": replaced, "added": len(new.ids) - replaced, "deleted": len(gone),
-            "not_found": sorted(set(deleted) - set(base_ids))[:1000]}
-    return write_version(job, ids, vectors, new.skips, {k: have[k] for k in counts},
-                         TextChanges(new.ids, set(new.ids) | gone))
+    have = {
+        "replaced": replaced,
+        "added": len(new.ids) - replaced,
+        "deleted": len(gone),
+        "not_found": sorted(set(deleted) - set(base_ids))[:1000],
+    }
+    return write_version(
+        job, ids, vectors, new.skips, {k: have[k] for k in counts}, TextChanges(new.ids, set(new.ids) | gone)
+    )
 
 
 def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], chunk: int, features: bool) -> None:
@@ -84,28 +99,42 @@ def _copy_values(store: Store, src: KeyLayout, dst: KeyLayout, ids: list[str], c
     (run.key_buckets), so on a cluster each COPY stays in one slot."""
     for i in range(0, len(ids), chunk):
         with store.r.pipeline(transaction=False) as p:
-            for it in ids[i:i + chunk]:
+            for it in ids[i : i + chunk]:
                 if features:
                     p.copy(src.feat(it), dst.feat(it), replace=True)
                 p.copy(src.meta(it), dst.meta(it), replace=True)
             res = p.execute()
         if not all(res):
-            raise RuntimeError(f"{src.name}/{src.version}: some Redis values of the base version are missing; "
-                               f"cannot derive {dst.version}")
+            raise RuntimeError(
+                f"{src.name}/{src.version}: some Redis values of the base version are missing; "
+                f"cannot derive {dst.version}"
+            )
 
 
-def write_version(job: JobContext, ids: list[str], vectors: np.ndarray, skips: list[Skip], extra: dict,
-                  text: TextChanges | None) -> dict:
+def write_version(
+    job: JobContext, ids: list[str], vectors: np.ndarray, skips: list[Skip], extra: dict, text: TextChanges | None
+) -> dict:
     """ids (N,) and vectors (N, d) of the new version -> its files, manifest.json last -> its report."""
     vectors = np.ascontiguousarray(vectors, np.float32)  # (N, d)
     writer, factory = _write_vectors(job, ids, vectors)
     words = _write_text(job, ids, text)
     if job.settings.ocr:
         extra["ocr_failed"] = words["ocr_failed"]  # in report.json's counts and the job's summary
-    done = report.write_report(job.vdir, job.kind, len(ids), job.reader_skips + skips, job.times, job.t0,
-                               job.encoded, job.reused, factory, extra)
-    atomic_write(job.vdir / "manifest.json", json.dumps(_manifest(job, len(ids), factory, writer, words, done),
-                                                        indent=2))  # last: the version is now complete
+    done = report.write_report(
+        job.vdir,
+        job.kind,
+        len(ids),
+        job.reader_skips + skips,
+        job.times,
+        job.t0,
+        job.encoded,
+        job.reused,
+        factory,
+        extra,
+    )
+    atomic_write(
+        job.vdir / "manifest.json", json.dumps(_manifest(job, len(ids), factory, writer, words, done), indent=2)
+    )  # last: the version is now complete
     return done
 
 
@@ -115,8 +144,11 @@ def _write_vectors(job: JobContext, ids: list[str], vectors: np.ndarray):
     backend = ann.backend(job.settings)
     with job.times.stage(f"write_{backend.name}"):
         writer = backend.writer(name, version, job.dims.d, vdir)
-        metas = [json.loads(m) if m else None for m in store.metadata(name, version, ids)] \
-            if writer.wants_metadata else None  # the filterable fields, stored beside the vectors
+        metas = (
+            [json.loads(m) if m else None for m in store.metadata(name, version, ids)]
+            if writer.wants_metadata
+            else None
+        )  # the filterable fields, stored beside the vectors
         writer.add(vectors, ids, metas)
         factory = writer.commit()
         faiss_io.write_ids(ids, vdir / "ids")
@@ -138,8 +170,14 @@ def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> di
     erases = text is not None and bool(text.removed - set(text.inserted))
     based = text is not None and not erases and (base_dir / keyword.DIR).exists()
     with job.times.stage("write_text"):
-        words = keyword.write(job.vdir, text.inserted if based else ids, metas, job.settings.redis_batch,
-                              base_dir if based else None, text.removed if based else ())
+        words = keyword.write(
+            job.vdir,
+            text.inserted if based else ids,
+            metas,
+            job.settings.redis_batch,
+            base_dir if based else None,
+            text.removed if based else (),
+        )
     if erases:  # ocr_failed counts this job's items, as when derived, not every item the rewrite read
         words["ocr_failed"] = sum(bool(isinstance(m, dict) and m.get("text_error")) for m in metas(text.inserted))
     return words
@@ -148,19 +186,32 @@ def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> di
 def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, done: dict) -> dict:
     d = job.dims
     return {
-        "name": job.name, "version": job.version, "kind": job.kind, "base_version": job.base,
+        "name": job.name,
+        "version": job.version,
+        "kind": job.kind,
+        "base_version": job.base,
         "fingerprint": job.fingerprint,
         # the model's spec (CROSSPROBE_MODEL's form) beside its fingerprint: what a service must run to serve this
         # version, said when one running another refuses it. Absent in versions from before it (or an in-memory model)
         **({"model_spec": spec} if (spec := recorded_spec(job)) else {}),
         "dims": d.manifest(),
-        "count": count, "factory": factory, "metric": "inner_product", "ann": writer.manifest_entry(),
+        "count": count,
+        "factory": factory,
+        "metric": "inner_product",
+        "ann": writer.manifest_entry(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": job.layout.header(),
-        "keys": job.store.layout(job.name, job.version, job.spec["key_buckets"]).manifest(job.store.active_key(job.name)),
-        "source": job.source, "skipped": done["counts"]["skipped"],
-        "text": {"dir": keyword.DIR, "items": words["indexed"], "fields": list(keyword.FIELDS),
-                 "ocr_failed": words["ocr_failed"]},  # items this job indexed whose OCR failed (metadata text_error)
+        "keys": job.store.layout(job.name, job.version, job.spec["key_buckets"]).manifest(
+            job.store.active_key(job.name)
+        ),
+        "source": job.source,
+        "skipped": done["counts"]["skipped"],
+        "text": {
+            "dir": keyword.DIR,
+            "items": words["indexed"],
+            "fields": list(keyword.FIELDS),
+            "ocr_failed": words["ocr_failed"],
+        },  # items this job indexed whose OCR failed (metadata text_error)
         # delete reads no photo: the base's OCR setting stays the index's
         "ocr": bool(job.settings.ocr) if job.reads_photos else bool((job.base_manifest or {}).get("ocr")),
     }

@@ -12,6 +12,7 @@ A batch is committed by renaming its .npz into place *after* its Redis SETs
 returned, so a batch file implies its Redis values exist; a batch killed before
 its rename is recomputed and its SETs repeated (idempotent, same bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.core.atomic import atomic_path
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.indexer.jobs.sources import Item, Skip
 
 
 class Journal:
@@ -57,16 +58,20 @@ class Journal:
     def commit(self, batch: int, rows: list[int], g: np.ndarray, skips: list[tuple[int, Skip]]) -> None:
         """rows (b,), g (b, d) float32; skips [(position, Skip)]. Atomic: temp file, fsync, rename."""
         with atomic_path(self.batches / f"{batch:06d}.npz", fsync=True) as tmp, open(tmp, "wb") as f:
-            np.savez(f, rows=np.asarray(rows, np.int64), g=np.asarray(g, np.float32),
-                     skip_rows=np.asarray([r for r, _ in skips], np.int64),
-                     skip_reason=np.asarray([s.reason for _, s in skips], dtype=str),
-                     skip_error=np.asarray([s.error for _, s in skips], dtype=str))
+            np.savez(
+                f,
+                rows=np.asarray(rows, np.int64),
+                g=np.asarray(g, np.float32),
+                skip_rows=np.asarray([r for r, _ in skips], np.int64),
+                skip_reason=np.asarray([s.reason for _, s in skips], dtype=str),
+                skip_error=np.asarray([s.error for _, s in skips], dtype=str),
+            )
 
     def progress(self, items: list[Item], batch_size: int) -> tuple[int, int]:
         """(items done, of which skipped) in the committed batches: where a resumed run starts its count."""
         done = skipped = 0
         for b in self.committed():
-            done += len(items[b * batch_size:(b + 1) * batch_size])
+            done += len(items[b * batch_size : (b + 1) * batch_size])
             with np.load(self.batches / f"{b:06d}.npz") as z:
                 skipped += len(z["skip_rows"])  # reads only that member of the .npz
         return done, skipped

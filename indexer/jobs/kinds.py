@@ -16,25 +16,45 @@ it to the steps every kind shares (run.py), with its reader (where its items com
 (finalize.py: a version of the encoded items only, or one derived from the base). `from crossprobe.indexer import
 build, add, delete, reindex, sync` imports these.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Callable
 
+from crossprobe.core.inference import FeatureDims
 from crossprobe.indexer.jobs import finalize
-from crossprobe.indexer.jobs.run import (JobContext, Result, check_lost, digest, encode_spec, execute,
-                                         finish_activated, open_job, same_model_as_base, settle, use_checkpoint)
+from crossprobe.indexer.jobs.run import (
+    JobContext,
+    Result,
+    check_lost,
+    digest,
+    encode_spec,
+    execute,
+    finish_activated,
+    open_job,
+    same_model_as_base,
+    settle,
+    use_checkpoint,
+)
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, Skip, read_source, recorded_items
 from crossprobe.indexer.storage.store import Store
-from crossprobe.core.inference import FeatureDims
 
 Log = Callable[[str], None]
 
 
-def build(name: str, images: Path | None = None, manifest: Path | None = None, settings: IndexerSettings | None = None,
-          ckpt: Path | None = None, model=None, bert=None, log: Log = print) -> Result:
+def build(
+    name: str,
+    images: Path | None = None,
+    manifest: Path | None = None,
+    settings: IndexerSettings | None = None,
+    ckpt: Path | None = None,
+    model=None,
+    bert=None,
+    log: Log = print,
+) -> Result:
     """Encode a folder or a manifest into a new version of `name` and activate it."""
     job = open_job("build", name, settings, log, needs_base=False, ckpt=ckpt, model=model, bert=bert)
     use_checkpoint(job)
@@ -42,31 +62,55 @@ def build(name: str, images: Path | None = None, manifest: Path | None = None, s
     job.spec = encode_spec(job, source=source_desc(images, manifest))
     settle(job)
     # an id the index already holds keeps its first "added" date through a rebuild
-    return execute(job, lambda: _read(job, images, manifest, job.store.active(name)),
-                   lambda j: finalize.fresh_version(j, finalize.encoded_rows(j), j.spec["source"]))
+    return execute(
+        job,
+        lambda: _read(job, images, manifest, job.store.active(name)),
+        lambda j: finalize.fresh_version(j, finalize.encoded_rows(j), j.spec["source"]),
+    )
 
 
-def add(name: str, images: Path | None = None, manifest: Path | None = None, settings: IndexerSettings | None = None,
-        ckpt: Path | None = None, model=None, bert=None, log: Log = print) -> Result:
+def add(
+    name: str,
+    images: Path | None = None,
+    manifest: Path | None = None,
+    settings: IndexerSettings | None = None,
+    ckpt: Path | None = None,
+    model=None,
+    bert=None,
+    log: Log = print,
+) -> Result:
     """A new version = the active one plus the items of a folder or manifest (an id already there is replaced)."""
     job = _derived("add", name, settings, log, ckpt, model, bert)
     job.spec = encode_spec(job, source=source_desc(images, manifest))
     settle(job)
     if (done := finish_activated(job)) is not None:
         return done
-    return execute(job, lambda: _read(job, images, manifest, job.base),
-                   lambda j: finalize.derive_version(j, [], ("replaced", "added")))
+    return execute(
+        job,
+        lambda: _read(job, images, manifest, job.base),
+        lambda j: finalize.derive_version(j, [], ("replaced", "added")),
+    )
 
 
-def sync(name: str, images: Path, items: list[Item], ids: list[str], settings: IndexerSettings | None = None,
-         ckpt: Path | None = None, model=None, bert=None, log: Log = print) -> Result:
+def sync(
+    name: str,
+    images: Path,
+    items: list[Item],
+    ids: list[str],
+    settings: IndexerSettings | None = None,
+    ckpt: Path | None = None,
+    model=None,
+    bert=None,
+    log: Log = print,
+) -> Result:
     """One batch of `crossprobe index watch` (watch.py): a new version = the active one minus `ids` plus `items`
     (files of the folder `images`, new or changed: each replaces its id when it decodes), then one switch, so
     a reader sees the whole batch or none of it."""
     job = _derived("sync", name, settings, log, ckpt, model, bert)
     # the batch itself names the job: the same changes after a kill resume its journal
-    job.spec = encode_spec(job, source=source_desc(images, None),
-                           changes_sha=digest([[it.id, it.uri] for it in items] + sorted(set(ids))))
+    job.spec = encode_spec(
+        job, source=source_desc(images, None), changes_sha=digest([[it.id, it.uri] for it in items] + sorted(set(ids)))
+    )
     settle(job)
     if (done := finish_activated(job)) is not None:
         return done
@@ -84,8 +128,13 @@ def delete(name: str, ids: list[str], settings: IndexerSettings | None = None, l
     job.fingerprint, job.dims = job.base_manifest["fingerprint"], FeatureDims.from_manifest(job.base_manifest["dims"])
     job.quantization = job.base_manifest["layout"]["quantization"]
     job.copies_base, job.reads_photos = True, False
-    job.spec = {"kind": "delete", "name": name, "base": job.base, "factory": job.settings.factory,
-                "ids_sha": digest(sorted(set(ids)))}
+    job.spec = {
+        "kind": "delete",
+        "name": name,
+        "base": job.base,
+        "factory": job.settings.factory,
+        "ids_sha": digest(sorted(set(ids))),
+    }
     settle(job)
     if (done := finish_activated(job)) is not None:
         return done
@@ -94,8 +143,15 @@ def delete(name: str, ids: list[str], settings: IndexerSettings | None = None, l
     return execute(job, None, lambda j: finalize.derive_version(j, ids, ("deleted", "not_found")))
 
 
-def reindex(name: str, settings: IndexerSettings | None = None, ckpt: Path | None = None, model=None, bert=None,
-            quantization: str | None = None, log: Log = print) -> Result:
+def reindex(
+    name: str,
+    settings: IndexerSettings | None = None,
+    ckpt: Path | None = None,
+    model=None,
+    bert=None,
+    quantization: str | None = None,
+    log: Log = print,
+) -> Result:
     """Re-encode the active version's items from their recorded sources with this checkpoint into a new
     version; activate it unless more than settings.reindex_max_lost of them were lost (TooManyLost).
     quantization: the feature layout of the new version (default: the old version's)."""
@@ -111,8 +167,13 @@ def reindex(name: str, settings: IndexerSettings | None = None, ckpt: Path | Non
         base_ids = job.store.read_ids(name, job.base)
         return recorded_items(base_ids, job.store.metadata(name, job.base, base_ids))
 
-    return execute(job, read, _finalize_reindex, check=check_lost,
-                   note=f" from version {job.base} (model {job.base_manifest['fingerprint']} -> {job.fingerprint})")
+    return execute(
+        job,
+        read,
+        _finalize_reindex,
+        check=check_lost,
+        note=f" from version {job.base} (model {job.base_manifest['fingerprint']} -> {job.fingerprint})",
+    )
 
 
 def _derived(kind: str, name: str, settings, log: Log, ckpt, model, bert) -> JobContext:
@@ -130,11 +191,17 @@ def _finalize_reindex(job: JobContext) -> dict:
     base_count = len(job.store.read_ids(job.name, job.base))
     # every item of the old version is either in the new one or reported as a skip, exactly once
     if len(new.ids) != base_count - len(job.reader_skips) - len(new.skips):
-        raise RuntimeError(f"reindex of {job.name}: {len(new.ids)} items re-encoded + "
-                           f"{len(job.reader_skips) + len(new.skips)} skipped != {base_count} items in {job.base}; "
-                           f"the journal under {job.vdir} is inconsistent")
-    return finalize.fresh_version(job, new, f"version {job.base} of {job.name!r} ({job.base} stays active)",
-                                  {"base_count": base_count, "lost": base_count - len(new.ids)})
+        raise RuntimeError(
+            f"reindex of {job.name}: {len(new.ids)} items re-encoded + "
+            f"{len(job.reader_skips) + len(new.skips)} skipped != {base_count} items in {job.base}; "
+            f"the journal under {job.vdir} is inconsistent"
+        )
+    return finalize.fresh_version(
+        job,
+        new,
+        f"version {job.base} of {job.name!r} ({job.base} stays active)",
+        {"base_count": base_count, "lost": base_count - len(new.ids)},
+    )
 
 
 def source_desc(images: Path | None, manifest: Path | None) -> dict:

@@ -9,6 +9,7 @@
 ray_engine.py is the same pipeline on Ray Data; both write through the same BatchWriter, so a job killed under
 one engine resumes under the other.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import Decoded, decode_batch
 from crossprobe.indexer.jobs.encoder import job_backend
@@ -24,11 +26,19 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item
 from crossprobe.indexer.storage import codec
-from crossprobe.core.runtime import StageTimer
 
 
-def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer,
-           spec, model, bert, write: Callable[[EncodedBatch], None]) -> None:
+def encode(
+    items: list[Item],
+    todo: list[int],
+    layout: codec.Layout,
+    settings: IndexerSettings,
+    times: StageTimer,
+    spec,
+    model,
+    bert,
+    write: Callable[[EncodedBatch], None],
+) -> None:
     """Decode, encode [and read the words of] the journal batches `todo`, handing each to `write` in order."""
     bs = settings.batch_size
     with times.stage("load_model"):
@@ -51,7 +61,9 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
             write(batch)
 
     def produce(b: int) -> Decoded:
-        return decode_batch(items[b * bs:(b + 1) * bs], b * bs, settings.max_pixels, model.preprocess, model.image_size)
+        return decode_batch(
+            items[b * bs : (b + 1) * bs], b * bs, settings.max_pixels, model.preprocess, model.image_size
+        )
 
     def consume(b: int, dec: Decoded) -> None:
         g, values, grid = np.zeros((0, model.dims.d), np.float32), [], None

@@ -16,6 +16,7 @@ What is kept: the recognised lines joined by spaces (at most MAX_CHARS character
 (indexer/storage/keyword.py) and search answers show. A photo whose OCR fails keeps its vectors: its metadata
 gets "text_error" instead (logged and counted in the job's report), never a lost item.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,9 @@ class Reader:
         try:
             import rapidocr_onnxruntime  # noqa: F401
         except ImportError as e:
-            raise OcrUnavailable("CROSSPROBE_INDEX_OCR=true needs rapidocr-onnxruntime: "
-                                 "pip install 'crossprobe[ocr]'") from e
+            raise OcrUnavailable(
+                "CROSSPROBE_INDEX_OCR=true needs rapidocr-onnxruntime: pip install 'crossprobe[ocr]'"
+            ) from e
         if model is None:
             from crossprobe.core import inference
 
@@ -68,8 +70,12 @@ class Reader:
             from rapidocr_onnxruntime import RapidOCR
 
             # the caller scales the crop (_scaled): the detector takes it as it is, up to DET_MAX_SIDE
-            eng = self._local.engine = RapidOCR(intra_op_num_threads=self.threads, inter_op_num_threads=1,
-                                                det_limit_side_len=DET_MAX_SIDE, det_limit_type="max")
+            eng = self._local.engine = RapidOCR(
+                intra_op_num_threads=self.threads,
+                inter_op_num_threads=1,
+                det_limit_side_len=DET_MAX_SIDE,
+                det_limit_type="max",
+            )
         return eng
 
     def cells(self, grid: np.ndarray) -> np.ndarray:
@@ -124,6 +130,7 @@ def _share_pool_when_shared() -> None:
             if runtime.shared_pool_threads() is not None:
                 opts.use_per_session_threads = False
             return opts
+
         cls._init_sess_opts = staticmethod(init)
         cls._crossprobe_shared = True
 

@@ -8,6 +8,7 @@ thread, which encodes and writes; so decode time is thread time that mostly
 overlaps the encoder, and `decode_wait` is how long the encoder sat idle waiting
 for pixels (near 0 means decode is not the bottleneck).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,8 +22,14 @@ J = TypeVar("J")
 P = TypeVar("P")
 
 
-def run_overlapped(jobs: list[J], produce: Callable[[J], P], consume: Callable[[J, P], None],
-                   workers: int, times: StageTimer, produce_name: str = "decode") -> None:
+def run_overlapped(
+    jobs: list[J],
+    produce: Callable[[J], P],
+    consume: Callable[[J, P], None],
+    workers: int,
+    times: StageTimer,
+    produce_name: str = "decode",
+) -> None:
     """produce(job) in `workers` threads, up to workers+1 jobs ahead; consume(job, product) in order here."""
     if not jobs:
         return
@@ -45,5 +52,6 @@ def run_overlapped(jobs: list[J], produce: Callable[[J], P], consume: Callable[[
 
 def progress(total: int, initial: int, desc: str, enabled: bool) -> tqdm:
     """A tqdm bar over items (rate in img/s and ETA; resumed builds start at `initial`)."""
-    return tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True,
-                smoothing=0.1)
+    return tqdm(
+        total=total, initial=initial, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True, smoothing=0.1
+    )

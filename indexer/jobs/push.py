@@ -23,6 +23,7 @@ A Pushgateway that is down or slow never fails or stalls the job: every push run
 with IndexerSettings.pushgateway_timeout_s, a failure is counted and logged and the next interval tries again, and
 the job's end waits for its final push at most about that timeout.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,9 @@ class JobMetrics:
         self.running.set(0)
         self.failed.set(0 if ok else 1)
         if ok:  # registered only now: see the module docstring (POST keeps the previous value otherwise)
-            self._gauge("crossprobe_batch_last_success_timestamp_seconds",
-                        "Unix time at which the last successful run ended").set(time.time())
+            self._gauge(
+                "crossprobe_batch_last_success_timestamp_seconds", "Unix time at which the last successful run ended"
+            ).set(time.time())
         self._refresh()
         if self._thread is None:
             return
@@ -112,11 +114,14 @@ class JobMetrics:
             with self._lock:
                 self.failures += 1
                 self.last_error = f"final push not done within {self.timeout}s"
-            log.warning("pushgateway %s: final push not done within %ss; the job goes on without it",
-                        self.url, self.timeout)
+            log.warning(
+                "pushgateway %s: final push not done within %ss; the job goes on without it", self.url, self.timeout
+            )
         if self.failures:
-            self.say(f"pushgateway {self.url}: {self.failures} of {self.pushes} pushes failed "
-                     f"(last error: {self.last_error}); the job itself is unaffected")
+            self.say(
+                f"pushgateway {self.url}: {self.failures} of {self.pushes} pushes failed "
+                f"(last error: {self.last_error}); the job itself is unaffected"
+            )
 
     # ---- the pushing thread --------------------------------------------------
     def _refresh(self) -> None:
@@ -136,8 +141,9 @@ class JobMetrics:
         with self._lock:
             self.pushes += 1
         try:
-            pushadd_to_gateway(self.url, job=self.job, registry=self.registry, grouping_key=self.grouping,
-                               timeout=self.timeout)
+            pushadd_to_gateway(
+                self.url, job=self.job, registry=self.registry, grouping_key=self.grouping, timeout=self.timeout
+            )
         except Exception as e:  # noqa: BLE001 - refused, timed out, HTTP 4xx/5xx: never the job's problem
             with self._lock:
                 self.failures += 1

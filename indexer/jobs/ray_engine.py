@@ -23,6 +23,7 @@ runtime_env). Without it, a local Ray instance starts here with a bounded CPU co
 dashboard, usage stats off, every server on loopback, and stops when the job ends. A Ray already
 initialised in this process (a test module, a notebook) is used as it is and left running.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,15 +36,15 @@ from typing import Callable
 
 import numpy as np
 
-from crossprobe.indexer.storage import codec
+from crossprobe.core.inference import FeatureDims
+from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs import ocr
 from crossprobe.indexer.jobs.decode import decode_batch
 from crossprobe.indexer.jobs.encoder import job_backend
-from crossprobe.core.inference import FeatureDims
-from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item, Skip
+from crossprobe.indexer.storage import codec
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,15 @@ def start(settings: IndexerSettings) -> bool:
         ray_constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the variable was set (a notebook)
     for attempt in range(LOCAL_START_TRIES):
         try:
-            ray.init(address="local", num_cpus=settings.ray_num_cpus or len(os.sched_getaffinity(0)), include_dashboard=False,
-                     log_to_driver=False, namespace="crossprobe", object_store_memory=settings.ray_object_store_mb << 20,
-                     _temp_dir=str(Path(settings.ray_temp_dir).resolve()) if settings.ray_temp_dir else None)
+            ray.init(
+                address="local",
+                num_cpus=settings.ray_num_cpus or len(os.sched_getaffinity(0)),
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace="crossprobe",
+                object_store_memory=settings.ray_object_store_mb << 20,
+                _temp_dir=str(Path(settings.ray_temp_dir).resolve()) if settings.ray_temp_dir else None,
+            )
             break
         except Exception as e:  # Ray raises a bare Exception when its raylet has not registered within 30 s
             if "timed out during startup" not in str(e) or attempt + 1 == LOCAL_START_TRIES:
@@ -119,19 +126,41 @@ def plan_resources(settings: IndexerSettings, cluster: dict) -> dict:
     left = cpus - decoders * dec_cpu
     if gpus:
         actors = min(settings.ray_actors or gpus, gpus)
-        return {"decoders": decoders, "decode_cpus": dec_cpu, "actors": actors, "num_gpus": 1,
-                "num_cpus": min(1.0, left / actors), "threads": settings.threads}
+        return {
+            "decoders": decoders,
+            "decode_cpus": dec_cpu,
+            "actors": actors,
+            "num_gpus": 1,
+            "num_cpus": min(1.0, left / actors),
+            "threads": settings.threads,
+        }
     actors = settings.ray_actors or max(1, int(left))
     # ONNX Runtime threads: the actor's share of ALL the CPUs, decode's included: decode is light (about an
     # eighth of the work on Flickr8k) and mostly waits, as in the single engine, whose encoder also runs
     # ORT's default (every core) beside its decode thread: faster than one thread per actor
     # (docs/research/scaling-ray.md)
-    return {"decoders": decoders, "decode_cpus": dec_cpu, "actors": actors, "num_gpus": 0, "num_cpus": left / actors,
-            "threads": settings.threads or max(1, round(cpus / actors))}
+    return {
+        "decoders": decoders,
+        "decode_cpus": dec_cpu,
+        "actors": actors,
+        "num_gpus": 0,
+        "num_cpus": left / actors,
+        "threads": settings.threads or max(1, round(cpus / actors)),
+    }
 
 
-def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, times: StageTimer, spec, model,
-           bert, write: Callable[[EncodedBatch], None], say: Callable[[str], None] = print) -> None:
+def encode(
+    items: list[Item],
+    todo: list[int],
+    layout: codec.Layout,
+    settings: IndexerSettings,
+    times: StageTimer,
+    spec,
+    model,
+    bert,
+    write: Callable[[EncodedBatch], None],
+    say: Callable[[str], None] = print,
+) -> None:
     """Decode and encode the journal batches `todo` of `items` on Ray, write(...) each as it arrives."""
     import ray
     from ray.exceptions import RayError
@@ -145,11 +174,15 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
             identity = (backend.fingerprint, backend.dims)
         res = plan_resources(settings, ray.cluster_resources())
         where = "1 GPU" if res["num_gpus"] else f"{res['num_cpus']:g} CPU"
-        say(f"engine ray: {'cluster ' + settings.ray_address if settings.ray_address else 'local Ray'}, {len(todo)} batches, "
+        say(
+            f"engine ray: {'cluster ' + settings.ray_address if settings.ray_address else 'local Ray'}, {len(todo)} "
+            "batches, "
             f"{res['decoders']} decode tasks, {res['actors']} encoder actor(s) ({where} and "
-            f"{res['threads'] or 'default'} ONNX threads each)")
-        ds = _dataset(items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, spec,
-                      model, bert)
+            f"{res['threads'] or 'default'} ONNX threads each)"
+        )
+        ds = _dataset(
+            items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, spec, model, bert
+        )
         d = identity[1].d
         t = time.perf_counter()
         for row in ds.iter_rows():
@@ -159,10 +192,16 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
                 times.add(stage, info["seconds"][stage])
             n = len(info["rows"])
             values = row["values"][:n]
-            write(EncodedBatch(int(row["b"]), info["rows"], info["meta"],
-                               [(r, Skip(**sk)) for r, sk in info["skips"]],
-                               [values[i].tobytes() for i in range(n)],
-                               np.ascontiguousarray(row["g"][:n], np.float32).reshape(n, d)))
+            write(
+                EncodedBatch(
+                    int(row["b"]),
+                    info["rows"],
+                    info["meta"],
+                    [(r, Skip(**sk)) for r, sk in info["skips"]],
+                    [values[i].tobytes() for i in range(n)],
+                    np.ascontiguousarray(row["g"][:n], np.float32).reshape(n, d),
+                )
+            )
             t = time.perf_counter()
     except RayError as e:  # a task or actor failed for good: the job fails, its committed batches stay
         raise RuntimeError(f"the Ray engine failed: {e}") from e
@@ -172,8 +211,19 @@ def encode(items: list[Item], todo: list[int], layout: codec.Layout, settings: I
                 ray.shutdown()
 
 
-def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings: IndexerSettings, res: dict,
-             identity: tuple[str, FeatureDims], preprocess, size: int, spec, model, bert):
+def _dataset(
+    items: list[Item],
+    todo: list[int],
+    layout: codec.Layout,
+    settings: IndexerSettings,
+    res: dict,
+    identity: tuple[str, FeatureDims],
+    preprocess,
+    size: int,
+    spec,
+    model,
+    bert,
+):
     import ray
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
@@ -182,25 +232,41 @@ def _dataset(items: list[Item], todo: list[int], layout: codec.Layout, settings:
     ctx.enable_progress_bars = False  # the job has its own bar (items, skips, rate)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     bs = settings.batch_size
-    rows = [{"b": b, "items": json.dumps([asdict(it) for it in items[b * bs:(b + 1) * bs]], ensure_ascii=False)}
-            for b in todo]
+    rows = [
+        {"b": b, "items": json.dumps([asdict(it) for it in items[b * bs : (b + 1) * bs]], ensure_ascii=False)}
+        for b in todo
+    ]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-    ds = ds.map_batches(_decode, batch_size=1, fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels,
-                                                           "preprocess": preprocess, "size": size},
-                        compute=TaskPoolStrategy(size=res["decoders"]), num_cpus=res["decode_cpus"],
-                        # Ray Data retries a task whose worker died for ever by default; a file that crashes
-                        # the decoder itself (not a Python error: those are skips) must fail the job instead.
-                        # Also, these args differ from the actors', which keeps Ray Data from fusing decode
-                        # into the encoder actors (it fuses a task map into the next actor map when sizes and
-                        # args match: 1 and 1 on 2 CPUs), where one actor would decode and encode in turn
-                        max_retries=3)
+    ds = ds.map_batches(
+        _decode,
+        batch_size=1,
+        fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels, "preprocess": preprocess, "size": size},
+        compute=TaskPoolStrategy(size=res["decoders"]),
+        num_cpus=res["decode_cpus"],
+        # Ray Data retries a task whose worker died for ever by default; a file that crashes
+        # the decoder itself (not a Python error: those are skips) must fail the job instead.
+        # Also, these args differ from the actors', which keeps Ray Data from fusing decode
+        # into the encoder actors (it fuses a task map into the next actor map when sizes and
+        # args match: 1 and 1 on 2 CPUs), where one actor would decode and encode in turn
+        max_retries=3,
+    )
     actor_settings = settings.model_copy(update={"threads": res["threads"]})
     torch_head = settings.head == "torch"  # the actors then need the model (PyTorch); else prepare() exported the graph
     return ds.map_batches(
-        _EncodeActor, batch_size=1, compute=ActorPoolStrategy(size=res["actors"]),
-        num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
-        fn_constructor_kwargs={"settings": actor_settings, "layout": layout, "identity": identity, "spec": spec,
-                               "model": model if torch_head else None, "bert": bert if torch_head else None})
+        _EncodeActor,
+        batch_size=1,
+        compute=ActorPoolStrategy(size=res["actors"]),
+        num_cpus=res["num_cpus"],
+        num_gpus=res["num_gpus"],
+        fn_constructor_kwargs={
+            "settings": actor_settings,
+            "layout": layout,
+            "identity": identity,
+            "spec": spec,
+            "model": model if torch_head else None,
+            "bert": bert if torch_head else None,
+        },
+    )
 
 
 def _decode(batch: dict, bs: int, max_pixels: int, preprocess, size: int) -> dict:
@@ -212,12 +278,21 @@ def _decode(batch: dict, bs: int, max_pixels: int, preprocess, size: int) -> dic
         its = [Item(**d) for d in json.loads(items_json)]
         dec = decode_batch(its, int(b) * bs, max_pixels, preprocess, size)
         pixels = np.zeros((bs, 3, size, size), np.float32)
-        pixels[:len(dec.rows)] = dec.pixels
+        pixels[: len(dec.rows)] = dec.pixels
         out["b"].append(int(b))
         out["pixels"].append(pixels)
-        out["info"].append(json.dumps({"rows": dec.rows, "meta": dec.meta, "uris": [its[r - int(b) * bs].uri for r in dec.rows],
-                                       "skips": [[r, asdict(sk)] for r, sk in dec.skips],
-                                       "decode_s": time.perf_counter() - t}, ensure_ascii=False))
+        out["info"].append(
+            json.dumps(
+                {
+                    "rows": dec.rows,
+                    "meta": dec.meta,
+                    "uris": [its[r - int(b) * bs].uri for r in dec.rows],
+                    "skips": [[r, asdict(sk)] for r, sk in dec.skips],
+                    "decode_s": time.perf_counter() - t,
+                },
+                ensure_ascii=False,
+            )
+        )
     return {"b": np.asarray(out["b"], np.int64), "pixels": np.stack(out["pixels"]), "info": np.asarray(out["info"])}
 
 
@@ -225,8 +300,9 @@ class _EncodeActor:
     """Ray actor: the job's model (its image parts loaded once per actor) -> per journal batch g padded to (bs, d) and
     the codec values padded to (bs, itemsize) bytes, and the stage times."""
 
-    def __init__(self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, FeatureDims], spec, model,
-                 bert):
+    def __init__(
+        self, settings: IndexerSettings, layout: codec.Layout, identity: tuple[str, FeatureDims], spec, model, bert
+    ):
         self.enc = job_backend(settings, spec, model, bert, identity=identity)
         self.enc.warm("image")
         # index-time OCR where the text gate, on the grid the actor computes, sees writing (ocr.py)

@@ -1,5 +1,6 @@
 """What a job leaves besides the version itself: report.json (counts and every skip with its reason), and the
 reindex's loss check, which keeps a version that lost too many items from going live."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import math
 import time
 from pathlib import Path
 
-from crossprobe.indexer.jobs.sources import Skip
 from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.core.runtime import StageTimer
+from crossprobe.indexer.jobs.sources import Skip
 
 
 class TooManyLost(RuntimeError):
@@ -25,18 +26,35 @@ def check_lost(name: str, version: str, base: str, counts: dict, max_lost: float
             f"reindex of {name!r} lost {lost} of the {old} items of version {base} ({lost / old:.1%} > the allowed "
             f"{max_lost:.1%}; reasons in {report}), so {version} was NOT activated and "
             f"{base} stays active. Restore the sources and run the reindex again, or accept the loss: "
-            f"crossprobe index activate {name} {version} (or rerun with --max-lost {math.ceil(lost / old * 100) / 100}).")
+            f"crossprobe index activate {name} {version} (or rerun with --max-lost "
+            f"{math.ceil(lost / old * 100) / 100})."
+        )
 
 
-def write_report(vdir: Path, kind: str, total: int, skips: list[Skip], times: StageTimer, t0: float, encoded: int,
-                  reused: int, factory: str, extra: dict) -> dict:
+def write_report(
+    vdir: Path,
+    kind: str,
+    total: int,
+    skips: list[Skip],
+    times: StageTimer,
+    t0: float,
+    encoded: int,
+    reused: int,
+    factory: str,
+    extra: dict,
+) -> dict:
     counts: dict[str, int] = {}
     for sk in skips:
         counts[sk.reason] = counts.get(sk.reason, 0) + 1
     elapsed = time.perf_counter() - t0
-    report = {"kind": kind, "factory": factory,
-              "counts": {"total": total, "encoded_this_run": encoded, "reused_batches": reused, "skipped": counts, **extra},
-              "skipped": [sk.__dict__ for sk in skips], "stages_s": times.seconds(), "elapsed_s": round(elapsed, 3),
-              "images_per_s": round(encoded / elapsed, 2) if elapsed else None}
+    report = {
+        "kind": kind,
+        "factory": factory,
+        "counts": {"total": total, "encoded_this_run": encoded, "reused_batches": reused, "skipped": counts, **extra},
+        "skipped": [sk.__dict__ for sk in skips],
+        "stages_s": times.seconds(),
+        "elapsed_s": round(elapsed, 3),
+        "images_per_s": round(encoded / elapsed, 2) if elapsed else None,
+    }
     atomic_write(vdir / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
     return report

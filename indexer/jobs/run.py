@@ -4,7 +4,8 @@ A job (build, add, delete, reindex, sync) writes ONE new version of an index bes
 `active` once. Never editing the live version in place is what keeps FAISS and Redis in agreement for every
 reader: a reader sees the old version or the new one, whole. The steps, in the order a kind calls them:
 
-    open_job          the index, its Store, and (add, delete, reindex, sync) the base: the active version it derives from
+    open_job          the index, its Store, and (add, delete, reindex, sync) the base: the active version it derives
+    from
     use_checkpoint    the model's fingerprint and feature dims (same_model_as_base: add and sync refuse another model)
     encode_spec       the spec of a job that encodes photos; delete writes its own
     settle            what every spec still needs: the OCR setting (unset: as the base was built), the key layout
@@ -19,6 +20,7 @@ Build and reindex push their progress to a Pushgateway when one is configured (p
 process (the default) or on Ray Data (IndexerSettings.engine = "ray", ray_engine.py); either way every batch is
 written through sink.BatchWriter, so both engines make the same version.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,9 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from crossprobe.core.inference import FeatureDims, ModelSpec, parse
+from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs import local_engine, report
 from crossprobe.indexer.jobs.encoder import identify
-from crossprobe.core.inference import FeatureDims, ModelSpec, parse
 from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.overlap import progress
 from crossprobe.indexer.jobs.push import JOB_NAMES, JobMetrics
@@ -42,7 +45,6 @@ from crossprobe.indexer.storage import codec
 from crossprobe.indexer.storage.reader import FingerprintMismatch
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.store import KeyLayout, Store, check_name, new_version
-from crossprobe.core.runtime import StageTimer
 
 # report.json counts a Result carries in `extra` (besides the base version)
 CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost", "ocr_failed")
@@ -67,20 +69,32 @@ class Result:
         sk = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
         st = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages_s.items())
         rate = self.encoded / self.seconds if self.seconds else 0.0
-        ocr = (f"\nOCR failed on {self.extra['ocr_failed']} items: indexed, their words not (metadata text_error)"
-               if self.extra.get("ocr_failed") else "")
-        was = (f"\nwas {self.extra['base']}: {self.extra['base_count']} items, {self.extra['lost']} lost "
-               f"(old version kept until `crossprobe index gc {self.name}`)") if self.kind == "reindex" else ""
-        return (f"{self.kind} {self.name}/{self.version}: {self.count} items active ({self.factory}); "
-                f"encoded {self.encoded} in {self.seconds:.1f}s ({rate:.1f} img/s), "
-                f"{self.reused_batches} batches reused from an interrupted run\n"
-                f"skipped: {sk}   (details: {self.report}){was}{ocr}\nstages: {st}")
+        ocr = (
+            f"\nOCR failed on {self.extra['ocr_failed']} items: indexed, their words not (metadata text_error)"
+            if self.extra.get("ocr_failed")
+            else ""
+        )
+        was = (
+            (
+                f"\nwas {self.extra['base']}: {self.extra['base_count']} items, {self.extra['lost']} lost "
+                f"(old version kept until `crossprobe index gc {self.name}`)"
+            )
+            if self.kind == "reindex"
+            else ""
+        )
+        return (
+            f"{self.kind} {self.name}/{self.version}: {self.count} items active ({self.factory}); "
+            f"encoded {self.encoded} in {self.seconds:.1f}s ({rate:.1f} img/s), "
+            f"{self.reused_batches} batches reused from an interrupted run\n"
+            f"skipped: {sk}   (details: {self.report}){was}{ocr}\nstages: {st}"
+        )
 
 
 @dataclass
 class JobContext:
     """One run of a job: what every step needs to know. open_job makes it, the kind's function (kinds.py) fills
     in the model, the layout and the spec, execute the version and what the journal holds."""
+
     kind: str  # build | add | delete | reindex | sync
     name: str  # the index
     settings: IndexerSettings
@@ -128,8 +142,18 @@ class JobContext:
 
 # ---- before the version: the context, the model, the spec ----------------------------------------------------
 
-def open_job(kind: str, name: str, settings: IndexerSettings | None, log: Callable[[str], None], *,
-             needs_base: bool, ckpt: Path | None = None, model=None, bert=None) -> JobContext:
+
+def open_job(
+    kind: str,
+    name: str,
+    settings: IndexerSettings | None,
+    log: Callable[[str], None],
+    *,
+    needs_base: bool,
+    ckpt: Path | None = None,
+    model=None,
+    bert=None,
+) -> JobContext:
     check_name(name)
     t0 = time.perf_counter()
     settings = settings or IndexerSettings()
@@ -167,7 +191,8 @@ def same_model_as_base(job: JobContext) -> None:
             f"index {job.name!r} (version {job.base}) was built with model {built or 'a crossprobe checkpoint'} "
             f"({was}); this job's model {job.model_spec} is {job.fingerprint}. Move the index to this model first: "
             f"crossprobe index reindex {job.name} --model {job.model_spec}; then add (or run this job with --model "
-            f"{built or '<the index model>'}).")
+            f"{built or '<the index model>'})."
+        )
 
 
 def digest(obj) -> str:
@@ -178,9 +203,17 @@ def digest(obj) -> str:
 def encode_spec(job: JobContext, **more) -> dict:
     """The spec of a job that encodes photos (build, add, reindex, sync): whatever changes the encoded values."""
     s = job.settings
-    return {"kind": job.kind, "name": job.name, "base": job.base, **more, "fingerprint": job.fingerprint,
-            "quantization": job.quantization, "batch_size": s.batch_size, "max_pixels": s.max_pixels,
-            "factory": s.factory}
+    return {
+        "kind": job.kind,
+        "name": job.name,
+        "base": job.base,
+        **more,
+        "fingerprint": job.fingerprint,
+        "quantization": job.quantization,
+        "batch_size": s.batch_size,
+        "max_pixels": s.max_pixels,
+        "factory": s.factory,
+    }
 
 
 def settle(job: JobContext) -> None:
@@ -202,14 +235,19 @@ def key_buckets(job: JobContext) -> int:
     buckets = KeyLayout.of(store.prefix, job.base_manifest).buckets if job.copies_base else job.settings.key_buckets
     if store.cluster and not buckets:
         if not job.copies_base:
-            raise ValueError("CROSSPROBE_INDEX_KEY_BUCKETS=0 (untagged keys) cannot serve a shortlist in bounded "
-                             "round trips on a Redis Cluster; use >= 1 (default 64)")
-        raise ValueError(f"index {job.name!r} (version {job.base}) has untagged keys from before the cluster layout; "
-                         f"move it to the current layout first: crossprobe index reindex {job.name}")
+            raise ValueError(
+                "CROSSPROBE_INDEX_KEY_BUCKETS=0 (untagged keys) cannot serve a shortlist in bounded "
+                "round trips on a Redis Cluster; use >= 1 (default 64)"
+            )
+        raise ValueError(
+            f"index {job.name!r} (version {job.base}) has untagged keys from before the cluster layout; "
+            f"move it to the current layout first: crossprobe index reindex {job.name}"
+        )
     return buckets
 
 
 # ---- resuming ---------------------------------------------------------------------------------------------------
+
 
 def find_resumable(job: JobContext) -> str | None:
     """The unfinished version whose journal has this job's spec (a run of the same command that was killed)."""
@@ -251,15 +289,29 @@ def finish_activated(job: JobContext) -> Result | None:
     with store.lock(name, active):
         reused = len(journal.committed())
         journal.remove()
-    job.log(f"finishing {job.kind} of {name!r} as version {active}: it was activated (from version {prev['base']}) "
-            f"by a run killed before it removed its journal")
+    job.log(
+        f"finishing {job.kind} of {name!r} as version {active}: it was activated (from version {prev['base']}) "
+        f"by a run killed before it removed its journal"
+    )
     if job.kind in JOB_NAMES:  # the gateway still shows the killed run as running: say it finished
         metrics = JobMetrics(job.settings, job.kind, name, say=job.log)
         metrics.start(counts["total"] + skipped, counts["total"] + skipped, skipped)
         metrics.finish(True)
     extra = {"base": prev["base"], **{k: v for k, v in counts.items() if k in CHANGE_KEYS}}
-    return Result(name, active, job.kind, counts["total"], 0, reused, counts["skipped"], {},
-                  time.perf_counter() - job.t0, finished["factory"], vdir / "report.json", extra)
+    return Result(
+        name,
+        active,
+        job.kind,
+        counts["total"],
+        0,
+        reused,
+        counts["skipped"],
+        {},
+        time.perf_counter() - job.t0,
+        finished["factory"],
+        vdir / "report.json",
+        extra,
+    )
 
 
 # ---- the version: journal, encode, finalize, activate -----------------------------------------------------------
@@ -267,8 +319,13 @@ def finish_activated(job: JobContext) -> Result | None:
 Reader = Callable[[], tuple[list[Item], list[Skip]]]
 
 
-def execute(job: JobContext, read: Reader | None, finalize: Callable[[JobContext], dict],
-            check: Callable[[JobContext, dict], None] | None = None, note: str = "") -> Result:
+def execute(
+    job: JobContext,
+    read: Reader | None,
+    finalize: Callable[[JobContext], dict],
+    check: Callable[[JobContext, dict], None] | None = None,
+    note: str = "",
+) -> Result:
     """Write the new version under its lock and switch `active` to it: the steps every kind shares.
     read: the kind's item list (the reader stage), called once, when the journal is created; None: the job reads
     no items (delete). finalize: committed batches (+ base) -> the complete version, returning its report
@@ -277,8 +334,10 @@ def execute(job: JobContext, read: Reader | None, finalize: Callable[[JobContext
     job.version = find_resumable(job)
     resumed = job.version is not None
     job.version = job.version or new_version()
-    job.log(f"{'resuming' if resumed else 'starting'} {job.kind} of {job.name!r} as version {job.version} "
-            f"({job.vdir}){note}")
+    job.log(
+        f"{'resuming' if resumed else 'starting'} {job.kind} of {job.name!r} as version {job.version} "
+        f"({job.vdir}){note}"
+    )
     job.metrics = JobMetrics(job.settings, job.kind, job.name, say=job.log) if job.kind in JOB_NAMES else None
     with store.lock(job.name, job.version):
         open_journal(job, read)
@@ -337,18 +396,20 @@ def encode(job: JobContext) -> int:
     todo = [b for b in range(math.ceil(len(items) / bs)) if b not in committed]
     if not todo:
         return 0
-    done = sum(len(items[b * bs:(b + 1) * bs]) for b in committed)
+    done = sum(len(items[b * bs : (b + 1) * bs]) for b in committed)
     bar = progress(len(items), done, f"index {keys.name}", settings.progress)
     writer = BatchWriter(keys, items, journal, job.store, times, job.metrics, bar, settings.throttle_s)
     try:
         if settings.engine == "ray":
             from crossprobe.indexer.jobs import ray_engine
 
-            ray_engine.encode(items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert, writer.write,
-                              say=job.log)
+            ray_engine.encode(
+                items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert, writer.write, say=job.log
+            )
         else:
-            local_engine.encode(items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert,
-                                writer.write)
+            local_engine.encode(
+                items, todo, job.layout, settings, times, job.model_spec, job.model, job.bert, writer.write
+            )
     finally:
         bar.close()
     return writer.encoded
@@ -359,8 +420,9 @@ def check_lost(job: JobContext, finished: dict) -> None:
     (report.TooManyLost); its journal goes, so a rerun (sources fixed) starts afresh, and `index activate`
     still accepts the version."""
     try:
-        report.check_lost(job.name, job.version, job.base, finished["counts"], job.settings.reindex_max_lost,
-                          job.vdir / "report.json")
+        report.check_lost(
+            job.name, job.version, job.base, finished["counts"], job.settings.reindex_max_lost, job.vdir / "report.json"
+        )
     except report.TooManyLost:
         job.journal.remove()
         raise
@@ -378,6 +440,17 @@ def result(job: JobContext, finished: dict) -> Result:
     extra = {"base": job.base, **{k: v for k, v in counts.items() if k in CHANGE_KEYS}}
     if job.metrics and job.metrics.enabled:
         extra.update(pushes=job.metrics.pushes, push_failures=job.metrics.failures)
-    return Result(job.name, job.version, job.kind, counts["total"], job.encoded, job.reused, counts["skipped"],
-                  job.times.seconds(), time.perf_counter() - job.t0, finished["factory"], job.vdir / "report.json",
-                  extra)
+    return Result(
+        job.name,
+        job.version,
+        job.kind,
+        counts["total"],
+        job.encoded,
+        job.reused,
+        counts["skipped"],
+        job.times.seconds(),
+        time.perf_counter() - job.t0,
+        finished["factory"],
+        job.vdir / "report.json",
+        extra,
+    )

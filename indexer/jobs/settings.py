@@ -4,6 +4,7 @@ Environment: CROSSPROBE_INDEX_<FIELD> (e.g. CROSSPROBE_INDEX_BATCH_SIZE), except
 variable (CROSSPROBE_ANN_BACKEND, RAY_ADDRESS, CROSSPROBE_PUSHGATEWAY_*), and the shared storage fields
 (storage/settings.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from crossprobe.indexer.storage.settings import StorageSettings
 from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS
+from crossprobe.indexer.storage.settings import StorageSettings
 
 
 class IndexerSettings(StorageSettings):
@@ -38,12 +39,15 @@ class IndexerSettings(StorageSettings):
     @property
     def decode_workers(self) -> int:
         return self.workers or (2 if self.ocr else 1)
+
     # image-tower head runtime: onnx is faster than PyTorch eager (docs/research/indexer.md); torch for checking
     head: Literal["onnx", "torch"] = "onnx"
     factory: str | None = None  # force a faiss.index_factory string; default chosen by size
     flat_max: int = 20_000  # below this many vectors: exact "Flat"
     hnsw_max: int = 2_000_000  # below this: "HNSW32"; beyond: IVF-PQ trained on a sample
-    throttle_s: float = Field(0.0, ge=0)  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
+    throttle_s: float = Field(
+        0.0, ge=0
+    )  # sleep after each committed batch (a shared machine; tests use it to kill mid-build)
     progress: bool = True  # tqdm bar
     # reindex: refuse to activate when more than this fraction of the old version's items could not be
     # re-encoded (their sources vanished or went bad since they were indexed); the new version is kept, inactive
@@ -63,7 +67,8 @@ class IndexerSettings(StorageSettings):
     # version (<prefix>_<name>_<version>) in the Milvus at milvus_uri. The service reads each version from the
     # backend its manifest names, so switching affects only versions built afterwards
     ann_backend: Literal["faiss", "milvus"] = Field(
-        "faiss", validation_alias=AliasChoices("CROSSPROBE_ANN_BACKEND", "ann_backend"))
+        "faiss", validation_alias=AliasChoices("CROSSPROBE_ANN_BACKEND", "ann_backend")
+    )
     # one build call (insert batch, flush, index build + load) waits at most this long
     milvus_build_timeout_s: float = Field(1800.0, gt=0, le=86_400)
     # index type of a new collection: AUTO = FLAT below flat_max vectors, HNSW above (as FAISS's factory)
@@ -73,9 +78,12 @@ class IndexerSettings(StorageSettings):
     milvus_ivf_nlist: int | None = Field(None, ge=1, le=65_536)  # IVF_FLAT lists; unset: 4 sqrt(n), a power of 2
 
     # -- engine (ray_engine.py): who runs decode -> encode for build / add / reindex ------------------------
-    # single: this process (decode threads + one encoder); ray: Ray Data, an actor pool of encoders (one per GPU, else CPU)
+    # single: this process (decode threads + one encoder); ray: Ray Data, an actor pool of encoders (one per GPU, else
+    # CPU)
     engine: Literal["single", "ray"] = "single"
-    ray_address: str | None = Field(None, validation_alias=AliasChoices("RAY_ADDRESS", "ray_address"))  # a Ray cluster; unset: start a local Ray
+    ray_address: str | None = Field(
+        None, validation_alias=AliasChoices("RAY_ADDRESS", "ray_address")
+    )  # a Ray cluster; unset: start a local Ray
     ray_num_cpus: int | None = Field(None, ge=1)  # CPUs of the local Ray instance (default: this machine's)
     ray_actors: int | None = Field(None, ge=1)  # encoder actors (default: one per GPU, else CPUs - decode tasks)
     ray_object_store_mb: int = Field(1024, ge=100)  # object store of the local Ray instance (pixels in flight)
@@ -111,5 +119,3 @@ class IndexerSettings(StorageSettings):
     @property
     def models(self) -> Path:
         return Path(self.model_dir or self.index_root / "_models")
-
-

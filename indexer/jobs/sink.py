@@ -7,6 +7,7 @@ and a job killed under one resumes under either. Both hand this writer the same 
 decode and encode ran differs. The order inside `write` is the journal's contract (journal.py): the SETs
 return before the batch's .npz is renamed into place, so a committed batch always has its Redis values.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.core.runtime import StageTimer
+from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.push import JobMetrics
 from crossprobe.indexer.jobs.sources import Item, Skip, item_metadata
 from crossprobe.indexer.storage.store import KeyLayout, Store
@@ -25,6 +26,7 @@ from crossprobe.indexer.storage.store import KeyLayout, Store
 @dataclass
 class EncodedBatch:
     """Journal batch `b` after decode and encode (positions are indexes into the job's frozen item list)."""
+
     b: int
     rows: list[int]  # positions that decoded, in order
     meta: list[dict]  # per row: width, height, format (+ EXIF taken, camera) of the original file
@@ -34,8 +36,17 @@ class EncodedBatch:
 
 
 class BatchWriter:
-    def __init__(self, keys: KeyLayout, items: list[Item], journal: Journal, store: Store,
-                 times: StageTimer, metrics: JobMetrics | None, bar, throttle_s: float = 0.0):
+    def __init__(
+        self,
+        keys: KeyLayout,
+        items: list[Item],
+        journal: Journal,
+        store: Store,
+        times: StageTimer,
+        metrics: JobMetrics | None,
+        bar,
+        throttle_s: float = 0.0,
+    ):
         self.keys, self.items = keys, items  # the version's key names (hash-tagged on a cluster: store.py)
         self.journal, self.store, self.times = journal, store, times
         self.metrics, self.bar, self.throttle_s = metrics, bar, throttle_s

@@ -3,7 +3,8 @@
 Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str], <field>?: scalar, ...}.
 Any other key is a filterable field of the item (an album, a year, a rating: indexer/storage/filter_columns.py) when its
 value is a string, number or boolean and its name a plain identifier; "taken" (an ISO date) and "camera"
-override what the file's EXIF says, "added" (an ISO date: another library's date added) the indexing time. A nested value or an odd name makes the line a bad_manifest_line skip
+override what the file's EXIF says, "added" (an ISO date: another library's date added) the indexing time. A nested
+value or an odd name makes the line a bad_manifest_line skip
 (counted in the report), not a silently dropped field.
 Relative uris are resolved against the manifest's folder. A folder is walked
 recursively in sorted order; an item's id is its path relative to the folder,
@@ -12,6 +13,7 @@ Duplicate ids keep the first occurrence (an index holds exactly one entry per id
 An index version (reindex) gives back its items as it recorded them: each item's
 metadata value (written when it was built or added) holds its id, uri, caption, tags, fields.
 """
+
 from __future__ import annotations
 
 import errno
@@ -127,8 +129,14 @@ def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
                 continue
             if (dst.st_dev, dst.st_ino) in ancestors:  # a link back to a folder on this path: a loop
                 dirnames.remove(d)
-                skips.append(Skip(rel(p) + "/", str(p), "symlink_loop",
-                                  f"links to {os.path.realpath(p)}, a folder this walk is already inside"))
+                skips.append(
+                    Skip(
+                        rel(p) + "/",
+                        str(p),
+                        "symlink_loop",
+                        f"links to {os.path.realpath(p)}, a folder this walk is already inside",
+                    )
+                )
         for fn in sorted(filenames):
             p = Path(dirpath) / fn
             ext = p.suffix.lower()
@@ -144,8 +152,14 @@ def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
                     why, err = ("symlink_loop" if e.errno == errno.ELOOP else "missing"), f"{type(e).__name__}: {e}"
                 skips.append(Skip(rel(p), str(p), why, err[:200]))
             elif not fn.startswith("."):
-                skips.append(Skip(rel(p), str(p), "not_image",
-                                  f"{ext or 'a file without extension'}: not an image format this indexer reads"))
+                skips.append(
+                    Skip(
+                        rel(p),
+                        str(p),
+                        "not_image",
+                        f"{ext or 'a file without extension'}: not an image format this indexer reads",
+                    )
+                )
     return items, skips
 
 
@@ -177,9 +191,21 @@ def read_manifest(path: Path) -> tuple[list[Item], list[Skip]]:
                 tags = d.get("tags") or []
                 if not isinstance(d["id"], str) or not d["id"] or not isinstance(tags, list):
                     raise ValueError("id must be a non-empty string and tags a list")
-                items.append(Item(id=d["id"], uri=str(uri if uri.is_absolute() else path.parent / uri),
-                                  caption=d.get("caption"), tags=[str(t) for t in tags], fields=manifest_fields(d)))
-            except (ValueError, KeyError, TypeError, AttributeError) as e:  # AttributeError: a line that is not an object
+                items.append(
+                    Item(
+                        id=d["id"],
+                        uri=str(uri if uri.is_absolute() else path.parent / uri),
+                        caption=d.get("caption"),
+                        tags=[str(t) for t in tags],
+                        fields=manifest_fields(d),
+                    )
+                )
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+            ) as e:  # AttributeError: a line that is not an object
                 bad.append(Skip(id=f"{path.name}:{lineno}", uri="", reason="bad_manifest_line", error=str(e)[:200]))
     return items, bad
 
@@ -221,9 +247,16 @@ def recorded_items(ids: list[str], metadata: list[bytes | str | None]) -> tuple[
             if not isinstance(m, dict) or not m.get("uri"):
                 raise ValueError("no metadata value in Redis" if raw is None else "its metadata has no uri")
             added = m.get("added")
-            items.append(Item(id=item_id, uri=str(m["uri"]), caption=m.get("caption"),
-                              tags=[str(t) for t in m.get("tags") or []], fields=dict(m.get("fields") or {}),
-                              added=added if isinstance(added, str) else None))
+            items.append(
+                Item(
+                    id=item_id,
+                    uri=str(m["uri"]),
+                    caption=m.get("caption"),
+                    tags=[str(t) for t in m.get("tags") or []],
+                    fields=dict(m.get("fields") or {}),
+                    added=added if isinstance(added, str) else None,
+                )
+            )
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             skips.append(Skip(item_id, "", "no_source", str(e)[:200]))
     return items, skips

@@ -23,6 +23,7 @@ How, and why this way:
   folder emptied by mistake) and says so; a folder that vanishes pauses the watcher until it is back.
 Progress and lag are Prometheus metrics (WatchMetrics) served on watch_metrics_port.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,14 @@ def changed(sig: Sig, known: Known | None) -> bool:
     return tuple(sig) != tuple(known)
 
 
-def plan(files: dict[str, tuple[str, Sig]], indexed: dict[str, Known], failed: dict[str, Sig], protected: list[str],
-         now_ns: int, settings: IndexerSettings) -> Changes:
+def plan(
+    files: dict[str, tuple[str, Sig]],
+    indexed: dict[str, Known],
+    failed: dict[str, Sig],
+    protected: list[str],
+    now_ns: int,
+    settings: IndexerSettings,
+) -> Changes:
     """A scan (id -> (path, Sig)) against the index -> the next batch. `failed`: files skipped at this Sig
     (retried when it changes); `protected`: id prefixes of folders the scan could not list, whose items are
     not deleted (their files are not known to be gone)."""
@@ -100,7 +107,7 @@ def plan(files: dict[str, tuple[str, Sig]], indexed: dict[str, Known], failed: d
     if len(gone) >= MASS_DELETE_MIN and len(gone) > settings.watch_max_delete * len(indexed):
         out.held = len(gone)
     else:
-        out.delete = gone[:max(room, 0)]
+        out.delete = gone[: max(room, 0)]
         out.waiting += len(gone) - len(out.delete)
     out.settle_in = soonest or 0.0
     return out
@@ -112,32 +119,62 @@ class WatchMetrics:
     def __init__(self, index: str):
         self.registry = r = CollectorRegistry()
         self.index = index
-        self.changes = Counter("crossprobe_watch_changes", "files applied to the index (added, modified, deleted)",
-                               ["index", "change"], registry=r)
-        self.skipped = Counter("crossprobe_watch_skipped", "changed files that could not be indexed, by reason",
-                               ["index", "reason"], registry=r)
-        self.pending = Gauge("crossprobe_watch_pending_files", "changes seen by the last scan and not yet served",
-                             ["index"], registry=r)
-        self.oldest = Gauge("crossprobe_watch_oldest_pending_seconds", "age of the oldest change not yet served",
-                            ["index"], registry=r)
-        self.lag = Histogram("crossprobe_watch_lag_seconds", "a change's file mtime (or when a scan first saw it, "
-                             "if later by more than a scan interval) to its version's activation", ["index"],
-                             buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60, 120, 300, 900), registry=r)
-        self.batches = Counter("crossprobe_watch_batches", "batches (versions) by outcome", ["index", "outcome"],
-                               registry=r)
-        self.batch_seconds = Histogram("crossprobe_watch_batch_seconds", "one batch: encode, write, activate",
-                                       ["index"], buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128), registry=r)
-        self.scan_seconds = Histogram("crossprobe_watch_scan_seconds", "one scan of the folder", ["index"],
-                                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r)
+        self.changes = Counter(
+            "crossprobe_watch_changes",
+            "files applied to the index (added, modified, deleted)",
+            ["index", "change"],
+            registry=r,
+        )
+        self.skipped = Counter(
+            "crossprobe_watch_skipped",
+            "changed files that could not be indexed, by reason",
+            ["index", "reason"],
+            registry=r,
+        )
+        self.pending = Gauge(
+            "crossprobe_watch_pending_files", "changes seen by the last scan and not yet served", ["index"], registry=r
+        )
+        self.oldest = Gauge(
+            "crossprobe_watch_oldest_pending_seconds", "age of the oldest change not yet served", ["index"], registry=r
+        )
+        self.lag = Histogram(
+            "crossprobe_watch_lag_seconds",
+            "a change's file mtime (or when a scan first saw it, "
+            "if later by more than a scan interval) to its version's activation",
+            ["index"],
+            buckets=(0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60, 120, 300, 900),
+            registry=r,
+        )
+        self.batches = Counter(
+            "crossprobe_watch_batches", "batches (versions) by outcome", ["index", "outcome"], registry=r
+        )
+        self.batch_seconds = Histogram(
+            "crossprobe_watch_batch_seconds",
+            "one batch: encode, write, activate",
+            ["index"],
+            buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        self.scan_seconds = Histogram(
+            "crossprobe_watch_scan_seconds",
+            "one scan of the folder",
+            ["index"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
         self.items = Gauge("crossprobe_watch_indexed_items", "items in the active version", ["index"], registry=r)
-        self.events = Gauge("crossprobe_watch_events_enabled", "1: inotify events wake the scans; 0: polling",
-                            ["index"], registry=r)
-        self.folder_missing = Gauge("crossprobe_watch_folder_missing", "1 while the watched folder is gone",
-                                    ["index"], registry=r)
-        self.held = Gauge("crossprobe_watch_deletes_held", "deletions held back by watch_max_delete", ["index"],
-                          registry=r)
-        self.last_batch = Gauge("crossprobe_watch_last_batch_timestamp_seconds", "when the last batch went live",
-                                ["index"], registry=r)
+        self.events = Gauge(
+            "crossprobe_watch_events_enabled", "1: inotify events wake the scans; 0: polling", ["index"], registry=r
+        )
+        self.folder_missing = Gauge(
+            "crossprobe_watch_folder_missing", "1 while the watched folder is gone", ["index"], registry=r
+        )
+        self.held = Gauge(
+            "crossprobe_watch_deletes_held", "deletions held back by watch_max_delete", ["index"], registry=r
+        )
+        self.last_batch = Gauge(
+            "crossprobe_watch_last_batch_timestamp_seconds", "when the last batch went live", ["index"], registry=r
+        )
 
     def serve(self, port: int, addr: str) -> None:
         start_http_server(port, addr, registry=self.registry)
@@ -146,8 +183,16 @@ class WatchMetrics:
 class Watcher:
     """One index, one folder. step() is one scan and at most one batch; run() loops until `stop` is set."""
 
-    def __init__(self, name: str, folder: Path, settings: IndexerSettings | None = None, ckpt: Path | None = None,
-                 model=None, bert=None, say: Callable[[str], None] = print):
+    def __init__(
+        self,
+        name: str,
+        folder: Path,
+        settings: IndexerSettings | None = None,
+        ckpt: Path | None = None,
+        model=None,
+        bert=None,
+        say: Callable[[str], None] = print,
+    ):
         self.name, self.folder = name, Path(folder).resolve()
         self.settings = settings or IndexerSettings()
         self.ckpt, self.model, self.bert, self.say = ckpt, model, bert, say
@@ -170,8 +215,10 @@ class Watcher:
         m = self.store.read_manifest(self.name, version) or {}
         src = m.get("source") or {}
         if src.get("images") != str(self.folder):
-            raise ValueError(f"index {self.name!r} (version {version}) was built from {src or 'another source'}, not "
-                             f"from {self.folder}: watch a folder with the index built from it, or give a new name")
+            raise ValueError(
+                f"index {self.name!r} (version {version}) was built from {src or 'another source'}, not "
+                f"from {self.folder}: watch a folder with the index built from it, or give a new name"
+            )
         ids = self.store.read_ids(self.name, version)
         self.indexed = {i: k for i, k in zip(ids, map(_known, self.store.metadata(self.name, version, ids)))}
         self.version = version
@@ -224,9 +271,11 @@ class Watcher:
         self.settle_in = ch.settle_in
         self._note_pending(ch.pending, now)
         if ch.held and not self._held_said:
-            self.say(f"watch {self.name}: {ch.held} of {len(self.indexed)} items' files are gone, more than "
-                     f"watch_max_delete {self.settings.watch_max_delete:.0%}; their deletions are held (is the folder "
-                     f"mounted?). Delete them with `crossprobe index delete`, or raise CROSSPROBE_INDEX_WATCH_MAX_DELETE")
+            self.say(
+                f"watch {self.name}: {ch.held} of {len(self.indexed)} items' files are gone, more than "
+                f"watch_max_delete {self.settings.watch_max_delete:.0%}; their deletions are held (is the folder "
+                f"mounted?). Delete them with `crossprobe index delete`, or raise CROSSPROBE_INDEX_WATCH_MAX_DELETE"
+            )
         self.metrics.held.labels(self.name).set(ch.held)
         self._held_said = bool(ch.held)
         if not ch.add and not ch.delete:
@@ -239,8 +288,15 @@ class Watcher:
         if scanned is None or not scanned[0]:
             return None  # nothing to index yet
         self.say(f"watch {self.name}: no active version; building it from {self.folder}")
-        res = kinds.build(self.name, images=self.folder, settings=self.settings, ckpt=self.ckpt, model=self.model,
-                          bert=self.bert, log=self.say)
+        res = kinds.build(
+            self.name,
+            images=self.folder,
+            settings=self.settings,
+            ckpt=self.ckpt,
+            model=self.model,
+            bert=self.bert,
+            log=self.say,
+        )
         self.say(res.summary())
         self._load(res.version)
         self.metrics.batches.labels(self.name, "ok").inc()
@@ -248,8 +304,10 @@ class Watcher:
 
     def _note_pending(self, pending: dict[str, Sig | None], now: float) -> None:
         """When each change not yet served was first seen (kept across scans while its Sig stays): the lag metric."""
-        self.first_seen = {i: (s, self.first_seen[i][1] if i in self.first_seen and self.first_seen[i][0] == s else now)
-                           for i, s in pending.items()}
+        self.first_seen = {
+            i: (s, self.first_seen[i][1] if i in self.first_seen and self.first_seen[i][0] == s else now)
+            for i, s in pending.items()
+        }
         self.metrics.pending.labels(self.name).set(len(pending))
         oldest = min((t for _, t in self.first_seen.values()), default=now)
         self.metrics.oldest.labels(self.name).set(now - oldest)
@@ -258,8 +316,17 @@ class Watcher:
         t = time.perf_counter()
         base = self.version
         try:
-            res = kinds.sync(self.name, self.folder, ch.add, ch.delete, settings=self.settings, ckpt=self.ckpt,
-                             model=self.model, bert=self.bert, log=lambda m: log.info(m))
+            res = kinds.sync(
+                self.name,
+                self.folder,
+                ch.add,
+                ch.delete,
+                settings=self.settings,
+                ckpt=self.ckpt,
+                model=self.model,
+                bert=self.bert,
+                log=lambda m: log.info(m),
+            )
         except Exception:
             self.metrics.batches.labels(self.name, "failed").inc()
             raise
@@ -290,8 +357,10 @@ class Watcher:
         if base and base != res.version:
             self.replaced[base] = time.monotonic()
         self.version = res.version
-        self.say(f"watch {self.name}: version {res.version} live, {res.count} items (+{len(done)} new or changed, "
-                 f"-{len(ch.delete)} deleted, {len(skipped)} skipped) in {time.perf_counter() - t:.1f}s")
+        self.say(
+            f"watch {self.name}: version {res.version} live, {res.count} items (+{len(done)} new or changed, "
+            f"-{len(ch.delete)} deleted, {len(skipped)} skipped) in {time.perf_counter() - t:.1f}s"
+        )
         self._collect()
 
     def _collect(self) -> None:
@@ -300,8 +369,11 @@ class Watcher:
         now, active = time.monotonic(), self.store.active(self.name)
         drop = [v for v, t in self.replaced.items() if now - t >= self.settings.watch_gc_grace_s and v != active]
         for info in self.store.versions(self.name):  # complete + journal: killed between its end and its switch
-            if info.state in ("abandoned", "complete") and info.version != active \
-                    and _spec_kind(self.store.version_dir(self.name, info.version)) == "sync":
+            if (
+                info.state in ("abandoned", "complete")
+                and info.version != active
+                and _spec_kind(self.store.version_dir(self.name, info.version)) == "sync"
+            ):
                 drop.append(info.version)
         for v in drop:
             try:
@@ -329,8 +401,10 @@ class Watcher:
             obs.start()
             return obs
         except (OSError, RuntimeError, ImportError) as e:  # inotify watch or instance limit, no inotify at all
-            self.say(f"watch {self.name}: no file events ({type(e).__name__}: {e}); scanning every "
-                     f"{self.settings.watch_poll_s:g}s")
+            self.say(
+                f"watch {self.name}: no file events ({type(e).__name__}: {e}); scanning every "
+                f"{self.settings.watch_poll_s:g}s"
+            )
             return None
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -340,8 +414,10 @@ class Watcher:
         obs = self._observe() if self.folder.is_dir() else None
         self.events = obs is not None
         self.metrics.events.labels(self.name).set(int(self.events))
-        self.say(f"watching {self.folder} for index {self.name!r} ("
-                 f"{'inotify events' if self.events else f'a scan every {self.settings.watch_poll_s:g}s'})")
+        self.say(
+            f"watching {self.folder} for index {self.name!r} ("
+            f"{'inotify events' if self.events else f'a scan every {self.settings.watch_poll_s:g}s'})"
+        )
         last_scan = 0.0
         try:
             while not stop.is_set():
@@ -350,8 +426,9 @@ class Watcher:
                 try:
                     ch = self.step()
                 except (RuntimeError, OSError, RedisError) as e:  # Redis away, a version switched under a batch
-                    self.say(f"watch {self.name}: {type(e).__name__}: {e}; trying again in "
-                             f"{self.settings.watch_poll_s:g}s")
+                    self.say(
+                        f"watch {self.name}: {type(e).__name__}: {e}; trying again in {self.settings.watch_poll_s:g}s"
+                    )
                     stop.wait(self.settings.watch_poll_s)
                     continue
                 if ch is not None:

@@ -20,6 +20,7 @@ at once, and the topology is refreshed so that the next call after the failover 
 promoted replica. Redirections (MOVED / ASK: a resharding, or a table that went stale while
 the old master answers again) are left to redis-py's mget_nonatomic, which follows them.
 """
+
 from __future__ import annotations
 
 import logging

@@ -15,6 +15,7 @@ with one np.frombuffer (a numpy structured dtype *is* the layout).
 Little-endian throughout. The header (manifest.json "layout") lets any reader,
 in any language, decode without this module. Format 1 (no labels) still decodes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ FIELDS = ("p_v", "b_bar", "s_i")
 class Layout:
     """The bytes of one item's value: the model's item features (ItemDims: the one definition of their sizes,
     crossprobe.core.inference.layout) stored in `quantization`."""
+
     quantization: str  # "float16" | "int8"
     item: ItemDims
 
@@ -65,11 +67,18 @@ class Layout:
         fields = []
         for name in dt.names:
             sub, offset = dt.fields[name][:2]
-            base, shape = (sub.subdtype if sub.subdtype else (sub, ()))
+            base, shape = sub.subdtype if sub.subdtype else (sub, ())
             fields.append({"name": name, "dtype": base.str, "shape": list(shape), "offset": offset})
         i = self.item
-        head = {"format": FORMAT if self.cells else 1, "quantization": self.quantization, "n": i.n, "dc": i.dc,
-                "nk": i.nk, "itemsize": dt.itemsize, "fields": fields}
+        head = {
+            "format": FORMAT if self.cells else 1,
+            "quantization": self.quantization,
+            "n": i.n,
+            "dc": i.dc,
+            "nk": i.nk,
+            "itemsize": dt.itemsize,
+            "fields": fields,
+        }
         return {**head, "cells": self.cells} if self.cells else head
 
     @classmethod
@@ -90,8 +99,9 @@ def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray,
-           labels: np.ndarray | None = None) -> list[bytes]:
+def encode(
+    layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray, labels: np.ndarray | None = None
+) -> list[bytes]:
     """p_v (B, n, dc), b_bar (B, dc), s_i (B, nk) float32 [, labels (B, cells) ints] -> B values of
     layout.itemsize bytes."""
     B = len(p_v)
@@ -101,8 +111,10 @@ def encode(layout: Layout, p_v: np.ndarray, b_bar: np.ndarray, s_i: np.ndarray,
     if layout.cells:
         lab = np.asarray(labels) if labels is not None else None
         if lab is None or lab.shape != (B, layout.cells) or lab.min(initial=0) < 0 or lab.max(initial=0) > 65535:
-            raise ValueError(f"labels: the layout expects (B={B}, {layout.cells}) class ids, got "
-                             f"{None if lab is None else lab.shape}")
+            raise ValueError(
+                f"labels: the layout expects (B={B}, {layout.cells}) class ids, got "
+                f"{None if lab is None else lab.shape}"
+            )
         arr["labels"] = lab
     elif labels is not None:
         raise ValueError("labels given for a layout without region labels")

@@ -6,6 +6,7 @@ Factory by size (vectors are unit norm, so inner product = cosine):
   beyond                "IVF{nlist},PQ{d/8}" trained on a sample; 32 B/item at d=256
 StorageSettings.factory / --factory overrides (any faiss.index_factory string).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.core.atomic import atomic_path
+from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.indexer.storage.settings import StorageSettings
 
 
 def choose_factory(n: int, d: int, settings: StorageSettings) -> str:

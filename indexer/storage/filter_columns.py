@@ -33,6 +33,7 @@ match); with more matching rows the filter prunes little and FAISS with the bitm
 filter): over-fetch has no bound that guarantees k for a selective filter, while the bitmap costs n / 8 bytes
 per query and skips the non-matching rows inside FAISS.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,7 +73,7 @@ class Column:
         for row, v in enumerate(values):
             if v is None:
                 continue
-            for x in (v if multi else [v]):
+            for x in v if multi else [v]:
                 if isinstance(x, (str, bool)):
                     inverted.setdefault(self._key(x), []).append(row)
             if not multi:
@@ -117,7 +118,8 @@ class Columns:
         self.n = n
         ms = [m if isinstance(m, dict) else {} for m in metas]
         self.cols: dict[str, Column] = {
-            "tags": Column(n, [[str(t) for t in (m.get("tags") or [])] for m in ms], multi=True)}
+            "tags": Column(n, [[str(t) for t in (m.get("tags") or [])] for m in ms], multi=True)
+        }
         for f in STRINGS + NUMERIC + DATES:
             self.cols[f] = Column(n, [m.get(f) for m in ms], fold=f in FOLDED)
         names = sorted({k for m in ms for k in (m.get("fields") or {}) if k not in BUILTIN})
@@ -155,8 +157,10 @@ class Columns:
         col = self.cols.get(c.field)
         if col is None:
             extra = [f for f in self.cols if f not in BUILTIN]
-            raise UnknownField(f"field {c.field!r} is not recorded for any item of this index (its fields: "
-                               f"{', '.join(BUILTIN)}{'; from its manifest: ' + ', '.join(extra[:20]) if extra else ''})")
+            raise UnknownField(
+                f"field {c.field!r} is not recorded for any item of this index (its fields: "
+                f"{', '.join(BUILTIN)}{'; from its manifest: ' + ', '.join(extra[:20]) if extra else ''})"
+            )
         if c.eq is not None or c.in_ is not None:
             return col.equal([c.eq] if c.eq is not None else list(c.in_))
         return col.between({op: getattr(c, op) for op in ("gt", "gte", "lt", "lte") if getattr(c, op) is not None})
@@ -184,7 +188,7 @@ def all_metadata(reader, chunk: int = 1000) -> list[dict | None]:
     """Every item's metadata value of an index version, in row order (MGETs of `chunk` keys)."""
     out: list[dict | None] = []
     for i in range(0, len(reader.ids), chunk):
-        out += reader.metadata(reader.ids[i:i + chunk])
+        out += reader.metadata(reader.ids[i : i + chunk])
     return out
 
 

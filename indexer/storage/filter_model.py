@@ -1,9 +1,11 @@
 """The metadata filter's condition tree: what /v1/search's "filter" holds, what the ANN backends translate
-(storage/ann/: a FAISS row bitmap through indexer/storage/filter_columns.py, a Milvus expression through milvus_filter.py).
+(storage/ann/: a FAISS row bitmap through indexer/storage/filter_columns.py, a Milvus expression through
+milvus_filter.py).
 
 It lives in the storage layer, below both the service (which validates requests with it) and the backends
 (which read it), so neither depends on the other.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -38,8 +40,10 @@ FILTER_STRINGS = ("tags", "format", "camera", "caption")
 class Condition(BaseModel):
     """One field's test. Exactly one of: eq, in, or a range (gt / gte / lt / lte, combinable). Fields: tags (eq =
     has the tag, in = has any), format and camera (case-insensitive), caption, width, height, taken and added
-    (ranges of ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of numbers or
+    (ranges of ISO dates), or any scalar field of the index's manifest (strings, numbers, true / false; ranges of
+    numbers or
     of ISO dates). A field that no item of the index has: 422."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     field: FieldName
@@ -66,23 +70,27 @@ class Condition(BaseModel):
         if f in FILTER_NUMERIC and (dated or any(isinstance(v, (str, bool)) for v in values)):
             raise ValueError(f"{f}: compare with numbers")
         if f in ("taken", "added") and (values or len(dated) != len(bounds)):
-            raise ValueError(f"{f}: a range (gt / gte / lt / lte) of ISO dates, e.g. {{\"gte\": \"2019-05-01\"}}")
+            raise ValueError(f'{f}: a range (gt / gte / lt / lte) of ISO dates, e.g. {{"gte": "2019-05-01"}}')
         if dated and len(dated) != len(bounds):
             raise ValueError(f"{f}: a range's bounds are all numbers or all ISO dates")
         if any(parse_date(b) is None for b in dated):
-            raise ValueError(f"{f}: {next(b for b in dated if parse_date(b) is None)!r} is not an ISO 8601 date "
-                             "(YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS)")
+            raise ValueError(
+                f"{f}: {next(b for b in dated if parse_date(b) is None)!r} is not an ISO 8601 date "
+                "(YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS)"
+            )
         return self
 
 
 class AllOf(BaseModel):
     """Every child holds (AND)."""
+
     model_config = ConfigDict(extra="forbid")
     and_: list["FilterNode"] = Field(alias="and", min_length=1, max_length=MAX_FILTER_CONDITIONS)
 
 
 class AnyOf(BaseModel):
     """At least one child holds (OR)."""
+
     model_config = ConfigDict(extra="forbid")
     or_: list["FilterNode"] = Field(alias="or", min_length=1, max_length=MAX_FILTER_CONDITIONS)
 
@@ -93,8 +101,10 @@ def _filter_kind(v: Any) -> str:
     return "and" if keys & {"and", "and_"} else "or" if keys & {"or", "or_"} else "condition"
 
 
-FilterNode = Annotated[Annotated[Condition, Tag("condition")] | Annotated[AllOf, Tag("and")]
-                       | Annotated[AnyOf, Tag("or")], Discriminator(_filter_kind)]
+FilterNode = Annotated[
+    Annotated[Condition, Tag("condition")] | Annotated[AllOf, Tag("and")] | Annotated[AnyOf, Tag("or")],
+    Discriminator(_filter_kind),
+]
 AllOf.model_rebuild()
 AnyOf.model_rebuild()
 

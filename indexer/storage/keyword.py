@@ -23,6 +23,7 @@ must appear as written, in any field; stop words and punctuation are dropped. Ev
 query parser as a quoted phrase, so no character of the user's text is read as query syntax, and the term is
 cut into tokens by the same analyzer as the indexed text (a code such as K7-2291: k7 2291 side by side).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,14 +55,16 @@ MAX_TEXT_CHARS = 2000  # per field and item: an image with 10,000 words keeps it
 WRITER_HEAP = 64_000_000  # bytes tantivy buffers before it writes a segment
 
 # English function words: they match nearly every caption, so they only add noise to BM25 and its highlights
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
 him his how i if in into is it its just me more most my no nor not of off on once only or other our out over own
 same she should so some such than that the their them then there these they this those through to too under
 until up very was we were what when where which while who whom why will with you your yours shows showing photo
 picture image
-""".split())
+""".split()
+)
 
 QUOTED = re.compile(r'"([^"]*)"')
 WORD = re.compile(r"\w", re.UNICODE)
@@ -95,7 +98,7 @@ def parse(text: str) -> KeywordQuery:
         if not WORD.search(w) or w in STOP_WORDS or w in words:
             continue
         words.append(w)
-    phrases = [p[:MAX_TERM_CHARS * 4] for p in dict.fromkeys(phrases)]
+    phrases = [p[: MAX_TERM_CHARS * 4] for p in dict.fromkeys(phrases)]
     q = KeywordQuery(words, phrases)
     q.dropped = max(0, len(q.phrases) + len(q.words) - MAX_TERMS)
     q.phrases = q.phrases[:MAX_TERMS]
@@ -109,9 +112,13 @@ def document(meta: dict | None) -> dict[str, str] | None:
         return None
     fields = meta.get("fields") if isinstance(meta.get("fields"), dict) else {}
     tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
-    doc = (os.path.basename(str(meta.get("uri") or "")), str(meta.get("caption") or ""),
-           ", ".join(str(t) for t in tags), str(meta.get("text") or ""),
-           " · ".join(str(v) for v in fields.values() if isinstance(v, str)))
+    doc = (
+        os.path.basename(str(meta.get("uri") or "")),
+        str(meta.get("caption") or ""),
+        ", ".join(str(t) for t in tags),
+        str(meta.get("text") or ""),
+        " · ".join(str(v) for v in fields.values() if isinstance(v, str)),
+    )
     return {f: s[:MAX_TEXT_CHARS] for f, s in zip(FIELDS, doc)}
 
 
@@ -135,11 +142,18 @@ def _analyzers(index) -> None:
     """Custom analyzers are not stored in the index: every open registers them again, the same way."""
     import tantivy
 
-    index.register_tokenizer("words", tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-                             .filter(tantivy.Filter.remove_long(MAX_TERM_CHARS)).filter(tantivy.Filter.lowercase())
-                             .filter(tantivy.Filter.ascii_fold()).build())
-    index.register_tokenizer("grams", tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.ngram(3, 3, False))
-                             .filter(tantivy.Filter.lowercase()).build())
+    index.register_tokenizer(
+        "words",
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(MAX_TERM_CHARS))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.ascii_fold())
+        .build(),
+    )
+    index.register_tokenizer(
+        "grams",
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.ngram(3, 3, False)).filter(tantivy.Filter.lowercase()).build(),
+    )
 
 
 def _open(path: Path):
@@ -150,8 +164,14 @@ def _open(path: Path):
     return index
 
 
-def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | None]], chunk: int = 1000,
-          base: Path | None = None, drop: Iterable[str] = ()) -> dict:
+def write(
+    vdir: Path,
+    ids: list[str],
+    metas: Callable[[list[str]], list[dict | None]],
+    chunk: int = 1000,
+    base: Path | None = None,
+    drop: Iterable[str] = (),
+) -> dict:
     """Write <vdir>/text/: from scratch (base None: every id), or from a base version's (base: its version dir)
     minus `drop` plus `ids`. metas(ids) reads their metadata (chunks of `chunk`). Written under a temporary
     name and renamed, so the folder is whole or absent; a rerun after a kill writes it again. The caller passes
@@ -175,7 +195,7 @@ def write(vdir: Path, ids: list[str], metas: Callable[[list[str]], list[dict | N
                     deleted += 1
         inserted = ocr_failed = 0
         for i in range(0, len(ids), chunk):
-            part = ids[i:i + chunk]
+            part = ids[i : i + chunk]
             for item_id, meta in zip(part, metas(part)):
                 ocr_failed += bool(isinstance(meta, dict) and meta.get("text_error"))
                 doc = document(meta)
@@ -230,9 +250,18 @@ class KeywordIndex:
             parts = [(tantivy.Occur.Should, self._index.parse_query(quoted, list(FIELDS), field_boosts=BOOSTS))]
             folded = _fold(t).replace(" ", "")
             if len(folded) >= GRAM_MIN:  # also inside OCR's run-together tokens (without the phrase's spaces)
-                grams = [folded[i:i + 3] for i in range(len(folded) - 2)]
-                parts.append((tantivy.Occur.Should, tantivy.Query.boolean_query(
-                    [(tantivy.Occur.Must, tantivy.Query.term_query(self._index.schema, "grams", g)) for g in grams])))
+                grams = [folded[i : i + 3] for i in range(len(folded) - 2)]
+                parts.append(
+                    (
+                        tantivy.Occur.Should,
+                        tantivy.Query.boolean_query(
+                            [
+                                (tantivy.Occur.Must, tantivy.Query.term_query(self._index.schema, "grams", g))
+                                for g in grams
+                            ]
+                        ),
+                    )
+                )
             return tantivy.Query.boolean_query(parts)
 
         with self._lock:
@@ -244,7 +273,9 @@ class KeywordIndex:
         d = self._searcher.doc(addr).to_dict()
         return {k: (v[0] if v else "") for k, v in d.items()}
 
-    def search(self, q: KeywordQuery, limit: int, allow: Callable[[str], bool] | None = None) -> list[tuple[str, float]]:
+    def search(
+        self, q: KeywordQuery, limit: int, allow: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, float]]:
         """The best `limit` items for q by BM25 -> [(id, score)], best first. allow(id) False: the item is
         passed over (a filter), and the next best taken instead (the search is repeated deeper until `limit`
         pass or none is left)."""
@@ -291,7 +322,9 @@ class KeywordIndex:
             out[i] = held / len(q.words)
         return out
 
-    def highlights(self, q: KeywordQuery, ids: list[str], docs: dict[str, dict] | None = None) -> dict[str, list[Highlight]]:
+    def highlights(
+        self, q: KeywordQuery, ids: list[str], docs: dict[str, dict] | None = None
+    ) -> dict[str, list[Highlight]]:
         """For each of ids that q matches: the fields holding a matched word, with the words' offsets. docs: their
         stored fields, when the caller has read them already."""
         if q.empty or not ids:
@@ -350,6 +383,7 @@ def open_for(vdir: Path) -> KeywordIndex | None:
     try:
         return KeywordIndex(p)
     except (OSError, ValueError, json.JSONDecodeError) as e:
-        log.error("keyword index %s cannot be read (%s: %s); the version is served by vectors only", p,
-                  type(e).__name__, e)
+        log.error(
+            "keyword index %s cannot be read (%s: %s); the version is served by vectors only", p, type(e).__name__, e
+        )
         return None

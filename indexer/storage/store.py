@@ -22,6 +22,7 @@ before the tag (manifest without `buckets`) keep their untagged keys <...>:f:<it
 readable; add / delete derive new versions in their base's layout, build / reindex use the current one.
 On one Redis the tag is just part of the name.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -58,6 +59,7 @@ def new_version() -> str:
 @dataclass(frozen=True)
 class KeyLayout:
     """The Redis key names of one version's values (see the module docstring)."""
+
     prefix: str
     name: str
     version: str
@@ -91,7 +93,7 @@ class KeyLayout:
         key = key.decode() if isinstance(key, bytes) else key
         if not key.startswith(self.base):
             raise ValueError(f"{key!r} is not a key of {self.name}/{self.version}")
-        kind, rest = key[len(self.base):].split(":", 1)
+        kind, rest = key[len(self.base) :].split(":", 1)
         if self.buckets:  # strip the tag "{<name>:<bucket>}:"
             rest = rest.split("}:", 1)[1]
         return kind, rest
@@ -101,8 +103,13 @@ class KeyLayout:
         if not self.buckets:
             return {"active": active_key, "features": self.feat("{id}"), "metadata": self.meta("{id}")}
         tag = "{%s:<bucket>}:" % self.name
-        return {"active": active_key, "features": f"{self.base}f:{tag}<id>", "metadata": f"{self.base}m:{tag}<id>",
-                "buckets": self.buckets, "bucket": "crc32(utf-8 id) % buckets"}
+        return {
+            "active": active_key,
+            "features": f"{self.base}f:{tag}<id>",
+            "metadata": f"{self.base}m:{tag}<id>",
+            "buckets": self.buckets,
+            "bucket": "crc32(utf-8 id) % buckets",
+        }
 
 
 @dataclass
@@ -206,7 +213,7 @@ class Store:
         out: list[bytes | None] = []
         keys = self.layout(name, version)
         for i in range(0, len(ids), self.settings.redis_batch):
-            out += self.mget([keys.meta(it) for it in ids[i:i + self.settings.redis_batch]])
+            out += self.mget([keys.meta(it) for it in ids[i : i + self.settings.redis_batch]])
         return out
 
     @contextmanager
@@ -233,7 +240,11 @@ class Store:
 
     # ---- versions ---------------------------------------------------------
     def names(self) -> list[str]:
-        disk = {p.name for p in self.root.iterdir() if p.is_dir() and NAME_RE.match(p.name)} if self.root.is_dir() else set()
+        disk = (
+            {p.name for p in self.root.iterdir() if p.is_dir() and NAME_RE.match(p.name)}
+            if self.root.is_dir()
+            else set()
+        )
         return sorted(disk)
 
     def active(self, name: str) -> str | None:
@@ -255,8 +266,18 @@ class Store:
             else:
                 state = "building" if v in on_disk and self._locked(name, v) else "abandoned"
             words = None if not (m and m.get("text")) else "words+ocr" if m.get("ocr") else "words"
-            out.append(VersionInfo(name, v, state, m and m["count"], m and m["fingerprint"], m and m["factory"],
-                                   m and m["created"], words))
+            out.append(
+                VersionInfo(
+                    name,
+                    v,
+                    state,
+                    m and m["count"],
+                    m and m["fingerprint"],
+                    m and m["factory"],
+                    m and m["created"],
+                    words,
+                )
+            )
         return out
 
     def activate(self, name: str, version: str, expect: str | None = None, check_expect: bool = False) -> None:
@@ -282,7 +303,9 @@ class Store:
                 cur = p.get(key)
                 cur = cur.decode() if cur else None
                 if cur != expect:
-                    raise RuntimeError(f"{name}: active version changed from {expect} to {cur} during this job; run it again")
+                    raise RuntimeError(
+                        f"{name}: active version changed from {expect} to {cur} during this job; run it again"
+                    )
                 p.multi()
                 p.set(key, version)
                 p.execute()
@@ -300,12 +323,14 @@ class Store:
             ids = self.read_ids(name, version)
             for i in range(0, len(ids), self.settings.redis_batch):
                 with self.r.pipeline(transaction=False) as p:
-                    for it in ids[i:i + self.settings.redis_batch]:
+                    for it in ids[i : i + self.settings.redis_batch]:
                         p.unlink(keys.feat(it), keys.meta(it))  # one slot: an item's two keys share its tag
                     n += sum(p.execute())
         else:
             n = self._unlink_matching(self.key_base(name, version) + "*")
-        from crossprobe.indexer.storage import ann  # a version's Milvus collection, if any, goes with it (before its manifest)
+        from crossprobe.indexer.storage import (
+            ann,
+        )  # a version's Milvus collection, if any, goes with it (before its manifest)
 
         ann.drop_version(self.settings, name, version, self.read_manifest(name, version))
         self.r.srem(self.versions_key(name), version)
@@ -326,16 +351,20 @@ class Store:
                 try:
                     held.enter_context(self.lock(name, info.version))
                 except RuntimeError:
-                    raise RuntimeError(f"{name}/{info.version} is being written by another process (a build, add, "
-                                       f"delete, reindex or `crossprobe index watch`); stop it or let it finish, "
-                                       f"then drop {name} again") from None
+                    raise RuntimeError(
+                        f"{name}/{info.version} is being written by another process (a build, add, "
+                        f"delete, reindex or `crossprobe index watch`); stop it or let it finish, "
+                        f"then drop {name} again"
+                    ) from None
             self.r.delete(self.active_key(name))
             # by ids: one SCAN of the whole keyspace per version was V + 1 scans; the one below catches what is left
             dropped = [(info.version, self.drop(name, info.version, by_ids=True)) for info in infos]
         late = [info.version for info in self.versions(name)]
         if late:  # a job started while the versions above were dropped: its version stays whole
-            raise RuntimeError(f"a job started writing {name}/{late[0]} during the drop; {len(dropped)} version(s) "
-                               f"were removed. Stop that job, then drop {name} again")
+            raise RuntimeError(
+                f"a job started writing {name}/{late[0]} during the drop; {len(dropped)} version(s) "
+                f"were removed. Stop that job, then drop {name} again"
+            )
         rest = self._unlink_matching(f"{self.prefix}:{name}:*")
         from crossprobe.indexer.storage import ann  # collections of versions the store no longer knows (Milvus only)
 

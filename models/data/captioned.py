@@ -17,6 +17,7 @@ that contradicts the image's earlier lines) is counted and kept in `bad_lines` w
 silently; a captioned image missing from images/ is an error. `crossprobe data convert` (convert.py) writes this
 layout from COCO's captions JSON and the Karpathy-split JSON.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,6 +46,7 @@ def coco_root() -> Path:
 @dataclass(frozen=True)
 class BadLine:
     """A line of captions.tsv that was not used."""
+
     line: int  # 1-based, the header being line 1
     reason: str
     text: str  # the line as read (cut at 200 characters)
@@ -75,12 +77,18 @@ class CaptionedFolder:
         if missing:
             raise FileNotFoundError(f"{len(missing)} captioned images missing under {root / 'images'}: {missing[:3]}")
         if bad:
-            log.warning("%s: %d lines not used (%s); first: line %d, %s", root / CAPTIONS, len(bad),
-                        ", ".join(f"{r}: {n}" for r, n in Counter(b.reason for b in bad).items()), bad[0].line,
-                        bad[0].reason)
+            log.warning(
+                "%s: %d lines not used (%s); first: line %d, %s",
+                root / CAPTIONS,
+                len(bad),
+                ", ".join(f"{r}: {n}" for r, n in Counter(b.reason for b in bad).items()),
+                bad[0].line,
+                bad[0].reason,
+            )
         index = {n: i for i, n in enumerate(images)}
-        return cls(root, images, [c for _, c, _ in rows], [index[n] for n, _, _ in rows],
-                   [split_of[n] for n in images], bad)
+        return cls(
+            root, images, [c for _, c, _ in rows], [index[n] for n, _, _ in rows], [split_of[n] for n in images], bad
+        )
 
     def image_path(self, row: int) -> Path:
         return self.root / "images" / self.images[row]
@@ -120,8 +128,9 @@ def read_captions(path: Path) -> tuple[list[tuple[str, str, str]], list[BadLine]
             reason = _check(fields, split_col)
             if reason is None:
                 name, caption = fields[0], fields[1]
-                split = (fields[split_col].strip() if split_col is not None and len(fields) > split_col else "") \
-                    or DEFAULT_SPLIT
+                split = (
+                    fields[split_col].strip() if split_col is not None and len(fields) > split_col else ""
+                ) or DEFAULT_SPLIT
                 first = split_of.setdefault(name, (split, line))
                 if first[0] != split:
                     reason = f"split differs from the image's line {first[1]}"

@@ -12,6 +12,7 @@ the other into one folder); a line already there is not added twice. captions.ts
 so it never names an image that is not in the folder. Nothing is dropped silently: every annotation, image or
 sentence not used is counted by reason in the report, with the first few as examples.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ EXAMPLES = 5  # bad entries quoted in the report, per reason
 @dataclass
 class Pair:
     """One caption to write: its image's source file, its name under images/, the caption, its split."""
+
     source: Path
     name: str
     caption: str
@@ -40,6 +42,7 @@ class Pair:
 @dataclass
 class Report:
     """What a conversion wrote and what it did not use (by reason, with examples)."""
+
     out: Path
     images: int = 0  # images placed in the folder by this run (linked or copied)
     captions: Counter = field(default_factory=Counter)  # captions added, by split
@@ -55,8 +58,11 @@ class Report:
 
     def summary(self) -> str:
         added = sum(self.captions.values())
-        lines = [f"{self.out}: {added} captions added ({', '.join(f'{s} {n}' for s, n in sorted(self.captions.items())) or 'none'}), "
-                 f"{self.images} images placed, {self.kept} lines kept from before, {self.already} already there"]
+        lines = [
+            f"{self.out}: {added} captions added "
+            f"({', '.join(f'{s} {n}' for s, n in sorted(self.captions.items())) or 'none'}), "
+            f"{self.images} images placed, {self.kept} lines kept from before, {self.already} already there"
+        ]
         if self.bad:
             lines.append(f"not used: {sum(self.bad.values())}")
             for reason, n in self.bad.most_common():
@@ -64,8 +70,15 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"out": str(self.out), "images": self.images, "captions": dict(self.captions), "kept": self.kept,
-                "already": self.already, "bad": dict(self.bad), "examples": dict(self.examples)}
+        return {
+            "out": str(self.out),
+            "images": self.images,
+            "captions": dict(self.captions),
+            "kept": self.kept,
+            "already": self.already,
+            "bad": dict(self.bad),
+            "examples": dict(self.examples),
+        }
 
 
 def _read_json(path: Path) -> dict:
@@ -74,7 +87,7 @@ def _read_json(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable JSON file ({e})") from None
     if not isinstance(d, dict) or not isinstance(d.get("images"), list):
-        raise ValueError(f"{path}: no \"images\" list at the top level")
+        raise ValueError(f'{path}: no "images" list at the top level')
     return d
 
 
@@ -165,7 +178,9 @@ def write_folder(pairs: list[Pair], out: Path, link: bool, report: Report) -> Re
     placed: dict[str, bool] = {}
     for p in pairs:
         if split_of.setdefault(p.name, p.split) != p.split:
-            report.skip("image already in the folder under another split", f"{p.name}: {split_of[p.name]}, not {p.split}")
+            report.skip(
+                "image already in the folder under another split", f"{p.name}: {split_of[p.name]}, not {p.split}"
+            )
             continue
         if source.setdefault(p.name, p.source) != p.source:
             report.skip("two source files of one name", f"{p.name}: {source[p.name]} and {p.source}")

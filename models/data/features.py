@@ -10,6 +10,7 @@ Each array is a .npy memmap filled in chunks; `<name>.progress` records how many
 rows are committed (written atomically after the chunk is flushed), so a killed
 run continues where it stopped instead of starting again.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,13 +54,15 @@ class ChunkedCache:
 
 def image_backbone_session(cache_dir: Path, threads: int | None = None, spinning: bool | None = None):
     """ONNX Runtime session for the frozen image backbone (exported once per folder: models/export.py)."""
-    from crossprobe.models.export import ensure_backbone
     from crossprobe.core.runtime import session
+    from crossprobe.models.export import ensure_backbone
 
     return session(ensure_backbone(cache_dir), threads, spinning)
 
 
-def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids", gray: bool = False) -> np.ndarray:
+def cache_images(
+    paths: list[Path], out: Path, batch: int = 32, desc: str = "image grids", gray: bool = False
+) -> np.ndarray:
     """Encode every image to its (49, 1280) grid; decode of the next batch overlaps encode.
     gray: the grids of the images' grayscale copies (the towers' grayscale augmentation)."""
     cache = ChunkedCache(out, (len(paths), inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM), np.float16)
@@ -71,7 +74,10 @@ def cache_images(paths: list[Path], out: Path, batch: int = 32, desc: str = "ima
     def decode(s: int) -> np.ndarray:
         return np.stack([inputs.load_image(p, gray=gray) for p in paths[s : s + batch]])
 
-    with ThreadPoolExecutor(max_workers=1) as pool, tqdm(total=len(paths), initial=cache.done, desc=desc, unit="img") as bar:
+    with (
+        ThreadPoolExecutor(max_workers=1) as pool,
+        tqdm(total=len(paths), initial=cache.done, desc=desc, unit="img") as bar,
+    ):
         nxt = pool.submit(decode, starts[0]) if starts else None
         for i, s in enumerate(starts):
             pixels = nxt.result()

@@ -4,6 +4,7 @@ place, never copied into the repository).
 Layout: images/<name>.jpg (224x224), captions.tsv (image<TAB>caption, 5 per
 image), splits/{train,dev,test}.txt.
 """
+
 from __future__ import annotations
 
 import csv

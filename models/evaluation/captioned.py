@@ -12,6 +12,7 @@ shortlist's recall at K (reported) is the ceiling. Ties: metrics.py counts an it
 as ranked above it; clip-benchmark's torch.topk orders exact ties by position instead, so the report counts the
 queries with an exact tie at their gold's score ("exact_ties"), the only ones where the two can disagree.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -19,21 +20,21 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
-from crossprobe.models.data.captioned import CaptionedFolder
-from crossprobe.models.evaluation import metrics as M
 from crossprobe.core.inference.base import Backend, ImageFeatures, QueryVectors
 from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
+from crossprobe.models.data.captioned import CaptionedFolder
+from crossprobe.models.evaluation import metrics as M
 
 
-
-def encode_images(backend: Backend, folder: CaptionedFolder, rows: list[int], batch: int = 32
-                  ) -> tuple[ImageFeatures, list[int], Counter]:
+def encode_images(
+    backend: Backend, folder: CaptionedFolder, rows: list[int], batch: int = 32
+) -> tuple[ImageFeatures, list[int], Counter]:
     """The images of `rows` -> (their features, the rows that decoded, the others' reasons)."""
     prep, size = backend.preprocessor(), backend.image_size
     parts, kept, skipped = [], [], Counter()
     for s in tqdm(range(0, len(rows), batch), desc="images", leave=False):
         pixels = []
-        for r in rows[s:s + batch]:
+        for r in rows[s : s + batch]:
             got = decode_file(str(folder.image_path(r)), DEFAULT_MAX_PIXELS, prep, size)
             if isinstance(got, Unreadable):
                 skipped[got.reason] += 1
@@ -42,14 +43,20 @@ def encode_images(backend: Backend, folder: CaptionedFolder, rows: list[int], ba
                 kept.append(r)
         if pixels:
             parts.append(backend.encode_images(np.stack(pixels)))
-    cat = (lambda name: None if getattr(parts[0], name) is None else np.concatenate([getattr(p, name) for p in parts]))
+
+    def cat(name: str):
+        return None if getattr(parts[0], name) is None else np.concatenate([getattr(p, name) for p in parts])
+
     feats = ImageFeatures(*(cat(n) for n in ("g", "p_v", "b_bar", "s_i", "labels"))) if parts else None
     return feats, kept, skipped
 
 
 def encode_texts(backend: Backend, captions: list[str], batch: int = 64) -> list[QueryVectors]:
-    return [q for s in tqdm(range(0, len(captions), batch), desc="captions", leave=False)
-            for q in backend.encode_texts(captions[s:s + batch])]
+    return [
+        q
+        for s in tqdm(range(0, len(captions), batch), desc="captions", leave=False)
+        for q in backend.encode_texts(captions[s : s + batch])
+    ]
 
 
 def candidates(feats: ImageFeatures, cols: np.ndarray) -> dict[str, np.ndarray]:
@@ -60,12 +67,23 @@ def candidates(feats: ImageFeatures, cols: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def reranked_ranks(backend: Backend, kind: str, queries: list[QueryVectors], feats: ImageFeatures,
-                   scores: np.ndarray, gold: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def reranked_ranks(
+    backend: Backend,
+    kind: str,
+    queries: list[QueryVectors],
+    feats: ImageFeatures,
+    scores: np.ndarray,
+    gold: np.ndarray,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """(C, I) two-tower scores -> (t2i ranks (C,), i2t ranks (I,)) after `kind` reorders each top k."""
     cand = M.topk(scores, k)  # (C, k) each caption's shortlist
-    fused = np.stack([backend.rerank(kind, q, candidates(feats, c), scores[j, c])
-                      for j, (q, c) in enumerate(zip(tqdm(queries, desc=kind, leave=False), cand))])
+    fused = np.stack(
+        [
+            backend.rerank(kind, q, candidates(feats, c), scores[j, c])
+            for j, (q, c) in enumerate(zip(tqdm(queries, desc=kind, leave=False), cand))
+        ]
+    )
     t2i = M.t2i_ranks(M.apply_rerank(scores, cand, fused), gold)
     caps_of = M.topk(scores.T, k)  # (I, k) each image's caption shortlist
     fused_i2t = np.zeros(caps_of.shape)
@@ -99,8 +117,10 @@ def evaluate(backend: Backend, folder: CaptionedFolder, split: str, k: int = 100
     """The split's retrieval numbers (module docstring) for `backend`'s model."""
     img_rows, cap_rows = folder.rows(split)
     if not img_rows:
-        raise ValueError(f"{folder.root}: no images in split {split!r} (captions per split: {folder.split_counts()}; "
-                         f"--split all takes every line)")
+        raise ValueError(
+            f"{folder.root}: no images in split {split!r} (captions per split: {folder.split_counts()}; "
+            f"--split all takes every line)"
+        )
     feats, kept, skipped = encode_images(backend, folder, img_rows)
     if feats is None:
         raise ValueError(f"{folder.root}: no image of split {split!r} could be read ({dict(skipped)})")
@@ -110,10 +130,15 @@ def evaluate(backend: Backend, folder: CaptionedFolder, split: str, k: int = 100
     queries = encode_texts(backend, [folder.captions[j] for j in caps])
     scores = np.stack([q.g_q for q in queries]) @ feats.g.T  # (C, I) two-tower cosines
     k = min(k, scores.shape[1])
-    out = {"images": len(kept), "captions": len(caps), "unreadable_images": dict(skipped),
-           "captions_of_unreadable_images": len(cap_rows) - len(caps), "bad_lines": folder.bad_summary(),
-           "TT": {"t2i": M.summarize(M.t2i_ranks(scores, gold)), "i2t": M.summarize(M.i2t_ranks(scores, gold))},
-           "exact_ties": exact_ties(scores, gold)}
+    out = {
+        "images": len(kept),
+        "captions": len(caps),
+        "unreadable_images": dict(skipped),
+        "captions_of_unreadable_images": len(cap_rows) - len(caps),
+        "bad_lines": folder.bad_summary(),
+        "TT": {"t2i": M.summarize(M.t2i_ranks(scores, gold)), "i2t": M.summarize(M.i2t_ranks(scores, gold))},
+        "exact_ties": exact_ties(scores, gold),
+    }
     if backend.rerankers:
         out[f"shortlist_recall@{k}"] = float(100 * (M.t2i_ranks(scores, gold) < k).mean())
     for kind in backend.rerankers:

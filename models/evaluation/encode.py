@@ -5,6 +5,7 @@ mining, reranker training) and evaluation.
 parts are computed once (that is what the index caches for CP and T-EMDE), and
 `fused(q_rows, cand)` scores each query against its (R, K) shortlist.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -90,8 +91,16 @@ def encode_images(model: SearchModel, grids: np.ndarray, rows, batch: int = 256)
 class PairScorer:
     """Fused reranking logits for (query, candidate) pairs from precomputed banks."""
 
-    def __init__(self, model: SearchModel, method: str, text: TextBank, images: ImageBank,
-                 batch_pairs: int = 4096, precompute: bool = True, region: bool = True):
+    def __init__(
+        self,
+        model: SearchModel,
+        method: str,
+        text: TextBank,
+        images: ImageBank,
+        batch_pairs: int = 4096,
+        precompute: bool = True,
+        region: bool = True,
+    ):
         if method not in ("cp", "temde", "sm", "tv"):
             raise ValueError(f"unknown reranker {method!r}")
         self.model, self.method, self.text, self.images = model, method, text, images
@@ -103,8 +112,12 @@ class PairScorer:
         if precompute:  # evaluation: per-query / per-image parts once, as the index does
             with torch.inference_mode():
                 if method in ("cp", "temde"):  # joint scorers embed queries per batch (padding trimmed)
-                    self.q_cache = self._cat([self.query_parts(torch.arange(s.start, s.stop)) for s in _batches(len(text.g), 1024)])
-                self.i_cache = self._cat([self.item_parts(torch.arange(s.start, s.stop)) for s in _batches(len(images.g), 1024)])
+                    self.q_cache = self._cat(
+                        [self.query_parts(torch.arange(s.start, s.stop)) for s in _batches(len(text.g), 1024)]
+                    )
+                self.i_cache = self._cat(
+                    [self.item_parts(torch.arange(s.start, s.stop)) for s in _batches(len(images.g), 1024)]
+                )
 
     @staticmethod
     def _cat(parts):
@@ -115,7 +128,9 @@ class PairScorer:
         m, t = self.model, self.text
         if self.method == "cp":
             states = _rows(t.states, q) if m.cp.cfg.uses_backbone else None
-            return m.cp.encode_text(_rows(t.tokens, q) if m.cp.cfg.uses_tower else None, t.mask[q], states)  # P_t, w_bar
+            return m.cp.encode_text(
+                _rows(t.tokens, q) if m.cp.cfg.uses_tower else None, t.mask[q], states
+            )  # P_t, w_bar
         if self.method == "temde":
             states = _rows(t.states, q) if m.temde.cfg.uses_backbone else None
             tokens = None if m.temde.cfg.uses_backbone else _rows(t.tokens, q)

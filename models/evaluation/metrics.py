@@ -3,6 +3,7 @@
 Ranks are 0-based and pessimistic on ties: an item tied with the correct one
 counts as ranked above it, so a constant scorer gets the worst rank, never the best.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,7 @@ def i2t_ranks(scores: np.ndarray, caption_image: np.ndarray) -> np.ndarray:
     """(C, I) scores -> (I,) best rank among each image's captions when the image
     ranks all C captions."""
     s = scores.T  # (I, C)
-    I = s.shape[0]
+    I = s.shape[0]  # noqa: E741 - the papers' notation: I images
     best = np.full(I, np.iinfo(np.int64).max)
     for c, i in enumerate(caption_image):
         r = int((s[i] >= s[i, c]).sum() - 1)
@@ -60,8 +61,9 @@ def apply_rerank(scores: np.ndarray, cand: np.ndarray, rerank_scores: np.ndarray
     return out
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, caption_image: np.ndarray, resamples: int = 10_000,
-                     seed: int = 0) -> dict:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, caption_image: np.ndarray, resamples: int = 10_000, seed: int = 0
+) -> dict:
     """(C,) per-caption hits of two rankers on the same captions -> their R@1 difference a - b in points, with a
     95% interval from a paired bootstrap over the gold images (a caption's siblings move together: they share an
     image, so resampling captions one by one would understate the spread). Per-image sums suffice, so each
@@ -73,6 +75,10 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, caption_image: np.ndarray, re
     per_image = np.bincount(caption_image, weights=d, minlength=n_img)[imgs]
     pick = np.random.default_rng(seed).integers(0, len(imgs), (resamples, len(imgs)))
     boot = 100 * per_image[pick].sum(1) / caps[pick].sum(1)
-    return {"diff": round(100 * d.mean(), 2), "ci95": [round(float(x), 2) for x in np.percentile(boot, [2.5, 97.5])],
-            "p_boot_le_0": round(float((boot <= 0).mean()), 4), "discordant_captions": int((d != 0).sum()),
-            "net_captions": int(d.sum())}
+    return {
+        "diff": round(100 * d.mean(), 2),
+        "ci95": [round(float(x), 2) for x in np.percentile(boot, [2.5, 97.5])],
+        "p_boot_le_0": round(float((boot <= 0).mean()), 4),
+        "discordant_captions": int((d != 0).sum()),
+        "net_captions": int(d.sum()),
+    }

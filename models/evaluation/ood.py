@@ -9,6 +9,7 @@ Methods TT, CP@100, TEMDE@100 (text->image; below K the two-tower order is kept;
 80-image set K covers every image). Each checkpoint evaluated (the pre-bridge baseline and the
 default) is measured in the same run, on the same features.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ class OodFeatures:
         paths = [folder.image_path(i) for i in range(len(folder.images))]
         self.folder = folder
         self.grids = np.asarray(cache_images(paths, cache_dir / "images.npy", desc="ood image grids"))
-        states, masks = cache_text(folder.captions, cache_dir / f"text_l{frozen_layers}.npy", frozen_layers, desc="ood captions")
+        states, masks = cache_text(
+            folder.captions, cache_dir / f"text_l{frozen_layers}.npy", frozen_layers, desc="ood captions"
+        )
         self.states, self.masks = np.asarray(states), np.asarray(masks)
         self.distractors = np.asarray(distractor_grids)
         self.gold = np.asarray(folder.caption_image)
@@ -75,8 +78,9 @@ def gallery_top1(demo: dict[str, list[str]], expected: dict[str, str]) -> int:
     return sum(1 for q, want in expected.items() if demo.get(q, [None])[0] == want)
 
 
-def to_json(baseline: dict, default: dict, served: str, gallery: dict, command: str, machine: str,
-            fingerprints: dict) -> dict:
+def to_json(
+    baseline: dict, default: dict, served: str, gallery: dict, command: str, machine: str, fingerprints: dict
+) -> dict:
     j = {name: {"baseline": baseline[name], "default": default[name], "served": served} for name in (MIXED, ALONE)}
     j.update({"gallery": gallery, "command": command, "machine": machine, "fingerprints": fingerprints})
     return j
@@ -85,27 +89,45 @@ def to_json(baseline: dict, default: dict, served: str, gallery: dict, command: 
 def markdown(j: dict) -> str:
     fp = j["fingerprints"]
     lines = [
-        "# Out-of-domain text->image retrieval (coco-mini-dev)", "",
-        f"Command: `{j['command']}`  ", f"Machine: {j['machine']}  ",
-        f"Baseline checkpoint `{fp['baseline']}` (`--baseline`), default `{fp['default']}`. Both measured in this run.", "",
-        "- coco-mini-dev: 80 COCO photos with their 400 captions (../shared/datasets/coco-mini-dev), development only, never "
-        "training. `+f8k-dev`: the same 400 captions rank the 80 photos among the 1,000 Flickr8k dev images as distractors "
+        "# Out-of-domain text->image retrieval (coco-mini-dev)",
+        "",
+        f"Command: `{j['command']}`  ",
+        f"Machine: {j['machine']}  ",
+        f"Baseline checkpoint `{fp['baseline']}` (`--baseline`), default `{fp['default']}`. Both measured in this run.",
+        "",
+        "- coco-mini-dev: 80 COCO photos with their 400 captions (../shared/datasets/coco-mini-dev), development "
+        "only, never "
+        "training. `+f8k-dev`: the same 400 captions rank the 80 photos among the 1,000 Flickr8k dev images as "
+        "distractors "
         "(1,080 candidates); alone: among the 80 only (R@1 there moves about +-2 points by chance).",
-        "- A reranker at 100 reorders the two-tower top 100 (all 80 images on the set alone); recalls in percent, MRR 0..1.",
-        f"- The service reranks with `{j[MIXED]['served']}` by default.", "",
+        "- A reranker at 100 reorders the two-tower top 100 (all 80 images on the set alone); recalls in percent, MRR "
+        "0..1.",
+        f"- The service reranks with `{j[MIXED]['served']}` by default.",
+        "",
     ]
     for name in (MIXED, ALONE):
-        lines += [f"## {name}", "", "| method | baseline R@1 | R@5 | R@10 | MRR | default R@1 | R@5 | R@10 | MRR | R@1 gain |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {name}",
+            "",
+            "| method | baseline R@1 | R@5 | R@10 | MRR | default R@1 | R@5 | R@10 | MRR | R@1 gain |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for m in METHODS:
             b, d = j[name]["baseline"][m], j[name]["default"][m]
-            lines.append(f"| {m} | {b['R@1']:.2f} | {b['R@5']:.2f} | {b['R@10']:.2f} | {b['MRR']:.4f} | {d['R@1']:.2f} | "
-                         f"{d['R@5']:.2f} | {d['R@10']:.2f} | {d['MRR']:.4f} | {d['R@1'] - b['R@1']:+.2f} |")
+            lines.append(
+                f"| {m} | {b['R@1']:.2f} | {b['R@5']:.2f} | {b['R@10']:.2f} | {b['MRR']:.4f} | {d['R@1']:.2f} | "
+                f"{d['R@5']:.2f} | {d['R@10']:.2f} | {d['MRR']:.4f} | {d['R@1'] - b['R@1']:+.2f} |"
+            )
         lines.append("")
     g = j["gallery"]
-    lines += [f"## The demo gallery (scikit-image's 16 photos, `crossprobe demo`: the served reranker over the whole gallery, "
-              "fp32)", "",
-              f"Expected photo first: baseline {g['baseline_top1']} / {g['queries']}, default {g['top1']} / {g['queries']} queries.", ""]
+    lines += [
+        "## The demo gallery (scikit-image's 16 photos, `crossprobe demo`: the served reranker over the whole gallery, "
+        "fp32)",
+        "",
+        f"Expected photo first: baseline {g['baseline_top1']} / {g['queries']}, default {g['top1']} / {g['queries']} "
+        "queries.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ ceiling of any reranker at K. SM and TV cost 10-100x more per pair than CP, so
 their text->image rows use one caption per test image (1,000 queries; TT and CP
 on the same subset are reported beside them); image->text uses all captions.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,14 @@ import torch
 
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import PairScorer
-from crossprobe.models.evaluation.retrieval import both_directions, full_matrix, reranked, shortlist_recall, split_banks, tt_scores
+from crossprobe.models.evaluation.retrieval import (
+    both_directions,
+    full_matrix,
+    reranked,
+    shortlist_recall,
+    split_banks,
+    tt_scores,
+)
 from crossprobe.models.evaluation.timing import rerank_ms
 
 KEYS = ("R@1", "R@5", "R@10", "MRR", "medr")
@@ -36,11 +44,22 @@ def machine() -> str:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, no GPU, {platform.system()} {platform.machine()}, torch {torch.__version__}"
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, no GPU, {platform.system()} {platform.machine()}, "
+        f"torch {torch.__version__}"
+    )
 
 
-def evaluate(model, data, split: str = "test", ks=(20, 50, 100), methods=("cp", "temde", "sm", "tv"),
-             cp_all: bool = True, timing: bool = True, log=print) -> dict:
+def evaluate(
+    model,
+    data,
+    split: str = "test",
+    ks=(20, 50, 100),
+    methods=("cp", "temde", "sm", "tv"),
+    cp_all: bool = True,
+    timing: bool = True,
+    log=print,
+) -> dict:
     t0 = time.time()
     text, images, gold = split_banks(model, data, split)
     S = tt_scores(text, images)
@@ -107,20 +126,33 @@ def to_json(res: dict, command: str, fingerprint: str) -> dict:
 
 def markdown(j: dict) -> str:
     lines = [
-        "# Flickr8k test results (1,000 images x 5,000 captions)", "",
-        f"Command: `{j['command']}`  ", f"Machine: {j['machine']}  ", f"Checkpoint fingerprint: `{j['model_fingerprint']}`", "",
+        "# Flickr8k test results (1,000 images x 5,000 captions)",
+        "",
+        f"Command: `{j['command']}`  ",
+        f"Machine: {j['machine']}  ",
+        f"Checkpoint fingerprint: `{j['model_fingerprint']}`",
+        "",
     ]
     lines += [f"- {n}" for n in j["notes"]] + [""]
-    lines += ["Shortlist (two-tower) text->image recall at K, the ceiling of a reranker at K: "
-              + ", ".join(f"K={k}: {v}%" for k, v in j["shortlist_recall_t2i"].items()), ""]
+    lines += [
+        "Shortlist (two-tower) text->image recall at K, the ceiling of a reranker at K: "
+        + ", ".join(f"K={k}: {v}%" for k, v in j["shortlist_recall_t2i"].items()),
+        "",
+    ]
     for d, title in (("t2i", "Text -> image"), ("i2t", "Image -> text")):
         lines += [f"## {title}", "", "| method | R@1 | R@5 | R@10 | MRR | medr |", "|---|---|---|---|---|---|"]
         for name, r in j[d].items():
-            lines.append(f"| {name} | {r['R@1']:.2f} | {r['R@5']:.2f} | {r['R@10']:.2f} | {r['MRR']:.4f} | {r['medr']:g} |")
+            lines.append(
+                f"| {name} | {r['R@1']:.2f} | {r['R@5']:.2f} | {r['R@10']:.2f} | {r['MRR']:.4f} | {r['medr']:g} |"
+            )
         lines.append("")
     if "rerank_ms_per_query" in j:
-        lines += ["## Rerank milliseconds per query (one query, K cached candidates, 2 threads, median)", "",
-                  "| method | ONNX Runtime K=100 | ONNX Runtime K=1000 | PyTorch K=100 | PyTorch K=1000 |", "|---|---|---|---|---|"]
+        lines += [
+            "## Rerank milliseconds per query (one query, K cached candidates, 2 threads, median)",
+            "",
+            "| method | ONNX Runtime K=100 | ONNX Runtime K=1000 | PyTorch K=100 | PyTorch K=1000 |",
+            "|---|---|---|---|---|",
+        ]
         for m, v in j["rerank_ms_per_query"].items():
             p = j["rerank_ms_per_query_pytorch"][m]
             lines.append(f"| {m} | {v['100']} | {v['1000']} | {p['100']} | {p['1000']} |")

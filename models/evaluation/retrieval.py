@@ -5,6 +5,7 @@ ranks the split's captions; its rank is the best of its 5 captions. A reranker
 at K reorders the first stage's top K; everything below K keeps its two-tower
 order, so the first stage's recall@K is the ceiling of any reranker at K.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,15 @@ def shortlist_recall(scores: np.ndarray, gold: np.ndarray, k: int) -> float:
     return float(100 * (M.t2i_ranks(scores, gold) < k).mean())
 
 
-def reranked(scorer: PairScorer, scores: np.ndarray, gold: np.ndarray, k_max: int, ks: list[int],
-             query_rows: np.ndarray | None = None, i2t: bool = True) -> dict[int, dict]:
+def reranked(
+    scorer: PairScorer,
+    scores: np.ndarray,
+    gold: np.ndarray,
+    k_max: int,
+    ks: list[int],
+    query_rows: np.ndarray | None = None,
+    i2t: bool = True,
+) -> dict[int, dict]:
     """Rerank each caption's top k_max images once (and, with i2t, each image's top
     k_max captions); results at smaller K reuse the same pair scores within the top K.
 

@@ -6,6 +6,7 @@ per-pair layers and the fusion. Per-image parts are cached by the index (CP:
 P_v, b_bar; T-EMDE: s_I; SM / TV: the embedded region tokens) and per-query
 parts are the query tower's outputs, so neither is in the timing.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -16,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crossprobe.core import runtime
 from crossprobe.models import export as ex
 from crossprobe.models import graphs
-from crossprobe.core import runtime
 from crossprobe.models.model import SearchModel
 
 
@@ -37,8 +38,13 @@ def scorer_inputs(model: SearchModel, method: str, K: int, T: int = 14) -> tuple
     """Realistically shaped inputs for one query and K candidates (T = a typical caption length)."""
     c = getattr(model, method).cfg  # the module's own config (frontier variants swap modules)
     if method == "cp":
-        return (torch.randn(1, c.m, c.d), torch.randn(1, c.d), torch.randn(K, c.n, c.d), torch.randn(K, c.d), torch.rand(K)) \
-            + graphs.region_inputs(model, method, K)
+        return (
+            torch.randn(1, c.m, c.d),
+            torch.randn(1, c.d),
+            torch.randn(K, c.n, c.d),
+            torch.randn(K, c.d),
+            torch.rand(K),
+        ) + graphs.region_inputs(model, method, K)
     if method == "temde":
         nk = c.N * c.K
         return (torch.rand(1, nk), torch.rand(K, nk), torch.rand(K)) + graphs.region_inputs(model, method, K)
@@ -51,8 +57,14 @@ def scorer_module(model: SearchModel, method: str) -> torch.nn.Module:
 
 
 @torch.inference_mode()
-def rerank_ms(model: SearchModel, methods=("cp", "temde", "sm", "tv"), ks=(100, 1000), threads: int = 2,
-              repeats: int = 20, onnx_dir: Path | None = None) -> dict:
+def rerank_ms(
+    model: SearchModel,
+    methods=("cp", "temde", "sm", "tv"),
+    ks=(100, 1000),
+    threads: int = 2,
+    repeats: int = 20,
+    onnx_dir: Path | None = None,
+) -> dict:
     """-> {"pytorch": {method: {K: ms}}, "onnxruntime": {...}} on `threads` threads."""
     torch.set_num_threads(threads)
     tmp = None
@@ -73,9 +85,9 @@ def rerank_ms(model: SearchModel, methods=("cp", "temde", "sm", "tv"), ks=(100, 
             args = scorer_inputs(model, method, K)
             # the references cost seconds at K=1000: fewer repeats there
             reps = repeats if (method in ("cp", "temde") or K <= 100) else max(3, repeats // 5)
-            out["pytorch"][method][str(K)] = round(median_ms(lambda: mod(*args), reps), 3)
+            out["pytorch"][method][str(K)] = round(median_ms(lambda: mod(*args), reps), 3)  # noqa: B023 - called at once
             feed = {n: a.numpy() for n, a in zip(in_names, args)}
-            out["onnxruntime"][method][str(K)] = round(median_ms(lambda: sess.run(None, feed), reps), 3)
+            out["onnxruntime"][method][str(K)] = round(median_ms(lambda: sess.run(None, feed), reps), 3)  # noqa: B023 - called at once
     if tmp:
         tmp.cleanup()
     return out
@@ -90,5 +102,7 @@ def parity(model: SearchModel, name: str, onnx_path: Path, args: tuple) -> float
     sess = runtime.session(onnx_path, 1)
     got = sess.run(None, {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)})
     # integer outputs (region labels: argmax per cell) must match exactly: the fraction that differ
-    return max(float((r.numpy() != g).mean()) if not r.is_floating_point() else float(np.abs(r.numpy() - g).max())
-               for r, g in zip(ref, got))
+    return max(
+        float((r.numpy() != g).mean()) if not r.is_floating_point() else float(np.abs(r.numpy() - g).max())
+        for r, g in zip(ref, got)
+    )

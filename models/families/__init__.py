@@ -14,6 +14,7 @@ PyTorch, the tokenizer's id-for-id check, the atomic write):
 This package imports torch and the family libraries: nothing that serves (the service, the jobs, the container
 image) imports it; inference.exported_folder imports it only to export a spec that has no folder yet.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,9 +36,14 @@ def load(spec: str | ModelSpec) -> "FamilyModel":  # noqa: F821 (base.FamilyMode
         from crossprobe.models.families import open_clip
 
         return open_clip.load(spec)
-    raise BadSpec(f"model {spec}: nothing to export for the {spec.family} family "
-                  + ("(an Immich folder is served as it is)" if spec.family == "immich" else
-                     "(crossprobe's own graphs: `crossprobe export`)"))
+    raise BadSpec(
+        f"model {spec}: nothing to export for the {spec.family} family "
+        + (
+            "(an Immich folder is served as it is)"
+            if spec.family == "immich"
+            else "(crossprobe's own graphs: `crossprobe export`)"
+        )
+    )
 
 
 def export(spec: str | ModelSpec, root: Path, log: Callable[[str], None] | None = None) -> Path:

@@ -1,4 +1,5 @@
 """What a family module hands the writer: one model loaded by its own library, and how its reference reads inputs."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

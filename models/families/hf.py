@@ -11,6 +11,7 @@ How the reference reads inputs, reproduced in model.json:
           (SentencePiece): lower case, punctuation removed, whitespace collapsed, </s> appended, padded with </s> to
           64 tokens, as SigLIP was trained: its text tower pools the LAST position and reads the ids only (no mask).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
+from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 from crossprobe.models.families.base import FamilyModel, versions  # noqa: E402
 from crossprobe.models.families.text import fast_tokenizer_settings, with_eos  # noqa: E402
-from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's enum values, as HF configs store them
 
@@ -47,15 +48,22 @@ def resolve(spec: ModelSpec) -> tuple[Path, dict]:
     try:
         folder = Path(snapshot_download(spec.ref, local_files_only=True))
     except LocalEntryNotFoundError:
-        raise ModelFilesMissing(f"model {spec}: {spec.ref} is not in this machine's Hugging Face cache; fetch it "
-                                f"with `crossprobe models pull {spec}` (or download the repo elsewhere and use "
-                                f"hf:<its folder>)") from None
+        raise ModelFilesMissing(
+            f"model {spec}: {spec.ref} is not in this machine's Hugging Face cache; fetch it "
+            f"with `crossprobe models pull {spec}` (or download the repo elsewhere and use "
+            f"hf:<its folder>)"
+        ) from None
     return folder, {"repo": spec.ref, "revision": folder.name}
 
 
 def file_source(folder: Path) -> dict:
     """{"path", "size", "mtime_ns"} of the folder's weights file (what exported.find_exported checks is unchanged)."""
-    for name in ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors", "open_clip_pytorch_model.bin"):
+    for name in (
+        "model.safetensors",
+        "pytorch_model.bin",
+        "open_clip_model.safetensors",
+        "open_clip_pytorch_model.bin",
+    ):
         if (folder / name).exists():
             st = (folder / name).stat()
             return {"path": str((folder / name).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -70,8 +78,10 @@ def load(spec: ModelSpec) -> FamilyModel:
 
         return mclip.load(spec, folder, source)
     if model_type not in ("clip", "siglip"):
-        raise BadSpec(f"model {spec}: config model_type {model_type!r}; hf: serves CLIPModel (clip), SiglipModel "
-                      f"(siglip) and M-CLIP text towers")
+        raise BadSpec(
+            f"model {spec}: config model_type {model_type!r}; hf: serves CLIPModel (clip), SiglipModel "
+            f"(siglip) and M-CLIP text towers"
+        )
     import transformers
     from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
@@ -81,18 +91,33 @@ def load(spec: ModelSpec) -> FamilyModel:
     image_cfg = image_settings(AutoImageProcessor.from_pretrained(folder), spec)
     text_cfg, tokenizer_json, reference_ids = (_siglip_text if siglip else _clip_text)(tok, model.config)
     return FamilyModel(
-        family="hf_siglip" if siglip else "hf_clip", spec=str(spec), name=spec.ref if spec.path is None else folder.name,
-        source=source, identity=config_identity(model.config), state=dict(model.state_dict()),
-        image=_Image(model, siglip), text=_Text(model), image_cfg=image_cfg, text_cfg=text_cfg,
-        tokenizer_json=tokenizer_json, reference_ids=reference_ids, versions=versions(transformers))
+        family="hf_siglip" if siglip else "hf_clip",
+        spec=str(spec),
+        name=spec.ref if spec.path is None else folder.name,
+        source=source,
+        identity=config_identity(model.config),
+        state=dict(model.state_dict()),
+        image=_Image(model, siglip),
+        text=_Text(model),
+        image_cfg=image_cfg,
+        text_cfg=text_cfg,
+        tokenizer_json=tokenizer_json,
+        reference_ids=reference_ids,
+        versions=versions(transformers),
+    )
 
 
 def config_identity(config) -> dict:
     """The architecture's configuration without what names where or with what it was saved (so the same weights
     give the same fingerprint from any folder)."""
+
     def strip(d):
-        return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
-                if not k.startswith("_") and k != "transformers_version"}
+        return {
+            k: strip(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if not k.startswith("_") and k != "transformers_version"
+        }
+
     return strip(config.to_diff_dict())
 
 
@@ -106,17 +131,26 @@ def _model_type(folder: Path) -> str | None:
 def image_settings(proc, spec) -> dict:
     """model.json's "image" from a CLIPImageProcessor / SiglipImageProcessor (PIL backend semantics)."""
     if not (proc.do_rescale and abs(proc.rescale_factor - 1 / 255) < 1e-12 and proc.do_normalize and proc.do_resize):
-        raise BadSpec(f"model {spec}: image processor settings crossprobe does not reproduce "
-                      f"(rescale {proc.do_rescale} x{proc.rescale_factor}, normalize {proc.do_normalize})")
+        raise BadSpec(
+            f"model {spec}: image processor settings crossprobe does not reproduce "
+            f"(rescale {proc.do_rescale} x{proc.rescale_factor}, normalize {proc.do_normalize})"
+        )
     resample = _RESAMPLE[int(proc.resample)]
-    common = {"interpolation": resample, "mean": [float(x) for x in proc.image_mean],
-              "std": [float(x) for x in proc.image_std], "crop_rounding": "floor", "rgb_last": False,
-              "alpha": "white" if getattr(proc, "do_convert_rgb", True) else "drop"}
+    common = {
+        "interpolation": resample,
+        "mean": [float(x) for x in proc.image_mean],
+        "std": [float(x) for x in proc.image_std],
+        "crop_rounding": "floor",
+        "rgb_last": False,
+        "alpha": "white" if getattr(proc, "do_convert_rgb", True) else "drop",
+    }
     if getattr(proc, "do_center_crop", False):
         short, crop = proc.size.shortest_edge, proc.crop_size
         if not short or crop.height != crop.width or crop.height != short:
-            raise BadSpec(f"model {spec}: resize to {proc.size} then crop {crop}: crossprobe crops the resized "
-                          f"image's own short side only")
+            raise BadSpec(
+                f"model {spec}: resize to {proc.size} then crop {crop}: crossprobe crops the resized "
+                f"image's own short side only"
+            )
         return {"size": int(short), "resize": "shortest", "crop": True, **common}
     if proc.size.height and proc.size.height == proc.size.width:
         return {"size": int(proc.size.height), "resize": "squash", "crop": False, **common}
@@ -135,8 +169,15 @@ def _siglip_text(tok, config):
 
     fast = with_eos(SpmConverter(tok).converted(), tok.eos_token, int(tok.eos_token_id))
     T = int(config.text_config.max_position_embeddings)
-    cfg = {"context_length": T, "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token, "pad_to_context": True,
-           "clean": "canonicalize", "lowercase": False, "inputs": ["input_ids"]}  # canonicalize lowers
+    cfg = {
+        "context_length": T,
+        "pad_id": int(tok.pad_token_id),
+        "pad_token": tok.pad_token,
+        "pad_to_context": True,
+        "clean": "canonicalize",
+        "lowercase": False,
+        "inputs": ["input_ids"],
+    }  # canonicalize lowers
     return cfg, fast.to_str(), lambda t: tok(t, padding="max_length", max_length=T, truncation=True)["input_ids"]
 
 

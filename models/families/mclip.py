@@ -13,6 +13,7 @@ with NFKC-style normalisation, <s> ... </s>, no lower-casing, padding to the lon
 by the tower), M-CLIP's forward: the mean of XLM-R's last hidden states over the mask, then the linear layer. Images
 as open_clip preprocesses them (open_clip.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 from crossprobe.models.families.base import FamilyModel, versions
 from crossprobe.models.families.text import fast_tokenizer_settings
-from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
 
 # M-CLIP's image towers, as its model cards (and Immich's exporter) pair them
 PAIRED = {
@@ -44,16 +45,30 @@ def load(spec: ModelSpec, folder: Path, source: dict) -> FamilyModel:
     text, base = _text_tower(text_dir, cfg)
     tok = transformers.AutoTokenizer.from_pretrained(text_dir)
     text_cfg, tokenizer_json, reference_ids = _text_settings(tok, base)
-    state = {**{f"text.{k}": v for k, v in text.state_dict().items()},
-             **{f"image.{k}": v for k, v in towers.model.visual.state_dict().items()}}
-    identity = {"text": {k: v for k, v in cfg.items() if k not in ("modelBase", "transformers_version", "dtype")},
-                "base": hf.config_identity(base), "image": towers.config.get("vision_cfg", towers.config)}
+    state = {
+        **{f"text.{k}": v for k, v in text.state_dict().items()},
+        **{f"image.{k}": v for k, v in towers.model.visual.state_dict().items()},
+    }
+    identity = {
+        "text": {k: v for k, v in cfg.items() if k not in ("modelBase", "transformers_version", "dtype")},
+        "base": hf.config_identity(base),
+        "image": towers.config.get("vision_cfg", towers.config),
+    }
     return FamilyModel(
-        family="mclip", spec=str(spec), name=spec.ref if spec.path is None else folder.name,
+        family="mclip",
+        spec=str(spec),
+        name=spec.ref if spec.path is None else folder.name,
         source={**(hf.file_source(text_dir) if spec.path is not None else source), "image": towers.source},
-        identity=identity, state=state, image=open_clip.Image(towers.model), text=text, image_cfg=towers.image_cfg,
-        text_cfg=text_cfg, tokenizer_json=tokenizer_json, reference_ids=reference_ids,
-        versions=versions(transformers, __import__("open_clip")))
+        identity=identity,
+        state=state,
+        image=open_clip.Image(towers.model),
+        text=text,
+        image_cfg=towers.image_cfg,
+        text_cfg=text_cfg,
+        tokenizer_json=tokenizer_json,
+        reference_ids=reference_ids,
+        versions=versions(transformers, __import__("open_clip")),
+    )
 
 
 def _image_spec(spec: ModelSpec, folder: Path) -> ModelSpec:
@@ -61,8 +76,10 @@ def _image_spec(spec: ModelSpec, folder: Path) -> ModelSpec:
         return parse(f"open_clip:visual/{(folder / 'visual').resolve()}")
     if spec.path is None and spec.ref in PAIRED:
         return parse(PAIRED[spec.ref])
-    raise BadSpec(f"model {spec}: an M-CLIP text tower needs its image tower: put the open_clip folder it was trained "
-                  f"against beside it as visual/ (M-CLIP's hub repos pair them: {', '.join(PAIRED)})")
+    raise BadSpec(
+        f"model {spec}: an M-CLIP text tower needs its image tower: put the open_clip folder it was trained "
+        f"against beside it as visual/ (M-CLIP's hub repos pair them: {', '.join(PAIRED)})"
+    )
 
 
 class MClipText(torch.nn.Module):
@@ -86,13 +103,16 @@ def _text_tower(text_dir: Path, cfg: dict):
     from transformers import AutoConfig, AutoModel
 
     base = AutoConfig.from_pretrained(cfg["modelBase"])
-    text = MClipText(AutoModel.from_config(base, attn_implementation="eager"), int(cfg["transformerDimensions"]),
-                     int(cfg["numDims"]))
+    text = MClipText(
+        AutoModel.from_config(base, attn_implementation="eager"), int(cfg["transformerDimensions"]), int(cfg["numDims"])
+    )
     missing, unexpected = text.load_state_dict(_weights(text_dir), strict=False)
     unexpected = [k for k in unexpected if not k.endswith("position_ids")]  # a buffer older checkpoints saved
     if missing or unexpected:
-        raise ValueError(f"{text_dir}: M-CLIP weights do not fit its configuration (missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]})")
+        raise ValueError(
+            f"{text_dir}: M-CLIP weights do not fit its configuration (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]})"
+        )
     return text.float().eval(), base
 
 

@@ -18,6 +18,7 @@ How the reference reads inputs, reproduced in model.json (taken from the transfo
   <start_of_text> ... <end_of_text>, cut to 77 with <end_of_text> last, padded with 0 to 77 (the text tower pools at
   argmax(ids), the end token, behind a causal mask: the padding never reaches it).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # pretrained tags come from the ca
 
 import torch  # noqa: E402
 
+from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 from crossprobe.models.families.base import FamilyModel, captured, versions  # noqa: E402
 from crossprobe.models.families.text import clip_bpe_tokenizer  # noqa: E402
-from crossprobe.core.inference.spec import BadSpec, ModelSpec  # noqa: E402
 
 LOCAL_CONFIG = "open_clip_config.json"
 
@@ -41,15 +42,26 @@ def load(spec: ModelSpec) -> FamilyModel:
     t = load_towers(spec)
     text_cfg, tokenizer_json, reference_ids = simple_tokenizer_text(open_clip.get_tokenizer(t.name), spec)
     return FamilyModel(
-        family="open_clip", spec=str(spec), name=f"{spec.architecture}/{Path(spec.weights).name}", source=t.source,
-        identity={"architecture": t.config}, state=dict(t.model.state_dict()), image=Image(t.model),
-        text=Text(t.model), image_cfg=t.image_cfg, text_cfg=text_cfg, tokenizer_json=tokenizer_json,
-        reference_ids=reference_ids, versions=versions(open_clip))
+        family="open_clip",
+        spec=str(spec),
+        name=f"{spec.architecture}/{Path(spec.weights).name}",
+        source=t.source,
+        identity={"architecture": t.config},
+        state=dict(t.model.state_dict()),
+        image=Image(t.model),
+        text=Text(t.model),
+        image_cfg=t.image_cfg,
+        text_cfg=text_cfg,
+        tokenizer_json=tokenizer_json,
+        reference_ids=reference_ids,
+        versions=versions(open_clip),
+    )
 
 
 @dataclass
 class Towers:
     """An open_clip model as open_clip loads it (M-CLIP takes its image tower from here: mclip.py)."""
+
     name: str  # what open_clip was given: an architecture, or local-dir:<folder>
     model: torch.nn.Module
     config: dict  # the architecture's model config
@@ -75,8 +87,10 @@ def _locate(spec: ModelSpec) -> tuple[str, str | None, dict]:
     path = spec.path
     if path is None:  # a pretrained tag
         if spec.weights not in open_clip.list_pretrained_tags_by_model(spec.architecture):
-            raise BadSpec(f"model {spec}: open_clip has no pretrained tag {spec.weights!r} for {spec.architecture!r} "
-                          f"(its tags: {', '.join(open_clip.list_pretrained_tags_by_model(spec.architecture)) or 'none'})")
+            raise BadSpec(
+                f"model {spec}: open_clip has no pretrained tag {spec.weights!r} for {spec.architecture!r} "
+                f"(its tags: {', '.join(open_clip.list_pretrained_tags_by_model(spec.architecture)) or 'none'})"
+            )
         return spec.architecture, spec.weights, {"architecture": spec.architecture, "tag": spec.weights}
     if not path.exists():
         raise FileNotFoundError(f"model {spec}: no weights at {path}")
@@ -111,26 +125,50 @@ def image_settings(preprocess, spec) -> dict:
     crop = steps.get("CenterCrop")
     if crop is not None and tuple(crop.size) != (size, size):
         raise BadSpec(f"model {spec}: resize to {size} then crop {crop.size}: not reproduced")
-    interp = {T.InterpolationMode.BICUBIC: "bicubic", T.InterpolationMode.BILINEAR: "bilinear",
-              T.InterpolationMode.NEAREST: "nearest", T.InterpolationMode.LANCZOS: "lanczos"}[resize.interpolation]
-    return {"size": int(size), "resize": "squash" if squash else "shortest", "crop": crop is not None,
-            "interpolation": interp, "mean": [float(x) for x in norm.mean], "std": [float(x) for x in norm.std],
-            "crop_rounding": "round", "rgb_last": True}
+    interp = {
+        T.InterpolationMode.BICUBIC: "bicubic",
+        T.InterpolationMode.BILINEAR: "bilinear",
+        T.InterpolationMode.NEAREST: "nearest",
+        T.InterpolationMode.LANCZOS: "lanczos",
+    }[resize.interpolation]
+    return {
+        "size": int(size),
+        "resize": "squash" if squash else "shortest",
+        "crop": crop is not None,
+        "interpolation": interp,
+        "mean": [float(x) for x in norm.mean],
+        "std": [float(x) for x in norm.std],
+        "crop_rounding": "round",
+        "rgb_last": True,
+    }
 
 
 def simple_tokenizer_text(tok, spec):
     """open_clip's SimpleTokenizer as tokenizer.json (text.clip_bpe_tokenizer) and model.json's "text"."""
     import ftfy.chardata as chardata
 
-    if type(tok).__name__ != "SimpleTokenizer" or tok.reduction_fn is not None or tok.clean_fn.__name__ != "_clean_lower":
-        raise BadSpec(f"model {spec}: its tokenizer ({type(tok).__name__}) is not the CLIP BPE crossprobe converts; "
-                      f"export the model through hf: or serve Immich's export of it (immich:)")
+    if (
+        type(tok).__name__ != "SimpleTokenizer"
+        or tok.reduction_fn is not None
+        or tok.clean_fn.__name__ != "_clean_lower"
+    ):
+        raise BadSpec(
+            f"model {spec}: its tokenizer ({type(tok).__name__}) is not the CLIP BPE crossprobe converts; "
+            f"export the model through hf: or serve Immich's export of it (immich:)"
+        )
     merges = sorted(tok.bpe_ranks, key=tok.bpe_ranks.get)
     bos, eos = tok.decoder[tok.sot_token_id], tok.decoder[tok.eot_token_id]
     built = clip_bpe_tokenizer(tok.encoder, merges, ftfy_replacements(chardata), special=(bos, eos))
     T = int(tok.context_length)
-    cfg = {"context_length": T, "pad_id": 0, "pad_token": tok.decoder[0], "pad_to_context": True, "clean": "open_clip",
-           "lowercase": True, "inputs": ["input_ids"]}
+    cfg = {
+        "context_length": T,
+        "pad_id": 0,
+        "pad_token": tok.decoder[0],
+        "pad_to_context": True,
+        "clean": "open_clip",
+        "lowercase": True,
+        "inputs": ["input_ids"],
+    }
     return cfg, built.to_str(), lambda t: tok([t])[0].tolist()
 
 

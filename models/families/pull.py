@@ -9,6 +9,7 @@ Before anything is fetched the hub's host must answer a TCP connection within `t
 call gets the same timeout. Where that fails, or the user set HF_HUB_OFFLINE=1, NoNetwork says what to do instead:
 download the files on a machine that has a network and name them here as a local folder or file.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ class NoNetwork(RuntimeError):
     """No download is possible from here (no network, or offline mode asked for)."""
 
 
-def pull(spec: str | ModelSpec, timeout: float = 10.0, offline_asked: bool = False,
-         log: Callable[[str], None] = print) -> str:
+def pull(
+    spec: str | ModelSpec, timeout: float = 10.0, offline_asked: bool = False, log: Callable[[str], None] = print
+) -> str:
     """Fetch the spec's files; -> the spec to use from now on (a local folder for immich:)."""
     spec = spec if isinstance(spec, ModelSpec) else parse(spec)
     if spec.family == "crossprobe":
@@ -43,7 +45,6 @@ def pull(spec: str | ModelSpec, timeout: float = 10.0, offline_asked: bool = Fal
     if spec.family == "open_clip":
         return _pull_open_clip(spec, timeout, log)
     from huggingface_hub import snapshot_download
-
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     patterns = IMMICH_FILES if spec.family == "immich" else None
@@ -82,12 +83,16 @@ def _bounded_client(timeout: float) -> None:
     class Bounded(httpx2.HTTPTransport):
         def handle_request(self, request):
             set_ = request.extensions.get("timeout") or {}
-            request.extensions["timeout"] = {k: timeout if set_.get(k) is None else set_[k]
-                                             for k in ("connect", "read", "write", "pool")}
+            request.extensions["timeout"] = {
+                k: timeout if set_.get(k) is None else set_[k] for k in ("connect", "read", "write", "pool")
+            }
             return super().handle_request(request)
 
-    huggingface_hub.set_client_factory(lambda: httpx2.Client(
-        transport=Bounded(), event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True))
+    huggingface_hub.set_client_factory(
+        lambda: httpx2.Client(
+            transport=Bounded(), event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True
+        )
+    )
 
 
 def _reachable(endpoint: str, timeout: float, spec: ModelSpec) -> None:
@@ -96,21 +101,27 @@ def _reachable(endpoint: str, timeout: float, spec: ModelSpec) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
-        raise NoNetwork(f"no network: {host}:{port} did not answer within {timeout:g} s ({e or type(e).__name__}); "
-                        f"{spec} cannot be downloaded from here. " + _ELSEWHERE) from None
+        raise NoNetwork(
+            f"no network: {host}:{port} did not answer within {timeout:g} s ({e or type(e).__name__}); "
+            f"{spec} cannot be downloaded from here. " + _ELSEWHERE
+        ) from None
 
 
-_ELSEWHERE = ("Download the model on a machine that has a network (for instance `hf download REPO --local-dir DIR`, "
-              "or open_clip's weights file), copy it here, and name it locally: hf:<dir>, "
-              "open_clip:<architecture>/<weights file>, immich:<dir>.")
+_ELSEWHERE = (
+    "Download the model on a machine that has a network (for instance `hf download REPO --local-dir DIR`, "
+    "or open_clip's weights file), copy it here, and name it locally: hf:<dir>, "
+    "open_clip:<architecture>/<weights file>, immich:<dir>."
+)
 
 
 def _pull_open_clip(spec: ModelSpec, timeout: float, log) -> str:
     try:
         import open_clip
     except ImportError:
-        raise NoNetwork(f"{spec}: open_clip is not installed here; pull it in the export venv "
-                        f"(scripts/openclip-env.sh: artifacts/openclip-venv/bin/crossprobe models pull {spec})") from None
+        raise NoNetwork(
+            f"{spec}: open_clip is not installed here; pull it in the export venv "
+            f"(scripts/openclip-env.sh: artifacts/openclip-venv/bin/crossprobe models pull {spec})"
+        ) from None
     cfg = open_clip.get_pretrained_cfg(spec.architecture, spec.weights)
     if not cfg:
         raise BadSpec(f"model {spec}: open_clip has no pretrained tag {spec.weights!r} for {spec.architecture!r}")

@@ -1,14 +1,15 @@
 """Writing one exported folder (the layout: core/inference/exported.py), the same way for every family.
 
-    1. the tokenizer: tokenizer.json through the serving code (exported.tokenize) must give the family tokenizer's
-       own ids for every probe text (text.PROBE), or nothing is written (TokenizerMismatch);
-    2. the fingerprint: SHA-256 over the identity (family, architecture, preprocessing and text settings, the
-       tokenizer's vocabulary) and the weights' bytes, first 16 hex: the same weights give the same folder;
-    3. the graphs: image.onnx and text.onnx traced from the towers, each run by ONNX Runtime against PyTorch on probe
-       inputs (embeddings within 1e-4 at unit norm, or nothing is written);
-    4. the write: everything into a temp folder beside the final one, model.json last, then one rename, so a reader
-       (inference.exported_folder scanning <root>/*/model.json) never sees half a folder.
+1. the tokenizer: tokenizer.json through the serving code (exported.tokenize) must give the family tokenizer's
+   own ids for every probe text (text.PROBE), or nothing is written (TokenizerMismatch);
+2. the fingerprint: SHA-256 over the identity (family, architecture, preprocessing and text settings, the
+   tokenizer's vocabulary) and the weights' bytes, first 16 hex: the same weights give the same folder;
+3. the graphs: image.onnx and text.onnx traced from the towers, each run by ONNX Runtime against PyTorch on probe
+   inputs (embeddings within 1e-4 at unit norm, or nothing is written);
+4. the write: everything into a temp folder beside the final one, model.json last, then one rename, so a reader
+   (inference.exported_folder scanning <root>/*/model.json) never sees half a folder.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,9 +25,9 @@ import numpy as np
 import torch
 
 from crossprobe.core.atomic import atomic_path
+from crossprobe.core.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
 from crossprobe.models.families.base import FamilyModel, TokenizerMismatch
 from crossprobe.models.families.text import PROBE
-from crossprobe.core.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
 
 log_ = logging.getLogger("crossprobe.models.families")
 OPSET = 17
@@ -72,10 +73,14 @@ def check_tokenizer(m: FamilyModel, texts: list[str] = PROBE) -> str:
         ids, _ = tokenize(tok, m.text_cfg, [t])
         want = list(m.reference_ids(t))
         if ids[0].tolist() != want:
-            wrong.append(f"{t!r}: tokenizer.json gives {ids[0].tolist()[:16]}..., the family's tokenizer {want[:16]}...")
+            wrong.append(
+                f"{t!r}: tokenizer.json gives {ids[0].tolist()[:16]}..., the family's tokenizer {want[:16]}..."
+            )
     if wrong:
-        raise TokenizerMismatch(f"{m.spec}: the converted tokenizer disagrees with {m.family}'s own on "
-                                f"{len(wrong)} of {len(texts)} probe texts; not exported:\n  " + "\n  ".join(wrong[:5]))
+        raise TokenizerMismatch(
+            f"{m.spec}: the converted tokenizer disagrees with {m.family}'s own on "
+            f"{len(wrong)} of {len(texts)} probe texts; not exported:\n  " + "\n  ".join(wrong[:5])
+        )
     return f"tokenizer: ids equal to {m.family}'s own tokenizer on {len(texts)} probe texts"
 
 
@@ -83,8 +88,13 @@ def check_tokenizer(m: FamilyModel, texts: list[str] = PROBE) -> str:
 def fingerprint(m: FamilyModel) -> str:
     from tokenizers import Tokenizer
 
-    identity = {"family": m.family, "identity": m.identity, "image": m.image_cfg, "text": m.text_cfg,
-                "vocab": sorted(Tokenizer.from_str(m.tokenizer_json).get_vocab(with_added_tokens=True).items())}
+    identity = {
+        "family": m.family,
+        "identity": m.identity,
+        "image": m.image_cfg,
+        "text": m.text_cfg,
+        "vocab": sorted(Tokenizer.from_str(m.tokenizer_json).get_vocab(with_added_tokens=True).items()),
+    }
     h = hashlib.sha256(json.dumps(identity, sort_keys=True, ensure_ascii=False).encode("utf-8"))
     for name in sorted(m.state):
         t = m.state[name].detach().to("cpu").contiguous()
@@ -106,19 +116,38 @@ def _export_graphs(m: FamilyModel, folder: Path, say: Callable[[str], None]) -> 
     with torch.inference_mode():
         img_emb, img_tok = m.image(pixels)
         txt_emb, txt_tok = m.text(*text_args)
-    _onnx(m.image, (pixels,), folder / "image.onnx", ["pixels"], {"pixels": {0: "batch"}},
-          {"embedding": {0: "batch"}, "tokens": {0: "batch"}})
-    _onnx(m.text, text_args, folder / "text.onnx", list(m.text_cfg["inputs"]), text_axes,
-          {"embedding": {0: "batch"}, "tokens": {0: "batch"} if fixed_t else {0: "batch", 1: "tokens"}})
-    for name, feeds, want in [("image", {"pixels": pixels}, img_emb),
-                              ("text", dict(zip(m.text_cfg["inputs"], text_args)), txt_emb)]:
+    _onnx(
+        m.image,
+        (pixels,),
+        folder / "image.onnx",
+        ["pixels"],
+        {"pixels": {0: "batch"}},
+        {"embedding": {0: "batch"}, "tokens": {0: "batch"}},
+    )
+    _onnx(
+        m.text,
+        text_args,
+        folder / "text.onnx",
+        list(m.text_cfg["inputs"]),
+        text_axes,
+        {"embedding": {0: "batch"}, "tokens": {0: "batch"} if fixed_t else {0: "batch", 1: "tokens"}},
+    )
+    for name, feeds, want in [
+        ("image", {"pixels": pixels}, img_emb),
+        ("text", dict(zip(m.text_cfg["inputs"], text_args)), txt_emb),
+    ]:
         diff = _graph_diff(folder / f"{name}.onnx", feeds, want)
         say(f"{name}.onnx: max |ONNX Runtime - PyTorch| at unit norm = {diff:.1e}")
         if not diff <= GRAPH_TOLERANCE:
-            raise RuntimeError(f"{m.spec}: the exported {name} graph differs from PyTorch by {diff:.1e} "
-                               f"(> {GRAPH_TOLERANCE}); not exported")
-    return {"d": int(img_emb.shape[-1]), "grid": [int(img_tok.shape[1]), int(img_tok.shape[2])],
-            "text_width": int(txt_tok.shape[-1])}
+            raise RuntimeError(
+                f"{m.spec}: the exported {name} graph differs from PyTorch by {diff:.1e} "
+                f"(> {GRAPH_TOLERANCE}); not exported"
+            )
+    return {
+        "d": int(img_emb.shape[-1]),
+        "grid": [int(img_tok.shape[1]), int(img_tok.shape[2])],
+        "text_width": int(txt_tok.shape[-1]),
+    }
 
 
 def _onnx(module, args, path: Path, inputs: list[str], in_axes: dict, out_axes: dict) -> None:
@@ -133,15 +162,28 @@ def _onnx(module, args, path: Path, inputs: list[str], in_axes: dict, out_axes: 
         with warnings.catch_warnings(), torch.inference_mode(), tempfile.TemporaryDirectory(dir=path.parent) as d:
             warnings.simplefilter("ignore")  # tracer warnings about python values in the libraries' code
             raw = Path(d) / path.name
-            torch.onnx.export(module.eval(), args, str(raw), input_names=inputs, output_names=["embedding", "tokens"],
-                              dynamic_axes={**in_axes, **out_axes}, opset_version=OPSET, dynamo=False)
+            torch.onnx.export(
+                module.eval(),
+                args,
+                str(raw),
+                input_names=inputs,
+                output_names=["embedding", "tokens"],
+                dynamic_axes={**in_axes, **out_axes},
+                opset_version=OPSET,
+                dynamo=False,
+            )
             if len(list(Path(d).iterdir())) == 1:
                 os.replace(raw, path)
             else:
                 import onnx
 
-                onnx.save_model(onnx.load(str(raw)), str(path), save_as_external_data=True,
-                                all_tensors_to_one_file=True, location=f"{path.name}.data")
+                onnx.save_model(
+                    onnx.load(str(raw)),
+                    str(path),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=f"{path.name}.data",
+                )
                 os.chmod(f"{path}.data", 0o644)  # onnx writes it 0600: a service running as another user reads it
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -157,9 +199,19 @@ def _graph_diff(path: Path, feeds: dict, want: torch.Tensor) -> float:
 
 # ---- 4. the folder ----------------------------------------------------------------------------------------
 def model_json(m: FamilyModel, fp: str, dims: dict) -> dict:
-    return {"format": FORMAT, "family": m.family, "spec": m.spec, "name": m.name, "fingerprint": fp,
-            "source": m.source, "dims": dims, "image": m.image_cfg, "text": m.text_cfg,
-            "graphs": {"image": "image.onnx", "text": "text.onnx"}, "exported_with": m.versions}
+    return {
+        "format": FORMAT,
+        "family": m.family,
+        "spec": m.spec,
+        "name": m.name,
+        "fingerprint": fp,
+        "source": m.source,
+        "dims": dims,
+        "image": m.image_cfg,
+        "text": m.text_cfg,
+        "graphs": {"image": "image.onnx", "text": "text.onnx"},
+        "exported_with": m.versions,
+    }
 
 
 def record_alias(folder: Path, m: FamilyModel) -> None:

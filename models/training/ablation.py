@@ -23,12 +23,12 @@ resumes where it stopped and re-running it only rebuilds the docs. An option's
 weights stay under runs/: none is promoted to a committed checkpoint unless it
 wins (the table says which win).
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,17 +38,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from crossprobe.models import checkpoint
+from crossprobe.core import inputs, runtime
 from crossprobe.core.atomic import atomic_write
+from crossprobe.models import checkpoint
 from crossprobe.models import export as ex
-from crossprobe.core import runtime
-from crossprobe.models.evaluation import metrics as M
+from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.evaluation.encode import PairScorer
 from crossprobe.models.evaluation.report import KEYS, machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, split_banks, tt_scores
 from crossprobe.models.evaluation.timing import median_ms, rerank_ms, scorer_inputs, scorer_module
-from crossprobe.core import inputs
-from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.model import ModelConfig
 from crossprobe.models.single_stream import SingleStream
 from crossprobe.models.split_merge import SplitMerge
@@ -81,22 +79,39 @@ def _set(**changes):
 
 
 OPTIONS: dict[str, Option] = {
-    "seam-4hop": Option("towers", "SEAM: 4-hop self-attentive pooling of the text tower, Frobenius penalty 0.1",
-                        _set(text__pool_hops=4)),
-    "seam-fast": Option("towers", "SEAM fast query tower: MiniLM word embeddings + 4-hop pooling, no transformer layer",
-                        _set(text__layers=0, text__finetune_layers=0, text__pool_hops=4)),
-    "order-loss": Option("towers", "SEAM order-embedding hinge (order-violation penalty as -similarity) added to the loss",
-                         _set(train__loss="infonce+vsepp+order")),
-    "temde-pool": Option("towers", "T-EMDE sketch pooling (16 x 16 centroids) in both towers instead of self-attentive pooling",
-                         _set(text__pool="temde", vision__pool="temde")),
+    "seam-4hop": Option(
+        "towers", "SEAM: 4-hop self-attentive pooling of the text tower, Frobenius penalty 0.1", _set(text__pool_hops=4)
+    ),
+    "seam-fast": Option(
+        "towers",
+        "SEAM fast query tower: MiniLM word embeddings + 4-hop pooling, no transformer layer",
+        _set(text__layers=0, text__finetune_layers=0, text__pool_hops=4),
+    ),
+    "order-loss": Option(
+        "towers",
+        "SEAM order-embedding hinge (order-violation penalty as -similarity) added to the loss",
+        _set(train__loss="infonce+vsepp+order"),
+    ),
+    "temde-pool": Option(
+        "towers",
+        "T-EMDE sketch pooling (16 x 16 centroids) in both towers instead of self-attentive pooling",
+        _set(text__pool="temde", vision__pool="temde"),
+    ),
     "zodiac-cp": Option("cp", "ZoDIAC attention in the CP cross layers", _set(cp__attention="zodiac")),
-    "ace-rpe-tv": Option("tv", "ACE-RPE relative positions in TV (4 groups = heads, shrink 0.2, max distance 8)",
-                         _set(tv__ace__enabled=True)),
-    "ace-rpe-tv+anchor": Option("tv", "ACE-RPE in TV plus the anchor loss (weight 0.5)",
-                                _set(tv__ace__enabled=True, tv__ace__anchor_loss=0.5)),
+    "ace-rpe-tv": Option(
+        "tv",
+        "ACE-RPE relative positions in TV (4 groups = heads, shrink 0.2, max distance 8)",
+        _set(tv__ace__enabled=True),
+    ),
+    "ace-rpe-tv+anchor": Option(
+        "tv", "ACE-RPE in TV plus the anchor loss (weight 0.5)", _set(tv__ace__enabled=True, tv__ace__anchor_loss=0.5)
+    ),
     "zodiac-tv": Option("tv", "ZoDIAC attention in every TV layer", _set(tv__attention="zodiac")),
-    "ace-rpe-sm": Option("sm", "ACE-RPE relative positions in SM's joint layers (4 groups = heads, shrink 0.2, "
-                         "max distance 8; no [CLS])", _set(sm__ace__enabled=True)),
+    "ace-rpe-sm": Option(
+        "sm",
+        "ACE-RPE relative positions in SM's joint layers (4 groups = heads, shrink 0.2, max distance 8; no [CLS])",
+        _set(sm__ace__enabled=True),
+    ),
 }
 RERANKERS = {"cp": CrossProbe, "sm": SplitMerge, "tv": SingleStream}
 JOINT = ("sm", "tv")  # all tokens x all regions: evaluated on one caption per image, timed in PyTorch
@@ -189,15 +204,29 @@ class Runner:
         if opt is not None:
             opt.apply(mc, tc)
         run = c.run_dir / _dirname(name)
-        tcfg = TrainConfig(seed=c.seed, threads=c.threads, cache_dir=c.cache_dir, run_dir=run, out=run / "checkpoint",
-                           model=mc, towers=tc, methods=())
+        tcfg = TrainConfig(
+            seed=c.seed,
+            threads=c.threads,
+            cache_dir=c.cache_dir,
+            run_dir=run,
+            out=run / "checkpoint",
+            model=mc,
+            towers=tc,
+            methods=(),
+        )
         t0 = time.time()
         fp = train(tcfg, log=self.log, data=self.data(mc.text.frozen_layers))  # one cache load for training and eval
         model, _ = checkpoint.load(run / "checkpoint")
         res = self.tt_eval(model)
-        return {**res, "method": "TT", "stage": "towers", "fingerprint": fp, "train_s": round(time.time() - t0, 1),
-                "budget": f"towers {self.tower_epochs} epochs (best epoch on dev), seed {c.seed}",
-                **self.timing(name, "towers", model)}
+        return {
+            **res,
+            "method": "TT",
+            "stage": "towers",
+            "fingerprint": fp,
+            "train_s": round(time.time() - t0, 1),
+            "budget": f"towers {self.tower_epochs} epochs (best epoch on dev), seed {c.seed}",
+            **self.timing(name, "towers", model),
+        }
 
     def tt_eval(self, model) -> dict:
         data = self.data(model.cfg.text.frozen_layers)
@@ -226,8 +255,16 @@ class Runner:
             else:
                 train_banks, dev_banks = self.banks("train"), self.banks("dev")
                 rcfg = reranker_config(dataclasses.replace(c.template, seed=c.seed), method)
-                rep = train_reranker(model, method, train_banks, dev_banks, rcfg, c.run_dir / _dirname(name) / f"{method}.pt",
-                                     c.seed, self.log)
+                rep = train_reranker(
+                    model,
+                    method,
+                    train_banks,
+                    dev_banks,
+                    rcfg,
+                    c.run_dir / _dirname(name) / f"{method}.pt",
+                    c.seed,
+                    self.log,
+                )
                 atomic_save({"weights": getattr(model, method).state_dict(), "report": rep}, done)
         return model.eval()
 
@@ -240,9 +277,14 @@ class Runner:
         subset = np.unique(gold, return_index=True)[1] if method in JOINT else None
         k = min(c.k, S.shape[1])
         r = reranked(PairScorer(model, method, text, images), S, gold, k, [k], query_rows=subset)[k]
-        row = {"t2i": _round(r["t2i"]), "i2t": _round(r["i2t"]), "method": f"{method.upper()}@{c.k}", "stage": method,
-               "train_s": round(time.time() - t0, 1),
-               "budget": f"committed towers; {method} trained with the default reranker budget, seed {c.seed}"}
+        row = {
+            "t2i": _round(r["t2i"]),
+            "i2t": _round(r["i2t"]),
+            "method": f"{method.upper()}@{c.k}",
+            "stage": method,
+            "train_s": round(time.time() - t0, 1),
+            "budget": f"committed towers; {method} trained with the default reranker budget, seed {c.seed}",
+        }
         if method in JOINT:
             row["t2i_note"] = "text->image on the first caption of each test image (1,000 queries)"
         return {**row, **self.timing(name, method, model)}
@@ -253,15 +295,23 @@ class Runner:
         c = self.cfg
         if stage == "towers":
             if model is None:
-                model = self.base() if name == "default" else checkpoint.load(c.run_dir / _dirname(name) / "checkpoint")[0]
+                model = (
+                    self.base() if name == "default" else checkpoint.load(c.run_dir / _dirname(name) / "checkpoint")[0]
+                )
             return {"ms_per_query": query_ms(model), "ms_kind": "query tower (tokenizer + ONNX Runtime), 1 query"}
         if model is None:
             model = self.reranker_model(name, stage, c.options.get(name), train_if_missing=False)
         if stage in JOINT:  # ACE-RPE's graph search is not exported: every SM / TV row is timed in PyTorch
-            return {"ms_per_query": rerank_ms_torch(model, stage, c.k), "ms_kind": f"rerank {c.k} candidates, PyTorch, 2 threads"}
+            return {
+                "ms_per_query": rerank_ms_torch(model, stage, c.k),
+                "ms_kind": f"rerank {c.k} candidates, PyTorch, 2 threads",
+            }
         with tempfile.TemporaryDirectory() as d:
             t = rerank_ms(model, methods=(stage,), ks=(c.k,), repeats=30, onnx_dir=Path(d))
-        return {"ms_per_query": t["onnxruntime"][stage][str(c.k)], "ms_kind": f"rerank {c.k} candidates, ONNX Runtime, 2 threads"}
+        return {
+            "ms_per_query": t["onnxruntime"][stage][str(c.k)],
+            "ms_kind": f"rerank {c.k} candidates, ONNX Runtime, 2 threads",
+        }
 
     def banks(self, split: str):
         """The committed towers' outputs on a split, computed once: reranker options only swap the reranker."""
@@ -282,15 +332,26 @@ class Runner:
         stages = {c.options[n].stage for n in names}
         for m in RERANKERS:
             if m in stages:
-                plan.append((f"default {m.upper()}@{c.k}", lambda m=m: self.reranker_row(f"default {m.upper()}@{c.k}", m, None)))
+                plan.append(
+                    (f"default {m.upper()}@{c.k}", lambda m=m: self.reranker_row(f"default {m.upper()}@{c.k}", m, None))
+                )
         for n in names:
             opt, row = c.options[n], self.row_name(n)
             if opt.stage == "towers":
-                plan.append((row, lambda row=row, opt=opt: {**self.towers_row(row, opt), "baseline": base_tt,
-                                                            "what": opt.what}))
+                plan.append(
+                    (row, lambda row=row, opt=opt: {**self.towers_row(row, opt), "baseline": base_tt, "what": opt.what})
+                )
             else:
-                plan.append((row, lambda n=n, opt=opt: {**self.reranker_row(n, opt.stage, opt), "what": opt.what,
-                                                        "baseline": f"default {opt.stage.upper()}@{c.k}"}))
+                plan.append(
+                    (
+                        row,
+                        lambda n=n, opt=opt: {
+                            **self.reranker_row(n, opt.stage, opt),
+                            "what": opt.what,
+                            "baseline": f"default {opt.stage.upper()}@{c.k}",
+                        },
+                    )
+                )
         return plan
 
     def run(self, retime: bool = False) -> dict:
@@ -312,45 +373,75 @@ class Runner:
                 rows[name] = fn()
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, json.dumps(rows[name], indent=2))
-            self.log(f"ablation {name}: t2i R@1 {rows[name]['t2i']['R@1']} i2t R@1 {rows[name]['i2t']['R@1']} "
-                     f"ms {rows[name]['ms_per_query']}")
+            self.log(
+                f"ablation {name}: t2i R@1 {rows[name]['t2i']['R@1']} i2t R@1 {rows[name]['i2t']['R@1']} "
+                f"ms {rows[name]['ms_per_query']}"
+            )
         for row in rows.values():
             if "baseline" in row and row["baseline"] in rows:
                 b = rows[row["baseline"]]
                 row["delta_t2i_R@1"] = round(row["t2i"]["R@1"] - b["t2i"]["R@1"], 2)
                 row["delta_i2t_R@1"] = round(row["i2t"]["R@1"] - b["i2t"]["R@1"], 2)
-        out = {**rows, "command": c.command, "machine": machine(), "tower_epochs": self.tower_epochs,
-               "tower_budget": "short" if self.short_budget else "the default's",
-               "not_run": [n for n in c.options if self.row_name(n) not in rows]}
+        out = {
+            **rows,
+            "command": c.command,
+            "machine": machine(),
+            "tower_epochs": self.tower_epochs,
+            "tower_budget": "short" if self.short_budget else "the default's",
+            "not_run": [n for n in c.options if self.row_name(n) not in rows],
+        }
         write_docs(out, c.docs)
         return out
 
     def default_row(self) -> dict:
         model = self.base()
-        return {**self.tt_eval(model), "method": "TT", "stage": "towers", "fingerprint": self._base_fp,
-                "budget": "the committed checkpoint (towers 16 epochs, best epoch on dev)", **self.timing("default", "towers", model)}
+        return {
+            **self.tt_eval(model),
+            "method": "TT",
+            "stage": "towers",
+            "fingerprint": self._base_fp,
+            "budget": "the committed checkpoint (towers 16 epochs, best epoch on dev)",
+            **self.timing("default", "towers", model),
+        }
 
 
 def tower_budget_line(out: dict) -> str:
     ep = out["tower_epochs"]
-    how = ("with the default's budget and seed (%d epochs, best epoch on dev), against the committed default, which was "
-           "trained the same way" % ep) if out.get("tower_budget") != "short" else (
-        f"for a short {ep}-epoch budget, against `default@{ep}ep`, the default config on that same budget")
-    return (f"- tower options: towers trained from scratch {how}; metric TT; time = query tower per query "
-            "(tokenizer + ONNX Runtime, 2 threads).")
+    how = (
+        (
+            "with the default's budget and seed (%d epochs, best epoch on dev), against the committed default, which "
+            "was "
+            "trained the same way" % ep
+        )
+        if out.get("tower_budget") != "short"
+        else (f"for a short {ep}-epoch budget, against `default@{ep}ep`, the default config on that same budget")
+    )
+    return (
+        f"- tower options: towers trained from scratch {how}; metric TT; time = query tower per query "
+        "(tokenizer + ONNX Runtime, 2 threads)."
+    )
 
 
 def earlier_runs(docs: Path) -> list[str]:
-    """Earlier ablation runs kept as docs/research/results/ablation_<label>.json (e.g. a short tower budget): their rows."""
+    """Earlier ablation runs kept as docs/research/results/ablation_<label>.json (e.g. a short tower budget): their
+    rows."""
     lines = []
     for f in sorted((docs / "results").glob("ablation_*.json")):
         r = json.loads(f.read_text())
         rows = {k: v for k, v in r.items() if isinstance(v, dict) and "t2i" in v and v.get("stage") == "towers"}
-        lines += ["", f"Tower rows of an earlier run ({tower_budget_line(r)[2:]} File: results/{f.name}, "
-                  f"command `{r['command']}`):", "",
-                  "| row | t2i R@1 | Δ | i2t R@1 | Δ | ms/query | baseline |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {n} | {v['t2i']['R@1']:.2f} | {v.get('delta_t2i_R@1', '')} | {v['i2t']['R@1']:.2f} | "
-                  f"{v.get('delta_i2t_R@1', '')} | {v['ms_per_query']} | {v.get('baseline', '')} |" for n, v in rows.items()]
+        lines += [
+            "",
+            f"Tower rows of an earlier run ({tower_budget_line(r)[2:]} File: results/{f.name}, "
+            f"command `{r['command']}`):",
+            "",
+            "| row | t2i R@1 | Δ | i2t R@1 | Δ | ms/query | baseline |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {v['t2i']['R@1']:.2f} | {v.get('delta_t2i_R@1', '')} | {v['i2t']['R@1']:.2f} | "
+            f"{v.get('delta_i2t_R@1', '')} | {v['ms_per_query']} | {v.get('baseline', '')} |"
+            for n, v in rows.items()
+        ]
     return lines
 
 
@@ -360,19 +451,27 @@ def write_docs(out: dict, docs: Path) -> None:
     (docs / "results" / "ablation.json").write_text(json.dumps(out, indent=2))
     rows = {k: v for k, v in out.items() if isinstance(v, dict) and "t2i" in v}
     lines = [
-        "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)", "",
-        f"Command: `{out['command']}`  ", f"Machine: {out['machine']}  ",
-        f"Baseline checkpoint (towers of every reranker row, row `default`): `{out.get('default', {}).get('fingerprint')}`", "",
-        "Every row was measured before the label bridge (docs/research/bridge.md): the options were trained and scored on "
-        "un-bridged two-tower vectors; none has been re-measured with the bridge on.", "",
+        "# Ablation: the seed options against the default (Flickr8k test, 1,000 images x 5,000 captions)",
+        "",
+        f"Command: `{out['command']}`  ",
+        f"Machine: {out['machine']}  ",
+        "Baseline checkpoint (towers of every reranker row, row `default`): "
+        f"`{out.get('default', {}).get('fingerprint')}`",
+        "",
+        "Every row was measured before the label bridge (docs/research/bridge.md): the options were trained and "
+        "scored on "
+        "un-bridged two-tower vectors; none has been re-measured with the bridge on.",
+        "",
         "Each option row is compared with its `baseline` row, trained the same way with the same seed:",
         tower_budget_line(out),
         "- reranker options: trained on the committed checkpoint's towers with the default reranker budget and seed, "
         "against the committed CP / SM / TV; metric CP@100 / SM@100 / TV@100 (the top 100 of the two-tower shortlist "
         "reranked, the rest in two-tower order); SM and TV text->image use the first caption of each test image "
         "(1,000 queries), as in "
-        "docs/research/flickr8k.md; time = rerank of 100 cached candidates for one query.", "",
-        "| option | metric | t2i R@1 | R@5 | R@10 | MRR | i2t R@1 | R@5 | R@10 | MRR | ms/query | Δ t2i R@1 | Δ i2t R@1 | baseline |",
+        "docs/research/flickr8k.md; time = rerank of 100 cached candidates for one query.",
+        "",
+        "| option | metric | t2i R@1 | R@5 | R@10 | MRR | i2t R@1 | R@5 | R@10 | MRR | ms/query | Δ t2i R@1 | Δ i2t "
+        "R@1 | baseline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
@@ -380,14 +479,20 @@ def write_docs(out: dict, docs: Path) -> None:
         lines.append(
             f"| {name} | {r['method']} | {t['R@1']:.2f} | {t['R@5']:.2f} | {t['R@10']:.2f} | {t['MRR']:.4f} | "
             f"{i['R@1']:.2f} | {i['R@5']:.2f} | {i['R@10']:.2f} | {i['MRR']:.4f} | {r['ms_per_query']} | "
-            f"{r.get('delta_t2i_R@1', '')} | {r.get('delta_i2t_R@1', '')} | {r.get('baseline', '')} |")
+            f"{r.get('delta_t2i_R@1', '')} | {r.get('delta_i2t_R@1', '')} | {r.get('baseline', '')} |"
+        )
     if out.get("not_run"):
-        lines += ["", "Not measured in this run (implemented and tested; `crossprobe ablate` without `--only` trains and adds them): "
-                  + ", ".join(out["not_run"]) + "."]
+        lines += [
+            "",
+            "Not measured in this run (implemented and tested; `crossprobe ablate` without `--only` trains and adds "
+            "them): " + ", ".join(out["not_run"]) + ".",
+        ]
     lines += earlier_runs(docs)
     lines += ["", "## What each option is", ""]
     for name, r in rows.items():
-        what = f"{r['what']}. Budget: {r['budget']}" if r.get("what") else r["budget"]  # baselines: the budget says it all
+        what = (
+            f"{r['what']}. Budget: {r['budget']}" if r.get("what") else r["budget"]
+        )  # baselines: the budget says it all
         lines.append(f"- **{name}**: {what}. Time measured: {r['ms_kind']}.")
     lines.append("")
     (docs / "ablation.md").write_text("\n".join(lines))

@@ -6,6 +6,7 @@ Each function changes a loaded checkpoint's model in place and saves it to a new
 its weights, the config and the record in config.json say what changed, and the new checkpoint has a new
 fingerprint (an index built with the old one must be rebuilt before the service serves it with the new one).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,9 @@ def _extra(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in ("model", "fingerprint")}
 
 
-def set_region_labels(model, meta: dict, dest: Path, weights: dict[str, float], pool: int = 3,
-                      record: dict | None = None) -> str:
+def set_region_labels(
+    model, meta: dict, dest: Path, weights: dict[str, float], pool: int = 3, record: dict | None = None
+) -> str:
     """Save `model` (loaded with `meta`) to dest with region labels weighted `weights` (reranker -> w in
     logit + SCALE * w * s_region; 0 or missing: no region term for that reranker) and `pool` best cells
     (region_labels.py). No weight above 0 switches region labels off. config.json records the setting and the
@@ -35,14 +37,20 @@ def set_region_labels(model, meta: dict, dest: Path, weights: dict[str, float], 
     unknown = sorted(set(weights) - set(REGION_METHODS))
     if unknown:
         raise ValueError(f"region labels weight the rerankers {list(REGION_METHODS)}, not {unknown}")
-    RegionConfig(weights={m: float(w) for m, w in weights.items()}, pool=pool)  # raises on w < 0 or a pool outside 1..49
+    RegionConfig(
+        weights={m: float(w) for m, w in weights.items()}, pool=pool
+    )  # raises on w < 0 or a pool outside 1..49
     cfg = RegionConfig(weights={m: float(w) for m, w in weights.items() if w > 0}, pool=pool)
     if cfg.enabled and not model.bridge.cfg.enabled:
         raise ValueError("the checkpoint has no label bridge: its class table is what the cells are matched against")
     model.cfg.region = cfg
     extra = _extra(meta)
-    extra["region_labels"] = {"source_checkpoint": meta["fingerprint"], "weights": cfg.weights, "pool": cfg.pool,
-                              **(record or {})}
+    extra["region_labels"] = {
+        "source_checkpoint": meta["fingerprint"],
+        "weights": cfg.weights,
+        "pool": cfg.pool,
+        **(record or {}),
+    }
     return checkpoint.save(model.eval(), dest, extra)
 
 
@@ -58,12 +66,20 @@ def load_trained_temde(path: Path) -> tuple[dict[str, torch.Tensor], dict | None
     raise ValueError(f"{path}: neither a T-EMDE state dict nor a training stage file with its weights")
 
 
-def set_temde(model, meta: dict, dest: Path, weights: dict[str, torch.Tensor], report: dict | None = None,
-              recipe: dict | None = None, train_s: float | None = None) -> str:
+def set_temde(
+    model,
+    meta: dict,
+    dest: Path,
+    weights: dict[str, torch.Tensor],
+    report: dict | None = None,
+    recipe: dict | None = None,
+    train_s: float | None = None,
+) -> str:
     """Save `model` (loaded with `meta`) to dest with the T-EMDE whose state dict is `weights` (fusion weight
     included) in place of its own; its shape (N partitions x K centroids, inner dims) comes from the weights, its
     other settings from the checkpoint's T-EMDE. The training record: `report` replaces training["temde"] (with the
-    source checkpoint's fingerprint), `recipe` (epochs, pretrain_epochs, captions_per_image) and `train_s` update the recorded
+    source checkpoint's fingerprint), `recipe` (epochs, pretrain_epochs, captions_per_image) and `train_s` update the
+    recorded
     budget and wall time. -> the new fingerprint."""
     if "centroids" not in weights:
         raise ValueError("not a T-EMDE state dict (no centroids)")
@@ -82,8 +98,11 @@ def set_temde(model, meta: dict, dest: Path, weights: dict[str, torch.Tensor], r
     if tc is not None:
         tc.setdefault("model", {})["temde"] = dataclasses.asdict(cfg)
         if recipe:
-            for key, field in (("epochs", "epochs_by_method"), ("pretrain_epochs", "pretrain_by_method"),
-                               ("captions_per_image", "captions_by_method")):
+            for key, field in (
+                ("epochs", "epochs_by_method"),
+                ("pretrain_epochs", "pretrain_by_method"),
+                ("captions_per_image", "captions_by_method"),
+            ):
                 if key in recipe:
                     tc.setdefault(field, {})["temde"] = recipe[key]
             if "members_by_method" in tc:

@@ -13,6 +13,7 @@ of core/inference/exported.py): no second way to run a model.
 Each array fills in chunks and resumes after a kill (data/features.py's ChunkedCache). The digest names the images
 and captions, so another folder (or an edited captions.tsv) gets a cache of its own.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,11 +26,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from crossprobe.models.data.captioned import CaptionedFolder
-from crossprobe.models.data.features import ChunkedCache
 from crossprobe.core.inference.base import Backend
 from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
-
+from crossprobe.models.data.captioned import CaptionedFolder
+from crossprobe.models.data.features import ChunkedCache
 
 
 class NoTokenStates(ValueError):
@@ -55,7 +55,8 @@ def shapes(backend: Backend) -> tuple[int, int, int, int]:
         raise NoTokenStates(
             f"model {getattr(backend, 'spec', None) or backend.fingerprint} gives no patch tokens or text token states "
             f"(an Immich folder's graphs give pooled embeddings only): train heads on an export that has them "
-            f"(`crossprobe models export open_clip:... | hf:...`)")
+            f"(`crossprobe models export open_clip:... | hf:...`)"
+        )
     return grid.cells.shape[1], grid.cells.shape[2], tokens.shape[2], emb.shape[1]
 
 
@@ -64,18 +65,36 @@ def digest(folder: CaptionedFolder) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_outputs(backend: Backend, folder: CaptionedFolder, cache_root: Path, batch: int = 32,
-                  max_pixels: int = DEFAULT_MAX_PIXELS) -> BackboneOutputs:
+def cache_outputs(
+    backend: Backend, folder: CaptionedFolder, cache_root: Path, batch: int = 32, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> BackboneOutputs:
     """The backbone's outputs for every image and caption of `folder` (module docstring), computed where missing."""
     P, W, W_t, d = shapes(backend)
     where = Path(cache_root) / f"{backend.fingerprint}-{digest(folder)}"
     n, c = len(folder.images), len(folder.captions)
-    T = max(1, max((int(m.sum()) for s in range(0, c, 1024)
-                    for m in backend.tokenize(folder.captions[s:s + 1024])[1]), default=1))
-    img = [ChunkedCache(where / f, shape, dt) for f, shape, dt in
-           (("cells.npy", (n, P, W), np.float16), ("pooled.npy", (n, d), np.float32), ("readable.npy", (n,), np.uint8))]
-    txt = [ChunkedCache(where / f, shape, dt) for f, shape, dt in
-           (("tokens.npy", (c, T, W_t), np.float16), ("mask.npy", (c, T), np.uint8), ("text.npy", (c, d), np.float32))]
+    T = max(
+        1,
+        max(
+            (int(m.sum()) for s in range(0, c, 1024) for m in backend.tokenize(folder.captions[s : s + 1024])[1]),
+            default=1,
+        ),
+    )
+    img = [
+        ChunkedCache(where / f, shape, dt)
+        for f, shape, dt in (
+            ("cells.npy", (n, P, W), np.float16),
+            ("pooled.npy", (n, d), np.float32),
+            ("readable.npy", (n,), np.uint8),
+        )
+    ]
+    txt = [
+        ChunkedCache(where / f, shape, dt)
+        for f, shape, dt in (
+            ("tokens.npy", (c, T, W_t), np.float16),
+            ("mask.npy", (c, T), np.uint8),
+            ("text.npy", (c, d), np.float32),
+        )
+    ]
     skipped = _images(backend, folder, img, batch, max_pixels)
     _texts(backend, folder.captions, txt, T, batch)
     cells, pooled, readable = (np.load(x.path, mmap_mode="r") for x in img)
@@ -86,8 +105,9 @@ def cache_outputs(backend: Backend, folder: CaptionedFolder, cache_root: Path, b
     return BackboneOutputs(cells, pooled, readable.astype(bool), tokens, mask, text, skipped)
 
 
-def _images(backend: Backend, folder: CaptionedFolder, caches: list[ChunkedCache], batch: int,
-            max_pixels: int) -> dict[str, int]:
+def _images(
+    backend: Backend, folder: CaptionedFolder, caches: list[ChunkedCache], batch: int, max_pixels: int
+) -> dict[str, int]:
     """Fill the image caches from where they stopped; decode of the next batch overlaps the backbone."""
     cells, pooled, readable = caches
     start, n = min(x.done for x in caches), len(folder.images)
@@ -98,8 +118,10 @@ def _images(backend: Backend, folder: CaptionedFolder, caches: list[ChunkedCache
         return [decode_file(str(folder.image_path(i)), max_pixels, prep, size) for i in range(s, min(n, s + batch))]
 
     starts = list(range(start, n, batch))
-    with ThreadPoolExecutor(max_workers=1) as pool, tqdm(total=n, initial=start, desc="backbone images",
-                                                         unit="img", leave=False) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=1) as pool,
+        tqdm(total=n, initial=start, desc="backbone images", unit="img", leave=False) as bar,
+    ):
         nxt = pool.submit(decode, starts[0]) if starts else None
         for k, s in enumerate(starts):
             got = nxt.result()
@@ -121,7 +143,7 @@ def _texts(backend: Backend, captions: list[str], caches: list[ChunkedCache], T:
     tokens, mask, text = caches
     start = min(x.done for x in caches)
     for s in tqdm(range(start, len(captions), batch), desc="backbone captions", leave=False):
-        emb, tok, m = backend.text_tokens(captions[s:s + batch])
+        emb, tok, m = backend.text_tokens(captions[s : s + batch])
         t = min(T, tok.shape[1])  # a fixed-context tower (open_clip) gives T tokens or more: the rest is padding
         tk = np.zeros((len(emb), T, tok.shape[2]), np.float16)
         mk = np.zeros((len(emb), T), np.uint8)

@@ -15,6 +15,7 @@ report says which). Each split present is evaluated on at most `eval_images` of 
 two-tower (TT) and each reranker over the two-tower top K (CP@K, TEMDE@K; below K the two-tower order stays).
 Resumable: a killed run continues from its last finished epoch (<run_dir>/<backbone fp>-<data>-<recipe digests>/).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from crossprobe.core import inference
+from crossprobe.core.inference.exported import unit
 from crossprobe.models import export, heads
 from crossprobe.models.cross_probe import CrossProbeConfig
 from crossprobe.models.data.captioned import SPLITS, CaptionedFolder
@@ -36,7 +38,6 @@ from crossprobe.models.evaluation.encode import ImageBank, PairScorer, TextBank
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, tt_scores
 from crossprobe.models.heads import HeadsConfig, HeadsModel
-from crossprobe.core.inference.exported import unit
 from crossprobe.models.temde import TemdeConfig
 from crossprobe.models.training.backbone_cache import BackboneOutputs, cache_outputs, digest
 from crossprobe.models.training.rerankers import RerankTrainConfig, train_reranker
@@ -80,7 +81,9 @@ class Split:
         return self.text, self.images, self.gold
 
 
-def split_banks(outs: BackboneOutputs, folder: CaptionedFolder, split: str, max_images: int | None = None) -> Split | None:
+def split_banks(
+    outs: BackboneOutputs, folder: CaptionedFolder, split: str, max_images: int | None = None
+) -> Split | None:
     """A split's banks over the readable images (at most max_images, by name) and their captions; None if empty."""
     imgs, caps = folder.rows(split)
     imgs = [i for i in imgs if outs.readable[i]][:max_images]
@@ -90,10 +93,17 @@ def split_banks(outs: BackboneOutputs, folder: CaptionedFolder, split: str, max_
     caps = [j for j in caps if folder.caption_image[j] in col]
     mask = torch.from_numpy(np.asarray(outs.mask[caps])).bool()
     T = max(1, int(mask.sum(1).max()))
-    text = TextBank(torch.empty(0), mask[:, :T], torch.from_numpy(unit(outs.text[caps])),
-                    torch.from_numpy(np.ascontiguousarray(outs.tokens[caps][:, :T])))
-    images = ImageBank(torch.empty(0), torch.from_numpy(unit(outs.pooled[imgs])),
-                       torch.from_numpy(np.ascontiguousarray(outs.cells[imgs])))
+    text = TextBank(
+        torch.empty(0),
+        mask[:, :T],
+        torch.from_numpy(unit(outs.text[caps])),
+        torch.from_numpy(np.ascontiguousarray(outs.tokens[caps][:, :T])),
+    )
+    images = ImageBank(
+        torch.empty(0),
+        torch.from_numpy(unit(outs.pooled[imgs])),
+        torch.from_numpy(np.ascontiguousarray(outs.cells[imgs])),
+    )
     return Split(text, images, np.array([col[folder.caption_image[j]] for j in caps]))
 
 
@@ -101,8 +111,10 @@ def backbone(spec: str, graphs: Path, threads: int):
     """The backbone's backend: a model family's export (crossprobe's own model has its rerankers already)."""
     b = inference.load(spec, inference.RuntimeOptions(graphs=graphs, threads=threads))
     if not hasattr(b, "text_tokens"):
-        raise ValueError(f"model {spec}: heads train on a model family's backbone (open_clip:, hf:); crossprobe's "
-                         f"own checkpoints and heads checkpoints have their rerankers (`crossprobe train` trains them)")
+        raise ValueError(
+            f"model {spec}: heads train on a model family's backbone (open_clip:, hf:); crossprobe's "
+            f"own checkpoints and heads checkpoints have their rerankers (`crossprobe train` trains them)"
+        )
     return b
 
 
@@ -123,26 +135,49 @@ def _train(cfg: HeadsTrainConfig, log) -> dict:
     outs = cache_outputs(b, folder, cfg.cache)
     train = split_banks(outs, folder, "train")
     if train is None or len(train.images.g) < 2:
-        raise ValueError(f"{cfg.data}: heads need at least 2 readable training photos (captions per split: "
-                         f"{folder.split_counts()}, unreadable photos: {outs.skipped or 'none'})")
+        raise ValueError(
+            f"{cfg.data}: heads need at least 2 readable training photos (captions per split: "
+            f"{folder.split_counts()}, unreadable photos: {outs.skipped or 'none'})"
+        )
     dev = split_banks(outs, folder, "dev")
-    log(f"backbone {cfg.backbone} ({b.fingerprint}): {len(train.images.g)} training images, "
-        f"{len(train.gold)} captions; selection on the {'dev' if dev else 'training'} split")
+    log(
+        f"backbone {cfg.backbone} ({b.fingerprint}): {len(train.images.g)} training images, "
+        f"{len(train.gold)} captions; selection on the {'dev' if dev else 'training'} split"
+    )
     seed_everything(cfg.seed)
-    model = HeadsModel(HeadsConfig(outs.cells.shape[2], outs.tokens.shape[2], outs.pooled.shape[1],
-                                   outs.cells.shape[1], cfg.cp, cfg.temde))
+    model = HeadsModel(
+        HeadsConfig(
+            outs.cells.shape[2], outs.tokens.shape[2], outs.pooled.shape[1], outs.cells.shape[1], cfg.cp, cfg.temde
+        )
+    )
     n_img = len(train.images.g)
     rcfg = rerank_config(cfg, n_img, len((dev or train).images.g))
     run = Path(cfg.run_dir) / f"{b.fingerprint}-{digest(folder)}-{recipe_digest(cfg)}"
-    history = {m: train_reranker(model, m, train.banks, (dev or train).banks, rcfg, run / f"{m}.pt", cfg.seed, log=log)
-               for m in METHODS}
+    history = {
+        m: train_reranker(model, m, train.banks, (dev or train).banks, rcfg, run / f"{m}.pt", cfg.seed, log=log)
+        for m in METHODS
+    }
     model.eval()
-    metrics = {s: evaluate(model, sp, cfg.k) for s in SPLITS
-               if (sp := split_banks(outs, folder, s, cfg.eval_images)) is not None}
-    report = {"data": {"folder": str(cfg.data), "captions": folder.split_counts(), "bad_lines": folder.bad_summary(),
-                       "unreadable_images": outs.skipped, "selection": "dev" if dev else "train"},
-              "train_config": _jsonable(dataclasses.asdict(cfg)), "training": history, "metrics": metrics,
-              "command": cfg.command, "host": machine(), "wall_s": round(time.perf_counter() - t0, 1)}
+    metrics = {
+        s: evaluate(model, sp, cfg.k)
+        for s in SPLITS
+        if (sp := split_banks(outs, folder, s, cfg.eval_images)) is not None
+    }
+    report = {
+        "data": {
+            "folder": str(cfg.data),
+            "captions": folder.split_counts(),
+            "bad_lines": folder.bad_summary(),
+            "unreadable_images": outs.skipped,
+            "selection": "dev" if dev else "train",
+        },
+        "train_config": _jsonable(dataclasses.asdict(cfg)),
+        "training": history,
+        "metrics": metrics,
+        "command": cfg.command,
+        "host": machine(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     out = Path(cfg.out or Path("artifacts/heads") / b.fingerprint)
     fp = heads.save(model, out, cfg.backbone, b.fingerprint, _finite(report), card(cfg, b.fingerprint, report))
     folder_out = export.ensure_heads_graphs(cfg.graphs, out, model=model, fingerprint=fp)
@@ -160,9 +195,17 @@ def rerank_config(cfg: HeadsTrainConfig, n_train: int, n_dev: int) -> RerankTrai
     """The served rerankers' recipe (standalone, in-batch pretraining first) at this folder's size: hard negatives
     from at most the other n_train - 1 images, selection at K no larger than the dev images."""
     mine_k = max(1, min(cfg.mine_k, n_train - 1))
-    return RerankTrainConfig(epochs=cfg.epochs, queries=cfg.queries, negatives=min(cfg.negatives, mine_k),
-                             mine_k=mine_k, lr=cfg.lr, dev_k=min(cfg.k, n_dev), pretrain_epochs=cfg.pretrain_epochs,
-                             pretrain_batch=min(cfg.pretrain_batch, n_train), standalone=True)
+    return RerankTrainConfig(
+        epochs=cfg.epochs,
+        queries=cfg.queries,
+        negatives=min(cfg.negatives, mine_k),
+        mine_k=mine_k,
+        lr=cfg.lr,
+        dev_k=min(cfg.k, n_dev),
+        pretrain_epochs=cfg.pretrain_epochs,
+        pretrain_batch=min(cfg.pretrain_batch, n_train),
+        standalone=True,
+    )
 
 
 @torch.inference_mode()
@@ -221,32 +264,52 @@ def with_settings(cfg: HeadsTrainConfig, text: str) -> HeadsTrainConfig:
         head, _, name = key.strip().rpartition(".")
         allowed = SHAPES.get(head, ()) if head else SETTINGS
         if not sep or name not in allowed:
-            raise ValueError(f"--heads {item!r}: one of {', '.join(SETTINGS)}, or "
-                             + ", ".join(f"{h}.{f}" for h, fs in SHAPES.items() for f in fs) + ", as key=value")
+            raise ValueError(
+                f"--heads {item!r}: one of {', '.join(SETTINGS)}, or "
+                + ", ".join(f"{h}.{f}" for h, fs in SHAPES.items() for f in fs)
+                + ", as key=value"
+            )
         owner = getattr(cfg, head) if head else cfg
         kind = type(getattr(owner, name))
         (parts[head] if head else top)[name] = kind(value.strip())
-    return dataclasses.replace(cfg, **top, cp=dataclasses.replace(cfg.cp, **parts["cp"]),
-                               temde=dataclasses.replace(cfg.temde, **parts["temde"]))
+    return dataclasses.replace(
+        cfg,
+        **top,
+        cp=dataclasses.replace(cfg.cp, **parts["cp"]),
+        temde=dataclasses.replace(cfg.temde, **parts["temde"]),
+    )
 
 
 def card(cfg: HeadsTrainConfig, backbone_fp: str, report: dict) -> str:
     """MODEL_CARD.md: what the heads are, what they were trained on, and how they rank (every number from report)."""
-    lines = [f"# Reranker heads on {cfg.backbone}", "",
-             f"Cross-probe and T-EMDE heads trained on the frozen backbone `{cfg.backbone}` (fingerprint "
-             f"{backbone_fp}): its patch tokens and text token states in, its own two-tower score as the shortlist.",
-             "", f"- data: `{cfg.data}`, captions per split {report['data']['captions']}; selection on the "
-             f"{report['data']['selection']} split", f"- command: `{cfg.command}`", f"- host: {report['host']}",
-             f"- wall time: {report['wall_s']} s", "",
-             "| split | images | captions | method | t2i R@1 | t2i R@5 | t2i R@10 | i2t R@1 | i2t R@5 | i2t R@10 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Reranker heads on {cfg.backbone}",
+        "",
+        f"Cross-probe and T-EMDE heads trained on the frozen backbone `{cfg.backbone}` (fingerprint "
+        f"{backbone_fp}): its patch tokens and text token states in, its own two-tower score as the shortlist.",
+        "",
+        f"- data: `{cfg.data}`, captions per split {report['data']['captions']}; selection on the "
+        f"{report['data']['selection']} split",
+        f"- command: `{cfg.command}`",
+        f"- host: {report['host']}",
+        f"- wall time: {report['wall_s']} s",
+        "",
+        "| split | images | captions | method | t2i R@1 | t2i R@5 | t2i R@10 | i2t R@1 | i2t R@5 | i2t R@10 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for split, m in report["metrics"].items():
         for method, r in m.items():
             if isinstance(r, dict) and "t2i" in r:
                 t, i = r["t2i"], r["i2t"]
-                lines.append(f"| {split} | {m['images']} | {m['captions']} | {method} | {t['R@1']:.1f} | "
-                             f"{t['R@5']:.1f} | {t['R@10']:.1f} | {i['R@1']:.1f} | {i['R@5']:.1f} | {i['R@10']:.1f} |")
-    lines += ["", "Rerankers reorder the two-tower top K; below K the two-tower order stays. Training loss by epoch:", ""]
+                lines.append(
+                    f"| {split} | {m['images']} | {m['captions']} | {method} | {t['R@1']:.1f} | "
+                    f"{t['R@5']:.1f} | {t['R@10']:.1f} | {i['R@1']:.1f} | {i['R@5']:.1f} | {i['R@10']:.1f} |"
+                )
+    lines += [
+        "",
+        "Rerankers reorder the two-tower top K; below K the two-tower order stays. Training loss by epoch:",
+        "",
+    ]
     for m, h in report["training"].items():
         losses = ", ".join(f"{r['loss']:.3f}" for r in h["history"])
         lines.append(f"- {m}: best epoch {h['best_epoch']}, fusion weight {h.get('fusion_w')}; loss {losses}")

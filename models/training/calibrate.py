@@ -18,6 +18,7 @@ many of the 50 return nothing.
 This module is the data and the fit; the command (the command line: it builds the indexes and runs the server)
 calls collect() over HTTP and analyse() on what came back. research/calibration/fit.py writes the write-up.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,24 +30,68 @@ from crossprobe.core import calibration
 
 MODES = ("none", "cp", "temde")
 K = 100  # results per caption: the whole default shortlist, so its mean is the one the service computes
-SHIFTS = (0.0, 0.5, 1.0, 1.5, 2.0)  # how much of the shortlist's mean score is taken off before the curve (chosen on dev)
+SHIFTS = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+)  # how much of the shortlist's mean score is taken off before the curve (chosen on dev)
 CUTOFFS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 # 50 descriptions of things no photo of either dev set shows: the key word of each appears in none of Flickr8k's
 # 40,000 captions and none of coco-mini-dev's 400 (checked with a word-boundary search over both caption files)
-ABSENT = ["an x-ray of a broken arm", "a spreadsheet full of numbers", "a screenshot of computer code",
-          "a microscope image of cells", "a bowl of ramen noodles", "a jellyfish in dark water",
-          "a solar panel on a roof", "a pile of old coins", "a snail on a leaf", "a volcano erupting",
-          "a yellow submarine under the sea", "a cactus in a clay pot", "an octopus on the sea floor",
-          "a shop receipt on a table", "an open passport", "a barcode label", "a qr code poster",
-          "a calculator on a desk", "a thermometer reading", "a doctor's stethoscope", "a syringe and a vial",
-          "a brain scan", "an astronaut floating in space", "a satellite orbiting the earth", "a spiral galaxy",
-          "a purple orchid", "a sliced pineapple", "a plate of broccoli", "a postage stamp", "an old typewriter",
-          "an hourglass with sand", "a brass compass", "a wooden abacus", "a xylophone", "a starfish on the sand",
-          "a hedgehog in the leaves", "a sloth hanging from a branch", "a koala in a eucalyptus tree",
-          "a pink flamingo", "a peacock with its tail open", "a scorpion on a rock", "a hairy tarantula",
-          "a head of cauliflower", "a purple eggplant", "an avocado cut in half", "a buttery croissant",
-          "a plate of dumplings", "a fossil in a stone", "a tornado over a field",
-          "an iceberg in the ocean"]
+ABSENT = [
+    "an x-ray of a broken arm",
+    "a spreadsheet full of numbers",
+    "a screenshot of computer code",
+    "a microscope image of cells",
+    "a bowl of ramen noodles",
+    "a jellyfish in dark water",
+    "a solar panel on a roof",
+    "a pile of old coins",
+    "a snail on a leaf",
+    "a volcano erupting",
+    "a yellow submarine under the sea",
+    "a cactus in a clay pot",
+    "an octopus on the sea floor",
+    "a shop receipt on a table",
+    "an open passport",
+    "a barcode label",
+    "a qr code poster",
+    "a calculator on a desk",
+    "a thermometer reading",
+    "a doctor's stethoscope",
+    "a syringe and a vial",
+    "a brain scan",
+    "an astronaut floating in space",
+    "a satellite orbiting the earth",
+    "a spiral galaxy",
+    "a purple orchid",
+    "a sliced pineapple",
+    "a plate of broccoli",
+    "a postage stamp",
+    "an old typewriter",
+    "an hourglass with sand",
+    "a brass compass",
+    "a wooden abacus",
+    "a xylophone",
+    "a starfish on the sand",
+    "a hedgehog in the leaves",
+    "a sloth hanging from a branch",
+    "a koala in a eucalyptus tree",
+    "a pink flamingo",
+    "a peacock with its tail open",
+    "a scorpion on a rock",
+    "a hairy tarantula",
+    "a head of cauliflower",
+    "a purple eggplant",
+    "an avocado cut in half",
+    "a buttery croissant",
+    "a plate of dumplings",
+    "a fossil in a stone",
+    "a tornado over a field",
+    "an iceberg in the ocean",
+]
 assert len(ABSENT) == 50
 FITTED_ON = "f8k-dev + ood-dev, each set weighted equally"
 
@@ -82,7 +127,9 @@ def collect(client, index: str, pairs: list, mode: str) -> dict:
     -> rows {"score", "label", "rank", "query"}."""
     rows = {"score": [], "label": [], "rank": [], "query": []}
     for q, (text, gold) in enumerate(pairs):
-        r = client.post("/v1/search", json={"query": text, "mode": "vector", "k": K, "rerank": mode, "shortlist": K, "index": index})
+        r = client.post(
+            "/v1/search", json={"query": text, "mode": "vector", "k": K, "rerank": mode, "shortlist": K, "index": index}
+        )
         r.raise_for_status()
         for rank, hit in enumerate(r.json()["results"]):
             rows["score"].append(hit["score"])
@@ -105,8 +152,17 @@ def collect_all(client, sets: dict, log=print) -> tuple[dict, dict]:
             data[mode][name] = collect(client, index_name(name), s["pairs"], mode)
             log(f"{mode} {name}: {len(s['pairs'])} captions, {time.perf_counter() - t:.0f}s")
         for q in ABSENT:  # over the larger index, the 1,080 photos: the whole shortlist's scores
-            r = client.post("/v1/search", json={"query": q, "mode": "vector", "k": K, "rerank": mode, "shortlist": K,
-                                                "index": index_name("ood-dev")})
+            r = client.post(
+                "/v1/search",
+                json={
+                    "query": q,
+                    "mode": "vector",
+                    "k": K,
+                    "rerank": mode,
+                    "shortlist": K,
+                    "index": index_name("ood-dev"),
+                },
+            )
             r.raise_for_status()
             absent[mode].append([h["score"] for h in r.json()["results"]])
     return data, absent
@@ -115,8 +171,15 @@ def collect_all(client, sets: dict, log=print) -> tuple[dict, dict]:
 def save_scores(path: Path, data: dict, absent: dict) -> None:
     from crossprobe.core.atomic import atomic_write
 
-    atomic_write(path, json.dumps({"data": {m: {n: {k: v.tolist() for k, v in d.items()} for n, d in data[m].items()}
-                                            for m in MODES}, "absent": absent}))
+    atomic_write(
+        path,
+        json.dumps(
+            {
+                "data": {m: {n: {k: v.tolist() for k, v in d.items()} for n, d in data[m].items()} for m in MODES},
+                "absent": absent,
+            }
+        ),
+    )
 
 
 def load_scores(path: Path) -> tuple[dict, dict]:
@@ -174,9 +237,17 @@ def analyse(data: dict, absent: dict, sets: dict) -> dict:
     """The shift, the curve and how well it is calibrated, per mode -> {"curves", "sets", "shift_sweep", "ece",
     "ece_top1", "ece_top100", "reliability", "absent", "positives_top10"}."""
     folds = {name: split_of(s["pairs"]) for name, s in sets.items()}
-    out: dict = {"curves": {}, "sets": {n: {"captions": len(s["pairs"]), "photos": s["images"]} for n, s in sets.items()},
-                 "shift_sweep": {}, "ece": {}, "ece_top1": {}, "ece_top100": {}, "reliability": {}, "absent": {},
-                 "positives_top10": {}}
+    out: dict = {
+        "curves": {},
+        "sets": {n: {"captions": len(s["pairs"]), "photos": s["images"]} for n, s in sets.items()},
+        "shift_sweep": {},
+        "ece": {},
+        "ece_top1": {},
+        "ece_top100": {},
+        "reliability": {},
+        "absent": {},
+        "positives_top10": {},
+    }
     for mode in MODES:
         d = data[mode]
         top10 = {n: d[n]["rank"] < 10 for n in sets}
@@ -189,14 +260,17 @@ def analyse(data: dict, absent: dict, sets: dict) -> dict:
         pred = crossfit(d, sets, folds, shift)
         out["ece"][mode] = {n: round(calibration.ece(pred[n][top10[n]], d[n]["label"][top10[n]]), 4) for n in sets}
         out["ece_top100"][mode] = {n: round(calibration.ece(pred[n], d[n]["label"]), 4) for n in sets}
-        out["ece_top1"][mode] = {n: round(calibration.ece(pred[n][d[n]["rank"] == 0],
-                                                           d[n]["label"][d[n]["rank"] == 0]), 4) for n in sets}
-        out["reliability"][mode] = {n: calibration.reliability(pred[n][top10[n]], d[n]["label"][top10[n]])
-                                    for n in sets}
+        out["ece_top1"][mode] = {
+            n: round(calibration.ece(pred[n][d[n]["rank"] == 0], d[n]["label"][d[n]["rank"] == 0]), 4) for n in sets
+        }
+        out["reliability"][mode] = {
+            n: calibration.reliability(pred[n][top10[n]], d[n]["label"][top10[n]]) for n in sets
+        }
         out["positives_top10"][mode] = {n: round(float(d[n]["label"][top10[n]].mean()), 4) for n in sets}
         zz = {n: {"score": centred(d[n], shift), "label": d[n]["label"]} for n in sets}
-        curve = calibration.fit(*weights(zz, list(sets), {n: np.ones(len(d[n]["score"]), bool) for n in sets}),
-                                shift=shift)
+        curve = calibration.fit(
+            *weights(zz, list(sets), {n: np.ones(len(d[n]["score"]), bool) for n in sets}), shift=shift
+        )
         cal = calibration.Calibration({mode: curve}, {})
         out["curves"][mode] = cal.curves[mode].to_json()
         out["absent"][mode] = _cutoffs(cal, curve, mode, d, zz, top10, absent[mode], sets)
@@ -214,8 +288,10 @@ def _cutoffs(cal, curve, mode: str, d: dict, zz: dict, top10: dict, absent: list
         gold[n] = g
     rows = {}
     for c in CUTOFFS:
-        rows[str(c)] = {"absent_empty": int(np.sum(top_abs < c)),
-                        "gold_kept_%": {n: round(float(np.mean(gold[n] >= c)) * 100, 1) for n in sets}}
+        rows[str(c)] = {
+            "absent_empty": int(np.sum(top_abs < c)),
+            "gold_kept_%": {n: round(float(np.mean(gold[n] >= c)) * 100, 1) for n in sets},
+        }
     # the cutoff that keeps the own photo of 90% of the captions that have it in their top 10: the 10th
     # percentile of those photos' relevance, both sets pooled with equal weight
     inside = {n: gold[n][gold[n] > 0] for n in sets}
@@ -224,9 +300,13 @@ def _cutoffs(cal, curve, mode: str, d: dict, zz: dict, top10: dict, absent: list
     order = np.argsort(vals)
     cum = np.cumsum(w[order]) / w.sum()
     cut90 = float(vals[order][np.searchsorted(cum, 0.1)])
-    at90 = {"cutoff": round(cut90, 4), "absent_empty": int(np.sum(top_abs < cut90)), "absent_queries": len(ABSENT),
-            "gold_kept_of_top10_%": {n: round(float(np.mean(inside[n] >= cut90)) * 100, 1) for n in sets},
-            "gold_kept_of_all_%": {n: round(float(np.mean(gold[n] >= cut90)) * 100, 1) for n in sets}}
+    at90 = {
+        "cutoff": round(cut90, 4),
+        "absent_empty": int(np.sum(top_abs < cut90)),
+        "absent_queries": len(ABSENT),
+        "gold_kept_of_top10_%": {n: round(float(np.mean(inside[n] >= cut90)) * 100, 1) for n in sets},
+        "gold_kept_of_all_%": {n: round(float(np.mean(gold[n] >= cut90)) * 100, 1) for n in sets},
+    }
     return {"top1_relevance": [round(float(v), 4) for v in top_abs], "by_cutoff": rows, "at_90pct_gold_kept": at90}
 
 

@@ -1,4 +1,5 @@
 """Flickr8k with its frozen-backbone feature cache, as training and eval see it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ class CachedData:
     gray_grids: np.ndarray | None = None  # (N_img, 49, 1280) float16, the grayscale copies' grids (with_gray)
 
     @classmethod
-    def build(cls, cache_dir: Path, frozen_layers: int, root: Path | None = None, in_memory: bool = True) -> "CachedData":
+    def build(
+        cls, cache_dir: Path, frozen_layers: int, root: Path | None = None, in_memory: bool = True
+    ) -> "CachedData":
         ds = Flickr8k.load(root)
         cache_dir = Path(cache_dir)
         grids = cache_images([ds.image_path(i) for i in range(len(ds.images))], cache_dir / "images.npy")
@@ -34,10 +37,13 @@ class CachedData:
         return cls(ds, grids, states, masks, caps)
 
     def with_gray(self, cache_dir: Path) -> "CachedData":
-        """Load (and cache once) the grids of every image's grayscale copy, into memory: the towers' grayscale augmentation."""
+        """Load (and cache once) the grids of every image's grayscale copy, into memory: the towers' grayscale
+        augmentation."""
         if self.gray_grids is None:
             paths = [self.ds.image_path(i) for i in range(len(self.ds.images))]
-            self.gray_grids = np.array(cache_images(paths, Path(cache_dir) / "images_gray.npy", desc="grayscale grids", gray=True))
+            self.gray_grids = np.array(
+                cache_images(paths, Path(cache_dir) / "images_gray.npy", desc="grayscale grids", gray=True)
+            )
         return self
 
     def split_images(self, split: str) -> list[int]:

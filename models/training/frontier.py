@@ -16,6 +16,7 @@ in ModelConfig.cp (CrossProbeConfig's defaults, models/cross_probe.py;
 docs/research/frontier.md says when it is not), and `crossprobe train` trains
 that one shape, initialised as the frontier initialises it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,8 @@ from typing import Callable
 
 import torch
 
-from crossprobe.models.evaluation.timing import rerank_ms
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
+from crossprobe.models.evaluation.timing import rerank_ms
 from crossprobe.models.training.rerankers import RerankTrainConfig, train_reranker
 from crossprobe.models.training.state import atomic_save, seed_everything
 
@@ -74,8 +75,17 @@ def finished_row(run_dir, name: str, budget: dict) -> dict | None:
     return row if row is not None and row.get("budget") == budget else None
 
 
-def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run_dir, seed: int, log=print,
-                 settings=SETTINGS, budget_ms: float = 10.0, tolerance: float = 1.0) -> dict:
+def run_frontier(
+    model,
+    banks: Callable[[], tuple],
+    rcfg: RerankTrainConfig,
+    run_dir,
+    seed: int,
+    log=print,
+    settings=SETTINGS,
+    budget_ms: float = 10.0,
+    tolerance: float = 1.0,
+) -> dict:
     """Train every setting (resumable per setting: run_dir/frontier_<name>.done.pt), time it, choose.
     banks() -> (train banks, dev banks), called only if some setting still needs training.
     model.cp is left as it was."""
@@ -101,56 +111,104 @@ def run_frontier(model, banks: Callable[[], tuple], rcfg: RerankTrainConfig, run
             rep = train_reranker(model, "cp", *got, rcfg, Path(run_dir) / f"frontier_{name}.pt", seed, log)
             train_s = round(time.time() - t0, 1)
             t = rerank_ms(model, methods=("cp",), ks=(100,), repeats=30)
-            row = {"name": name, "config": dataclasses.asdict(cfg), "dev_R@1": rep["dev_score"], "best_epoch": rep["best_epoch"],
-                   "fusion_w": rep.get("fusion_w"), "train_s": train_s, "budget": budget,
-                   "ort_ms_100": t["onnxruntime"]["cp"]["100"], "torch_ms_100": t["pytorch"]["cp"]["100"]}
+            row = {
+                "name": name,
+                "config": dataclasses.asdict(cfg),
+                "dev_R@1": rep["dev_score"],
+                "best_epoch": rep["best_epoch"],
+                "fusion_w": rep.get("fusion_w"),
+                "train_s": train_s,
+                "budget": budget,
+                "ort_ms_100": t["onnxruntime"]["cp"]["100"],
+                "torch_ms_100": t["pytorch"]["cp"]["100"],
+            }
             atomic_save({"weights": model.cp.state_dict(), "row": row}, done)
         log(f"frontier {row}")
         rows.append(row)
     model.cp = keep
     chosen = choose(rows, budget_ms, tolerance)
     caps = "all 5,000 dev captions" if rcfg.standalone else f"the first caption of {rcfg.dev_queries:,} dev images"
-    return {"rows": rows, "chosen": chosen["name"], "budget_ms": budget_ms, "tolerance_R@1": tolerance,
-            "selection": f"dev text->image R@1 after reranking the top {rcfg.dev_k} ({caps}, at the fusion weight fit there)"}
+    return {
+        "rows": rows,
+        "chosen": chosen["name"],
+        "budget_ms": budget_ms,
+        "tolerance_R@1": tolerance,
+        "selection": f"dev text->image R@1 after reranking the top {rcfg.dev_k} ({caps}, "
+        "at the fusion weight fit there)",
+    }
 
 
-def write_doc(frontier: dict, docs, machine: str, fingerprint: str, default_cp: dict, command: str,
-              current_budget: dict | None = None) -> None:
-    """docs/research/frontier.md + docs/research/results/frontier.json (dev numbers and timings measured when each setting trained).
+def write_doc(
+    frontier: dict,
+    docs,
+    machine: str,
+    fingerprint: str,
+    default_cp: dict,
+    command: str,
+    current_budget: dict | None = None,
+) -> None:
+    """docs/research/frontier.md + docs/research/results/frontier.json (dev numbers and timings measured when each
+    setting trained).
     default_cp: ModelConfig().cp as a dict, to say whether the pinned default is the frontier's choice;
     current_budget: recipe_budget of today's CP recipe, to say when the rows were trained under another."""
     docs = Path(docs)
     (docs / "results").mkdir(parents=True, exist_ok=True)
     pinned = name_of(default_cp)
-    out = {**frontier, "default_in_model_config": pinned, "machine": machine, "towers_of_checkpoint": fingerprint,
-           "command": command}
+    out = {
+        **frontier,
+        "default_in_model_config": pinned,
+        "machine": machine,
+        "towers_of_checkpoint": fingerprint,
+        "command": command,
+    }
     (docs / "results" / "frontier.json").write_text(json.dumps(out, indent=2))
     lines = [
-        "# Cross-probe latency / accuracy frontier (selection on the dev split)", "",
-        f"Command: `{command}`  ", f"Machine: {machine}  ", f"Towers: checkpoint `{fingerprint}`", "",
+        "# Cross-probe latency / accuracy frontier (selection on the dev split)",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {machine}  ",
+        f"Towers: checkpoint `{fingerprint}`",
+        "",
         "Every setting trained with the same recipe, budget and seed on the same frozen towers: the CP recipe of "
-        "`crossprobe train` (`reranker_config(TrainConfig(), \"cp\")`; docs/research/rerank_experiments.md). "
+        '`crossprobe train` (`reranker_config(TrainConfig(), "cp")`; docs/research/rerank_experiments.md). '
         f"dev R@1: {frontier['selection']}, at the best epoch. Rerank time: one query against 100 cached candidates, "
-        "2 threads, median of 30, measured right after each setting trained. Train s: wall time of the setting's training "
+        "2 threads, median of 30, measured right after each setting trained. Train s: wall time of the setting's "
+        "training "
         "(in-batch pretraining, listwise epochs, dev fits). Rule: most accurate within "
-        f"{frontier['budget_ms']} ms and within {frontier['tolerance_R@1']} R@1 of the best.", "",
+        f"{frontier['budget_ms']} ms and within {frontier['tolerance_R@1']} R@1 of the best.",
+        "",
         *_budget_lines(frontier["rows"], current_budget),
         "| setting (d, n, l; m=5) | dev R@1 | ONNX Runtime ms (K=100) | PyTorch ms (K=100) | train s | chosen |",
         "|---|---|---|---|---|---|",
     ]
     for r in frontier["rows"]:
-        lines.append(f"| {r['name']} | {r['dev_R@1']:.1f} | {r['ort_ms_100']} | {r['torch_ms_100']} | {r.get('train_s', '-')} | "
-                     f"{'yes' if r['name'] == frontier['chosen'] else ''} |")
+        lines.append(
+            f"| {r['name']} | {r['dev_R@1']:.1f} | {r['ort_ms_100']} | {r['torch_ms_100']} | {r.get('train_s', '-')} | "
+            f"{'yes' if r['name'] == frontier['chosen'] else ''} |"
+        )
     if pinned == frontier["chosen"]:
         agree = f"The default CP shape pinned in `ModelConfig.cp`, `{pinned}`, is the chosen setting"
     else:
         row = next((r for r in frontier["rows"] if r["name"] == pinned), None)
-        agree = (f"The default CP shape pinned in `ModelConfig.cp`, `{pinned}`, is NOT the chosen setting `{frontier['chosen']}`"
-                 + (f" (dev R@1 {row['dev_R@1']:.1f} vs {max(r['dev_R@1'] for r in frontier['rows']):.1f}, "
-                    f"{row['ort_ms_100']} ms)" if row else "") + ": re-pin it to follow this frontier")
-    lines += ["", agree + "; `crossprobe train` trains the pinned shape alone, with the same recipe and initialisation. "
-              "Test-split numbers of the default are in docs/research/flickr8k.md (CP@K rows); `make bench` re-measures every "
-              "setting on the test split (docs/research/frontier_test.md).", ""]
+        agree = (
+            f"The default CP shape pinned in `ModelConfig.cp`, `{pinned}`, is NOT the chosen setting "
+            f"`{frontier['chosen']}`"
+            + (
+                f" (dev R@1 {row['dev_R@1']:.1f} vs {max(r['dev_R@1'] for r in frontier['rows']):.1f}, "
+                f"{row['ort_ms_100']} ms)"
+                if row
+                else ""
+            )
+            + ": re-pin it to follow this frontier"
+        )
+    lines += [
+        "",
+        agree + "; `crossprobe train` trains the pinned shape alone, with the same recipe and initialisation. "
+        "Test-split numbers of the default are in docs/research/flickr8k.md (CP@K rows); `make bench` re-measures "
+        "every "
+        "setting on the test split (docs/research/frontier_test.md).",
+        "",
+    ]
     (docs / "frontier.md").write_text("\n".join(lines))
 
 
@@ -161,8 +219,11 @@ def _budget_lines(rows: list[dict], current: dict | None) -> list[str]:
     b = rows[0]["budget"]
     out = [f"Budget per setting: {b['pretrain_epochs']} in-batch pretraining + {b['epochs']} listwise epochs."]
     if current is not None and current != b:
-        out.append(f"**The CP recipe of `crossprobe train` is now {current['pretrain_epochs']} + {current['epochs']} epochs: "
-                   "these rows compare the shapes under the older budget; `crossprobe frontier` retrains them under the new one.**")
+        out.append(
+            f"**The CP recipe of `crossprobe train` is now {current['pretrain_epochs']} + {current['epochs']} epochs: "
+            "these rows compare the shapes under the older budget; `crossprobe frontier` retrains them under the new "
+            "one.**"
+        )
     return [" ".join(out), ""]
 
 
@@ -192,5 +253,13 @@ def frontier(ckpt, docs, command: str, tcfg=None, log=print, settings=SETTINGS) 
     Path(tcfg.run_dir).mkdir(parents=True, exist_ok=True)
     rcfg = reranker_config(tcfg, "cp")
     res = run_frontier(model, banks, rcfg, tcfg.run_dir, tcfg.seed, log, settings)
-    write_doc(res, docs, machine(), meta["fingerprint"], {k: getattr(default_cp, k) for k in SHAPE}, command, recipe_budget(rcfg))
+    write_doc(
+        res,
+        docs,
+        machine(),
+        meta["fingerprint"],
+        {k: getattr(default_cp, k) for k in SHAPE},
+        command,
+        recipe_budget(rcfg),
+    )
     return res

@@ -11,6 +11,7 @@ chooses the epoch and the fusion weight together on the selection split (`fit_fu
 captions the towers' score is near-perfect (they fit that split), so a fused
 logit learned there mostly learns to defer to it; dev shows the honest mix.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,6 @@ from crossprobe.models.losses import listwise
 from crossprobe.models.temde import merge
 from crossprobe.models.training.state import EpochState, atomic_save
 from crossprobe.models.training.towers import cosine_schedule
-
 
 ANCHOR_SCALE = 20.0  # alignment is a mean cosine in [-1, 1]; scaled like a contrastive logit
 
@@ -49,7 +49,8 @@ class RerankTrainConfig:
     pretrain_batch: int = 64  # captions (of distinct images) per pretraining step: batch^2 pairs scored
     standalone: bool = False  # train the reranker's own score; the fusion weight is fit on the selection split
     # selection captions of a standalone reranker (epoch and fusion weight; all 5 per dev image): t2i R@1 on
-    # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch (docs/research/rerank_experiments.md §5)
+    # 1,000 captions moves by ~1.3 points by chance, enough to pick the wrong epoch
+    # (docs/research/rerank_experiments.md §5)
     fusion_queries: int = 5000
     # listwise over the whole batch's candidates (pooled_logits): each caption ranks its image against all
     # queries x (1 + negatives) candidates of the step, not only its own 1 + negatives. Free for T-EMDE (a dot
@@ -85,20 +86,31 @@ def mine(text: TextBank, images: ImageBank, gold_cols: np.ndarray, k: int) -> np
     return out
 
 
-def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndarray],
-                   dev: tuple[TextBank, ImageBank, np.ndarray], cfg: RerankTrainConfig, state_path, seed: int,
-                   log=print) -> dict:
+def train_reranker(
+    model,
+    method: str,
+    train: tuple[TextBank, ImageBank, np.ndarray],
+    dev: tuple[TextBank, ImageBank, np.ndarray],
+    cfg: RerankTrainConfig,
+    state_path,
+    seed: int,
+    log=print,
+) -> dict:
     """Trains getattr(model, method); the towers and other rerankers stay frozen."""
     text, images, gold = train
     if cfg.pool_negatives and method != "temde":
-        raise ValueError(f"pool_negatives is for T-EMDE (a dot product per pair); {method} would score every pair jointly")
+        raise ValueError(
+            f"pool_negatives is for T-EMDE (a dot product per pair); {method} would score every pair jointly"
+        )
     module, params = _trainable(model, method, cfg)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     cap_by_img = captions_by_image(gold)
     steps = math.ceil(len(cap_by_img) * cfg.captions_per_image / cfg.queries)
     sched = cosine_schedule(opt, cfg.epochs * steps, min(50, steps))
     hard = mine(text, images, gold, cfg.mine_k)
-    pre = pretrain_inbatch(model, method, train, cfg, state_path.with_name(state_path.stem + ".pretrained.pt"), seed, log)
+    pre = pretrain_inbatch(
+        model, method, train, cfg, state_path.with_name(state_path.stem + ".pretrained.pt"), seed, log
+    )
     state = EpochState(state_path, "module")
     start, best, history = state.resume(module.load_state_dict, opt, sched, {"score": -1.0}, method, log)
     # the region term (region_labels.py) sits inside the training logit when the model has a weight for this
@@ -107,10 +119,14 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + 1000 + epoch)
         module.train()
-        queries = np.array([c for caps in cap_by_img.values() for c in rng.choice(caps, cfg.captions_per_image, replace=False)])
+        queries = np.array(
+            [c for caps in cap_by_img.values() for c in rng.choice(caps, cfg.captions_per_image, replace=False)]
+        )
         rng.shuffle(queries)
         total = 0.0
-        for s in tqdm(range(0, len(queries), cfg.queries), desc=f"{method} epoch {epoch + 1}/{cfg.epochs}", leave=False):
+        for s in tqdm(
+            range(0, len(queries), cfg.queries), desc=f"{method} epoch {epoch + 1}/{cfg.epochs}", leave=False
+        ):
             q = queries[s : s + cfg.queries]
             neg = np.stack([rng.choice(hard[c], cfg.negatives, replace=False) for c in q])
             total += _step(loss_of(q, np.concatenate([gold[q][:, None], neg], 1)), params, opt, sched)  # positive first
@@ -119,8 +135,12 @@ def train_reranker(model, method: str, train: tuple[TextBank, ImageBank, np.ndar
         history.append(rec)
         log(f"{method} {rec}")
         if rec[f"dev_t2i_R@1@{cfg.dev_k}"] > best["score"]:
-            best = {"score": rec[f"dev_t2i_R@1@{cfg.dev_k}"], "epoch": epoch + 1,
-                    "weights": {k: v.clone() for k, v in module.state_dict().items()}, "fusion_w": rec.get("fusion_w")}
+            best = {
+                "score": rec[f"dev_t2i_R@1@{cfg.dev_k}"],
+                "epoch": epoch + 1,
+                "weights": {k: v.clone() for k, v in module.state_dict().items()},
+                "fusion_w": rec.get("fusion_w"),
+            }
         state.save(module.state_dict(), opt, sched, epoch + 1, best, history)
     fusion = _keep_best(model, method, best, dev, cfg, log)
     return {"best_epoch": best["epoch"], "dev_score": best["score"], "history": history, "pretrain": pre, **fusion}
@@ -158,7 +178,9 @@ class _StepLoss:
         else:
             logits = scorer.fused(torch.from_numpy(q), torch.from_numpy(cand), grad=True)
             loss = listwise(logits)
-            if self.teacher is not None:  # residuals over the two-tower logit on both sides (alpha is 0 when standalone)
+            if (
+                self.teacher is not None
+            ):  # residuals over the two-tower logit on both sides (alpha is 0 when standalone)
                 own = logits - module.fusion.alpha * scorer.tt(torch.from_numpy(q), torch.from_numpy(cand))
                 loss = loss + cfg.distill_weight * distill_loss(own, self.teacher, q, cand, cfg.distill_tau)
         if self.anchor_w:  # ACE-RPE's anchor loss: the alignment should rank the positive first too
@@ -184,8 +206,11 @@ def _keep_best(model, method: str, best: dict, dev, cfg: RerankTrainConfig, log)
     if cfg.standalone:
         w = best["fusion_w"]
         set_fusion(module.fusion, w)
-        fusion = {"fusion_w": w, f"fusion_dev_t2i_R@1@{cfg.dev_k}": best["score"],
-                  "fusion_queries": int(min(len(dev[2]), cfg.fusion_queries))}
+        fusion = {
+            "fusion_w": w,
+            f"fusion_dev_t2i_R@1@{cfg.dev_k}": best["score"],
+            "fusion_queries": int(min(len(dev[2]), cfg.fusion_queries)),
+        }
         log(f"{method} fusion {fusion}")
     for p in model.parameters():
         p.requires_grad_(True)
@@ -203,7 +228,9 @@ def _teacher(model, method: str, cfg: RerankTrainConfig, text, images) -> PairSc
         return PairScorer(model, cfg.distill_from, text, images, region=False)
 
 
-def distill_loss(student: torch.Tensor, teacher: PairScorer, q: np.ndarray, cand: np.ndarray, tau: float) -> torch.Tensor:
+def distill_loss(
+    student: torch.Tensor, teacher: PairScorer, q: np.ndarray, cand: np.ndarray, tau: float
+) -> torch.Tensor:
     """(Q, C) the student's residual logits over the two-tower score -> KL(teacher || student) over each row's
     candidates, the teacher's residual as the target (tau^2-scaled, as Hinton et al.)."""
     qt, ct = torch.from_numpy(q), torch.from_numpy(cand)
@@ -261,7 +288,9 @@ def pretrain_inbatch(model, method: str, train, cfg: RerankTrainConfig, done_pat
         order = rng.permutation(imgs)
         module.train()
         total = 0.0
-        for s in tqdm(range(steps), desc=f"{method} in-batch pretraining {epoch + 1}/{cfg.pretrain_epochs}", leave=False):
+        for s in tqdm(
+            range(steps), desc=f"{method} in-batch pretraining {epoch + 1}/{cfg.pretrain_epochs}", leave=False
+        ):
             batch = order[s * cfg.pretrain_batch : (s + 1) * cfg.pretrain_batch]
             q = torch.from_numpy(np.array([rng.choice(cap_by_img[int(i)]) for i in batch]))
             B = len(batch)
@@ -316,9 +345,12 @@ def fit_fusion(model, method: str, dev, cfg: RerankTrainConfig, queries: int | N
     if model.cfg.region.weight(method) > 0:
         region = (PairScorer(model, method, text, images).fused(qt, ct).numpy() - fused) / 20.0
     alone = s * float(f.beta) / 20.0  # w = inf keeps the trained beta (set_fusion): its logit over 20, as region's
-    r1 = {w: M.summarize(M.t2i_ranks(M.apply_rerank(S, cand, (alone if math.isinf(w) else stt + w * s) + region),
-                                     gold[rows]))["R@1"]
-          for w in FUSION_GRID}
+    r1 = {
+        w: M.summarize(
+            M.t2i_ranks(M.apply_rerank(S, cand, (alone if math.isinf(w) else stt + w * s) + region), gold[rows])
+        )["R@1"]
+        for w in FUSION_GRID
+    }
     w = max(FUSION_GRID, key=lambda x: (r1[x], -x))
     return w, r1[w]
 

@@ -10,6 +10,7 @@
 
 Every stage records its wall time in <run_dir>/timings.json.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,13 @@ from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
 from crossprobe.models.temde import Temde
 from crossprobe.models.training.data import CachedData
 from crossprobe.models.training.frontier import fresh_cp
-from crossprobe.models.training.rerankers import RerankTrainConfig, fit_fusion, fit_merged_temde, set_fusion, train_reranker
+from crossprobe.models.training.rerankers import (
+    RerankTrainConfig,
+    fit_fusion,
+    fit_merged_temde,
+    set_fusion,
+    train_reranker,
+)
 from crossprobe.models.training.stacking import stacked
 from crossprobe.models.training.state import Timings, atomic_save, seed_everything
 from crossprobe.models.training.towers import TowerTrainConfig, train_towers
@@ -76,10 +83,13 @@ def _jsonable(o):
 
 def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     """The training budget of one reranker (the ablation reuses it, so options train like the default)."""
-    rcfg = dataclasses.replace(cfg.rerank, epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs),
-                               pretrain_epochs=cfg.pretrain_by_method.get(method, cfg.rerank.pretrain_epochs),
-                               captions_per_image=cfg.captions_by_method.get(method, cfg.rerank.captions_per_image),
-                               standalone=method in cfg.standalone_methods or cfg.rerank.standalone)
+    rcfg = dataclasses.replace(
+        cfg.rerank,
+        epochs=cfg.epochs_by_method.get(method, cfg.rerank.epochs),
+        pretrain_epochs=cfg.pretrain_by_method.get(method, cfg.rerank.pretrain_epochs),
+        captions_per_image=cfg.captions_by_method.get(method, cfg.rerank.captions_per_image),
+        standalone=method in cfg.standalone_methods or cfg.rerank.standalone,
+    )
     if method in ("sm", "tv"):  # joint layers over ~65 tokens per pair: a cheaper dev check
         rcfg = dataclasses.replace(rcfg, dev_k=min(20, rcfg.dev_k), dev_queries=300)
     if method == "tv":  # 4 joint layers per pair: fewer negatives per query
@@ -87,8 +97,9 @@ def reranker_config(cfg: TrainConfig, method: str) -> RerankTrainConfig:
     return rcfg
 
 
-def train_members(model, method: str, train_banks, dev_banks, rcfg: RerankTrainConfig, run: Path, seed: int, n: int,
-                  log=print) -> dict:
+def train_members(
+    model, method: str, train_banks, dev_banks, rcfg: RerankTrainConfig, run: Path, seed: int, n: int, log=print
+) -> dict:
     """n draws of one reranker (seeds seed .. seed + n - 1, each initialised afresh) merged into model.<method>; each
     member resumes or is skipped on its own (<run>/<method>.m<i>.pt, .done.pt). Only T-EMDE merges into one
     module that the index and the scorer graph serve unchanged (temde.merge)."""
@@ -105,15 +116,24 @@ def train_members(model, method: str, train_banks, dev_banks, rcfg: RerankTrainC
         else:
             seed_everything(seed + i)
             model.temde = module = Temde(model.cfg.temde)
-            reports.append(train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.m{i}.pt", seed + i, log))
+            reports.append(
+                train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.m{i}.pt", seed + i, log)
+            )
             atomic_save({"weights": module.state_dict(), "report": reports[-1]}, done)
         members.append(module.eval())
     w, r1 = fit_merged_temde(model, members, dev_banks, rcfg)
     model.cfg.temde = model.temde.cfg  # the checkpoint records the merged shape (N = the members' sum)
     log(f"{method}: {n} members merged, fusion weight {w}, dev R@1 {r1:.2f}")
-    return {"members": reports, "member_seeds": list(range(seed, seed + n)), "member_N": members[0].cfg.N,
-            "fusion_w": w, f"fusion_dev_t2i_R@1@{rcfg.dev_k}": round(r1, 2), "fusion_queries": int(min(len(dev_banks[2]), rcfg.fusion_queries)),
-            "best_epoch": [r["best_epoch"] for r in reports], "dev_score": round(r1, 2)}
+    return {
+        "members": reports,
+        "member_seeds": list(range(seed, seed + n)),
+        "member_N": members[0].cfg.N,
+        "fusion_w": w,
+        f"fusion_dev_t2i_R@1@{rcfg.dev_k}": round(r1, 2),
+        "fusion_queries": int(min(len(dev_banks[2]), rcfg.fusion_queries)),
+        "best_epoch": [r["best_epoch"] for r in reports],
+        "dev_score": round(r1, 2),
+    }
 
 
 def seed_from_checkpoint(ckpt: Path, run_dir: Path, stages: tuple[str, ...]) -> None:
@@ -123,7 +143,10 @@ def seed_from_checkpoint(ckpt: Path, run_dir: Path, stages: tuple[str, ...]) -> 
     meta = checkpoint.read_config(ckpt)
     from safetensors.torch import load_file
 
-    tensors = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(Path(ckpt) / "model.safetensors")).items()}
+    tensors = {
+        k: v.float() if v.is_floating_point() else v
+        for k, v in load_file(str(Path(ckpt) / "model.safetensors")).items()
+    }
     tr = meta.get("training", {})
     run_dir = Path(run_dir)
     timings = Timings(run_dir)
@@ -131,11 +154,13 @@ def seed_from_checkpoint(ckpt: Path, run_dir: Path, stages: tuple[str, ...]) -> 
         if stage == "towers":
             weights = {k: v for k, v in tensors.items() if k.startswith(TOWER_PREFIXES)}
         elif stage in ("cp", "temde", "sm", "tv"):
-            weights = {k[len(stage) + 1:]: v for k, v in tensors.items() if k.startswith(stage + ".")}
+            weights = {k[len(stage) + 1 :]: v for k, v in tensors.items() if k.startswith(stage + ".")}
         else:
             raise ValueError(f"cannot seed stage {stage!r} from a checkpoint")
-        atomic_save({"weights": weights, "report": {**tr.get(stage, {}), "from_checkpoint": meta["fingerprint"]}},
-                    run_dir / f"{stage}.done.pt")
+        atomic_save(
+            {"weights": weights, "report": {**tr.get(stage, {}), "from_checkpoint": meta["fingerprint"]}},
+            run_dir / f"{stage}.done.pt",
+        )
         if stage in tr.get("timings_s", {}) and stage not in timings.data:
             timings.add(stage, tr["timings_s"][stage])
 
@@ -207,10 +232,13 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
             model.cp = fresh_cp(model.cfg.cp, cfg.seed)
         with timings.timer(method):
             if cfg.members_by_method.get(method, 1) > 1:
-                report[method] = train_members(model, method, train_banks, dev_banks, rcfg, run, cfg.seed,
-                                               cfg.members_by_method[method], log)
+                report[method] = train_members(
+                    model, method, train_banks, dev_banks, rcfg, run, cfg.seed, cfg.members_by_method[method], log
+                )
             else:
-                report[method] = train_reranker(model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log)
+                report[method] = train_reranker(
+                    model, method, train_banks, dev_banks, rcfg, run / f"{method}.pt", cfg.seed, log
+                )
         atomic_save({"weights": getattr(model, method).state_dict(), "report": report[method]}, done)
     report["timings_s"] = timings.data
     report["wall_s_this_invocation"] = round(time.time() - t0, 1)

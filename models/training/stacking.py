@@ -10,6 +10,7 @@ images (with all their captions) joins the reranker's training queries, and
 model selection uses the remaining dev images only: the test split stays
 untouched, as in any stacked second-stage learner.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,11 @@ def subset(banks: Banks, image_cols) -> Banks:
     caps = torch.from_numpy(np.nonzero(remap[gold] >= 0)[0])
     T = int(text.mask[caps].sum(1).max())
     cols = torch.from_numpy(image_cols)
-    return (TextBank(text.tokens[caps][:, :T], text.mask[caps][:, :T], text.g[caps], text.states[caps][:, :T]),
-            ImageBank(images.tokens[cols], images.g[cols], images.grids[cols]), remap[gold[caps.numpy()]])
+    return (
+        TextBank(text.tokens[caps][:, :T], text.mask[caps][:, :T], text.g[caps], text.states[caps][:, :T]),
+        ImageBank(images.tokens[cols], images.g[cols], images.grids[cols]),
+        remap[gold[caps.numpy()]],
+    )
 
 
 def _pad_tokens(x: torch.Tensor, T: int) -> torch.Tensor:
@@ -44,10 +48,12 @@ def concat(a: Banks, b: Banks) -> Banks:
     """Captions and images of both; b's gold columns shifted past a's images."""
     (ta, ia, ga), (tb, ib, gb) = a, b
     T = max(ta.mask.shape[1], tb.mask.shape[1])
-    text = TextBank(torch.cat([_pad_tokens(ta.tokens, T), _pad_tokens(tb.tokens, T)]),
-                    torch.cat([_pad_tokens(ta.mask, T), _pad_tokens(tb.mask, T)]),
-                    torch.cat([ta.g, tb.g]),
-                    torch.cat([_pad_tokens(ta.states, T), _pad_tokens(tb.states, T)]))
+    text = TextBank(
+        torch.cat([_pad_tokens(ta.tokens, T), _pad_tokens(tb.tokens, T)]),
+        torch.cat([_pad_tokens(ta.mask, T), _pad_tokens(tb.mask, T)]),
+        torch.cat([ta.g, tb.g]),
+        torch.cat([_pad_tokens(ta.states, T), _pad_tokens(tb.states, T)]),
+    )
     images = ImageBank(torch.cat([ia.tokens, ib.tokens]), torch.cat([ia.g, ib.g]), torch.cat([ia.grids, ib.grids]))
     return text, images, np.concatenate([ga, gb + len(ia.g)])
 

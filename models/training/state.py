@@ -5,6 +5,7 @@ far, RNG) atomically after every epoch, and `<stage>.done.pt` with its best
 weights when finished; a restarted run skips finished stages and resumes the
 current one from its last completed epoch.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,18 @@ class EpochState:
         return st["epoch"], st["best"], st["history"]
 
     def save(self, weights: dict, opt, sched, epoch: int, best: dict, history: list) -> None:
-        atomic_save({self.key: weights, "opt": opt.state_dict(), "sched": sched.state_dict(), "epoch": epoch,
-                     "best": best, "history": history, "rng": rng_state()}, self.path)
+        atomic_save(
+            {
+                self.key: weights,
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "epoch": epoch,
+                "best": best,
+                "history": history,
+                "rng": rng_state(),
+            },
+            self.path,
+        )
 
 
 def seed_everything(seed: int) -> None:

@@ -12,6 +12,7 @@ detector at 480 px (the gate it replaced) passes, so OCR reads as many photos as
 Everything is cached under the work folder (sets, OCR, grids), so a rerun takes seconds and gives the same bytes.
 research/text_search/feature_gate.py measures the gate it gives (recall on dev and test, documents, the curve).
 """
+
 from __future__ import annotations
 
 import json
@@ -122,12 +123,17 @@ def detector_passes(path: str) -> bool:
     if _DETECTOR is None:
         from rapidocr_onnxruntime import RapidOCR
 
-        _DETECTOR = RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1, det_limit_side_len=480,
-                             det_limit_type="max")
+        _DETECTOR = RapidOCR(
+            intra_op_num_threads=1, inter_op_num_threads=1, det_limit_side_len=480, det_limit_type="max"
+        )
     from PIL import Image
 
-    boxes, _ = _DETECTOR(np.ascontiguousarray(np.asarray(Image.open(path).convert("RGB"))[:, :, ::-1]),
-                         use_det=True, use_cls=False, use_rec=False)
+    boxes, _ = _DETECTOR(
+        np.ascontiguousarray(np.asarray(Image.open(path).convert("RGB"))[:, :, ::-1]),
+        use_det=True,
+        use_cls=False,
+        use_rec=False,
+    )
     return bool(boxes)
 
 
@@ -185,12 +191,14 @@ def fit_probe(x: np.ndarray, y: np.ndarray, l2: float) -> dict:
         loss = loss + l2 * (w * w).sum()
         loss.backward()
         return loss
+
     opt.step(closure)
     return {"mu": mu, "sd": sd, "w": w.detach().numpy(), "b": float(b.detach())}
 
 
-def train_probe(signs: Path, documents: Path | None, real: int, l2: float, cache: Path,
-                log=print) -> tuple[TextGate, dict]:
+def train_probe(
+    signs: Path, documents: Path | None, real: int, l2: float, cache: Path, log=print
+) -> tuple[TextGate, dict]:
     """The probe on a train sign set, its photos' real writing (real photos; 0: none) and a document set (None:
     none) -> (the gate at threshold 0.5, {"train_cells", "train_positive_cells"})."""
     names, paths, _, cover = sign_set(signs)
@@ -227,8 +235,9 @@ def dev_photos(signs: Path) -> tuple[list[Path], np.ndarray]:
     return [rows[i][0] for i in ids], np.asarray([rows[i][1] for i in ids])
 
 
-def choose_threshold(gate: TextGate, paths: list[Path], plain: np.ndarray, cache: Path,
-                     pass_pct: float | None) -> tuple[float, dict]:
+def choose_threshold(
+    gate: TextGate, paths: list[Path], plain: np.ndarray, cache: Path, pass_pct: float | None
+) -> tuple[float, dict]:
     """The dev photos without a sign -> (threshold, how it was chosen): the probe passes as many of them as the
     detector gate (pass_pct None), or pass_pct % of them."""
     score = gate.cells(grids(paths, cache / "dev.npy")).max(1)[plain]
@@ -236,11 +245,19 @@ def choose_threshold(gate: TextGate, paths: list[Path], plain: np.ndarray, cache
     detector = np.asarray([det[str(p)] for p in paths])[plain]
     rate = detector.mean() if pass_pct is None else pass_pct / 100
     t = threshold_at(score, rate)
-    rule = ("the probe passes as many of the dev split's photos without a sign as the detector gate"
-            if pass_pct is None else f"the probe passes {pass_pct:g}% of the dev split's photos without a sign")
-    return t, {"threshold_rule": rule, "dev": {"photos_without_sign": int(plain.sum()),
-                                               "pass_%": round(100 * float((score >= round(t, 4)).mean()), 1),
-                                               "detector_pass_%": round(100 * float(detector.mean()), 1)}}
+    rule = (
+        "the probe passes as many of the dev split's photos without a sign as the detector gate"
+        if pass_pct is None
+        else f"the probe passes {pass_pct:g}% of the dev split's photos without a sign"
+    )
+    return t, {
+        "threshold_rule": rule,
+        "dev": {
+            "photos_without_sign": int(plain.sum()),
+            "pass_%": round(100 * float((score >= round(t, 4)).mean()), 1),
+            "detector_pass_%": round(100 * float(detector.mean()), 1),
+        },
+    }
 
 
 def fit_text_gate(cfg: GateFitConfig, out: Path, command: str, log=print) -> TextGate:
@@ -255,13 +272,23 @@ def fit_text_gate(cfg: GateFitConfig, out: Path, command: str, log=print) -> Tex
         if not (w / name / "boxes.json").exists():  # written last: a set without it is made again
             log(f"making {name} ({n})")
             make(split, n, w / name, cfg.seed)
-    gate, info = train_probe(w / "signs-train", w / "documents-train" if cfg.documents else None, cfg.real, cfg.l2,
-                             w / "cache", log)
+    gate, info = train_probe(
+        w / "signs-train", w / "documents-train" if cfg.documents else None, cfg.real, cfg.l2, w / "cache", log
+    )
     paths, plain = dev_photos(w / "signs-dev")
     t, chosen = choose_threshold(gate, paths, plain, w / "cache", cfg.pass_pct)
     served = TextGate(gate.w, gate.b, TextGateConfig(round(t, 4)))
-    served.save(out, {"trained_by": command, "on": f"Flickr8k train photos: {cfg.signs} with a generated sign and "
-                      f"{cfg.signs} left as they are, the real writing full OCR reads in {cfg.real} other train photos, "
-                      f"and {cfg.documents} generated documents and screens", "l2": cfg.l2, **info, **chosen})
+    served.save(
+        out,
+        {
+            "trained_by": command,
+            "on": f"Flickr8k train photos: {cfg.signs} with a generated sign and "
+            f"{cfg.signs} left as they are, the real writing full OCR reads in {cfg.real} other train photos, "
+            f"and {cfg.documents} generated documents and screens",
+            "l2": cfg.l2,
+            **info,
+            **chosen,
+        },
+    )
     log(f"{out}: threshold {served.cfg.threshold} ({chosen['threshold_rule']}); dev {chosen['dev']}")
     return served

@@ -14,6 +14,7 @@ Flickr8k photos with a fixed seed: the same split, n and seed give the same file
 research/text_search/textset.py and docset.py are their command lines for the research that uses them.
 Photos and derived images stay under artifacts/ (never in the repository).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,21 +27,118 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from crossprobe.core.atomic import atomic_write
 from crossprobe.models.data.flickr8k import Flickr8k
 
-WORDS = ["EXIT", "BAKERY", "PHARMACY", "HOTEL", "PARKING", "OPEN", "CLOSED", "SALE", "STOP", "CAFE", "MUSEUM",
-         "LIBRARY", "STATION", "PLATFORM", "TICKETS", "POLICE", "TAXI", "PIZZA", "SUSHI", "GARAGE", "MARKET",
-         "THEATER", "CINEMA", "BANK", "POST", "OFFICE", "SCHOOL", "HOSPITAL", "AIRPORT", "HARBOR", "BRIDGE",
-         "GARDEN", "BEACH", "TRAIL", "CAMPING", "DANGER", "WARNING", "SILENCE", "WELCOME", "ENTRANCE", "RECEPTION",
-         "INVOICE", "RECEIPT", "TOTAL", "AGENDA", "MEETING", "BUDGET", "REPORT", "SUMMARY", "ROADMAP", "DEADLINE",
-         "BIRTHDAY", "WEDDING", "CONCERT", "FESTIVAL", "MARATHON", "FINISH", "START", "NORTH", "SOUTH", "EAST",
-         "WEST", "CENTRAL", "AVENUE", "STREET", "LANE", "ROAD", "HIGHWAY", "BAKER", "MILLER", "HARRISON", "OAKWOOD",
-         "RIVERSIDE", "LAKEVIEW", "SUNSET", "MORNING", "COFFEE", "ESPRESSO", "BURGERS", "NOODLES", "DUMPLINGS",
-         "FLOWERS", "BOOKS", "MUSIC", "VINYL", "GUITARS", "BICYCLES", "REPAIR", "LAUNDRY", "BARBER", "DENTIST",
-         "VETERINARY", "FIREWORKS", "TOURNAMENT", "CHAMPIONS", "VOLUNTEERS", "RECYCLING", "ELEVATOR", "STAIRS"]
-FONTS = ["/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
-         "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-         "/usr/share/fonts/truetype/liberation/LiberationMono-Bold.ttf"]
-STYLES = {"sign": ((30, 90, 160), (255, 255, 255)), "screen": ((20, 20, 25), (120, 255, 140)),
-          "paper": ((245, 242, 230), (30, 30, 30))}
+WORDS = [
+    "EXIT",
+    "BAKERY",
+    "PHARMACY",
+    "HOTEL",
+    "PARKING",
+    "OPEN",
+    "CLOSED",
+    "SALE",
+    "STOP",
+    "CAFE",
+    "MUSEUM",
+    "LIBRARY",
+    "STATION",
+    "PLATFORM",
+    "TICKETS",
+    "POLICE",
+    "TAXI",
+    "PIZZA",
+    "SUSHI",
+    "GARAGE",
+    "MARKET",
+    "THEATER",
+    "CINEMA",
+    "BANK",
+    "POST",
+    "OFFICE",
+    "SCHOOL",
+    "HOSPITAL",
+    "AIRPORT",
+    "HARBOR",
+    "BRIDGE",
+    "GARDEN",
+    "BEACH",
+    "TRAIL",
+    "CAMPING",
+    "DANGER",
+    "WARNING",
+    "SILENCE",
+    "WELCOME",
+    "ENTRANCE",
+    "RECEPTION",
+    "INVOICE",
+    "RECEIPT",
+    "TOTAL",
+    "AGENDA",
+    "MEETING",
+    "BUDGET",
+    "REPORT",
+    "SUMMARY",
+    "ROADMAP",
+    "DEADLINE",
+    "BIRTHDAY",
+    "WEDDING",
+    "CONCERT",
+    "FESTIVAL",
+    "MARATHON",
+    "FINISH",
+    "START",
+    "NORTH",
+    "SOUTH",
+    "EAST",
+    "WEST",
+    "CENTRAL",
+    "AVENUE",
+    "STREET",
+    "LANE",
+    "ROAD",
+    "HIGHWAY",
+    "BAKER",
+    "MILLER",
+    "HARRISON",
+    "OAKWOOD",
+    "RIVERSIDE",
+    "LAKEVIEW",
+    "SUNSET",
+    "MORNING",
+    "COFFEE",
+    "ESPRESSO",
+    "BURGERS",
+    "NOODLES",
+    "DUMPLINGS",
+    "FLOWERS",
+    "BOOKS",
+    "MUSIC",
+    "VINYL",
+    "GUITARS",
+    "BICYCLES",
+    "REPAIR",
+    "LAUNDRY",
+    "BARBER",
+    "DENTIST",
+    "VETERINARY",
+    "FIREWORKS",
+    "TOURNAMENT",
+    "CHAMPIONS",
+    "VOLUNTEERS",
+    "RECYCLING",
+    "ELEVATOR",
+    "STAIRS",
+]
+FONTS = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf",
+    "/usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationMono-Bold.ttf",
+]
+STYLES = {
+    "sign": ((30, 90, 160), (255, 255, 255)),
+    "screen": ((20, 20, 25), (120, 255, 140)),
+    "paper": ((245, 242, 230), (30, 30, 30)),
+}
 
 
 def phrase(rng: random.Random) -> list[str]:
@@ -129,7 +227,6 @@ def make_signs(split: str, n: int, out: Path, seed: int = 0) -> dict:
     return truth
 
 
-
 KINDS = ("page", "receipt", "slide", "screenshot")
 
 
@@ -140,15 +237,35 @@ def _lines(rng: random.Random, vocab: list[str], n: int, lo: int, hi: int) -> li
 def document(kind: str, vocab: list[str], rng: random.Random) -> tuple[Image.Image, list[list[int]], list[str]]:
     """One picture of a kind -> (image, line boxes, words)."""
     if kind == "page":
-        size, bg, fg, px, cols = (rng.randint(600, 900), rng.randint(800, 1100)), (250, 248, 240), (20, 20, 20), rng.randint(14, 24), (5, 12)
+        size, bg, fg, px, cols = (
+            (rng.randint(600, 900), rng.randint(800, 1100)),
+            (250, 248, 240),
+            (20, 20, 20),
+            rng.randint(14, 24),
+            (5, 12),
+        )
     elif kind == "receipt":
-        size, bg, fg, px, cols = (rng.randint(300, 420), rng.randint(700, 1000)), (245, 245, 240), (40, 40, 40), rng.randint(14, 18), (2, 4)
+        size, bg, fg, px, cols = (
+            (rng.randint(300, 420), rng.randint(700, 1000)),
+            (245, 245, 240),
+            (40, 40, 40),
+            rng.randint(14, 18),
+            (2, 4),
+        )
     elif kind == "slide":
         size = rng.choice([(960, 540), (1280, 720)])
-        bg, fg = rng.choice([((255, 255, 255), (30, 30, 60)), ((20, 40, 90), (250, 250, 250)), ((240, 235, 220), (60, 20, 20))])
+        bg, fg = rng.choice(
+            [((255, 255, 255), (30, 30, 60)), ((20, 40, 90), (250, 250, 250)), ((240, 235, 220), (60, 20, 20))]
+        )
         px, cols = rng.randint(26, 36), (3, 6)
     else:
-        size, bg, fg, px, cols = rng.choice([(1024, 640), (1280, 800)]), (255, 255, 255), (30, 30, 30), rng.randint(13, 16), (3, 8)
+        size, bg, fg, px, cols = (
+            rng.choice([(1024, 640), (1280, 800)]),
+            (255, 255, 255),
+            (30, 30, 30),
+            rng.randint(13, 16),
+            (3, 8),
+        )
     img = Image.new("RGB", size, bg)
     d = ImageDraw.Draw(img)
     boxes, words = [], []
@@ -210,5 +327,3 @@ def make_documents(split: str, n: int, out: Path, seed: int = 0) -> dict:
     (out / "truth.json").write_text(json.dumps(truth))
     atomic_write(out / "boxes.json", json.dumps(boxes))  # last, and whole: its presence marks the set complete
     return truth
-
-

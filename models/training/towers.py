@@ -6,6 +6,7 @@ negatives). Feature-level augmentation: horizontal flip of the 7x7 grid, and (gr
 the grid of the photo's grayscale copy in place of its own for that share of the images.
 The best epoch on the dev split (rsum of TT) is kept.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from crossprobe.models.evaluation import retrieval
 from crossprobe.core import inputs
+from crossprobe.models.evaluation import retrieval
 from crossprobe.models.losses import info_nce, order_hinge, vsepp_max_violation
 from crossprobe.models.model import SearchModel
 from crossprobe.models.training.data import CachedData
@@ -36,7 +37,8 @@ class TowerTrainConfig:
     order_weight: float = 1.0  # SEAM's order-embedding hinge, when "order" is in `loss`
     hflip: float = 0.5
     # share of training images seen as their grayscale copy (cached grids, CachedData.with_gray): the towers were
-    # found to read colour where captions do not name it; measured, not adopted (docs/research/region_labels.md, section 4)
+    # found to read colour where captions do not name it; measured, not adopted (docs/research/region_labels.md,
+    # section 4)
     gray: float = 0.0
     pool_penalty: float = 0.1  # SEAM diversity penalty weight (only active with pool_hops > 1)
 
@@ -52,7 +54,9 @@ def hflip_grid(grid: torch.Tensor) -> torch.Tensor:
     return grid.view(B, inputs.GRID, inputs.GRID, C).flip(2).reshape(B, N, C)
 
 
-def length_bucketed_batches(data: CachedData, images: np.ndarray, batch: int, rng) -> list[tuple[np.ndarray, np.ndarray]]:
+def length_bucketed_batches(
+    data: CachedData, images: np.ndarray, batch: int, rng
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every image once with one random caption, in batches of similar caption
     length (shuffled batch order): padding to the batch's longest caption then
     costs little, which cut the text side's share of a step roughly in half."""
@@ -76,7 +80,11 @@ def cosine_schedule(opt, total: int, warmup: int):
 def tower_parameters(model: SearchModel):
     text_top = [p for p in model.text.top.parameters()]
     ids = {id(p) for p in text_top}
-    rest = [p for n, p in model.named_parameters() if (n.startswith(("text.", "vision.")) or n == "logit_scale") and id(p) not in ids and p.requires_grad]
+    rest = [
+        p
+        for n, p in model.named_parameters()
+        if (n.startswith(("text.", "vision.")) or n == "logit_scale") and id(p) not in ids and p.requires_grad
+    ]
     return text_top, rest
 
 
@@ -104,8 +112,9 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
     steps_per_epoch = math.ceil(len(train_imgs) / cfg.batch)
     sched = cosine_schedule(opt, cfg.epochs * steps_per_epoch, cfg.warmup_steps)
     state = EpochState(state_path, "model")
-    start, best, history = state.resume(lambda w: model.load_state_dict(w, strict=False), opt, sched, {"rsum": -1.0},
-                                        "towers", log)
+    start, best, history = state.resume(
+        lambda w: model.load_state_dict(w, strict=False), opt, sched, {"rsum": -1.0}, "towers", log
+    )
     for epoch in range(start, cfg.epochs):
         rng = np.random.default_rng(seed + epoch)  # per-epoch stream: resume reproduces the same batches
         model.train()
@@ -128,11 +137,20 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
             total += loss.item()
         model.eval()
         dev = retrieval.evaluate_tt(model, data, "dev")
-        rec = {"epoch": epoch + 1, "loss": total / steps_per_epoch, "dev_rsum": dev["rsum"], "dev_t2i_R@1": dev["t2i"]["R@1"]}
+        rec = {
+            "epoch": epoch + 1,
+            "loss": total / steps_per_epoch,
+            "dev_rsum": dev["rsum"],
+            "dev_t2i_R@1": dev["t2i"]["R@1"],
+        }
         history.append(rec)
         log(f"towers {rec}")
         if dev["rsum"] > best["rsum"]:
-            best = {"rsum": dev["rsum"], "epoch": epoch + 1, "weights": {k: v.clone() for k, v in model.tower_state_dict().items()}}
+            best = {
+                "rsum": dev["rsum"],
+                "epoch": epoch + 1,
+                "weights": {k: v.clone() for k, v in model.tower_state_dict().items()},
+            }
         state.save(model.tower_state_dict(), opt, sched, epoch + 1, best, history)
     model.load_state_dict(best["weights"], strict=False)
     return {"best_epoch": best["epoch"], "dev_rsum": best["rsum"], "history": history}

@@ -26,7 +26,8 @@ Relevance: a text query's results carry a calibrated relevance, the probability 
 the index does not hold can return nothing.
 
 Pages: everything above is the whole ranked answer (the shortlist, less the filter's, "like"'s, min_score's,
-min_relevance's and dedup's drops); `sort` may reorder it by date taken or added (stage sort, from the version's metadata columns);
+min_relevance's and dedup's drops); `sort` may reorder it by date taken or added (stage sort, from the version's
+metadata columns);
 its length is the answer's total, and the page is its [offset, offset + k) slice, so every page of the same
 request comes from the same ranking (the shortlist does not grow with the offset). Metadata is read for the
 page only.
@@ -44,6 +45,7 @@ feature store's circuit breaker (breaker.py): while Redis is down they are skipp
 at once (code feature_store_unavailable), or, with CROSSPROBE_REDIS_DOWN_SEARCH=fail,
 the search answers 503 feature_store_unavailable.
 """
+
 from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.pipeline.run import Outcome, RankedItem
 from crossprobe.service.pipeline.searcher import Searcher

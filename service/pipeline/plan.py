@@ -6,6 +6,7 @@ what a route must translate (an upload's bytes, a filter sent as JSON text, clip
 as keywords. The server's defaults are filled in here, and what the schema cannot know: what the served model
 offers (its trained rerankers, its calibration curves).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -47,8 +48,16 @@ class Plan:
     @property
     def kind(self) -> str:
         """text | image | like | embedding, joined by "+" when a text and a vector are combined."""
-        parts = [name for name, on in (("text", self.query is not None), ("image", self.image is not None),
-                                       ("like", bool(self.like)), ("embedding", self.embedding is not None)) if on]
+        parts = [
+            name
+            for name, on in (
+                ("text", self.query is not None),
+                ("image", self.image is not None),
+                ("like", bool(self.like)),
+                ("embedding", self.embedding is not None),
+            )
+            if on
+        ]
         return "+".join(parts)
 
     @classmethod
@@ -69,14 +78,18 @@ class Plan:
             values["image"] = query_image.b64_bytes(values["image"], settings.query_image_max_bytes)
         # (a text alone is SearchRequest's rule; what the schema cannot know is whether this model has curves)
         if values.get("min_relevance") is not None and model.calibration is None:
-            raise InvalidRequest(f"invalid request: min_relevance: this server's model ({served(settings, model)}) "
-                                 f"has no relevance calibration (a crossprobe checkpoint's calibration.json, made by "
-                                 f"research/calibration/fit.py); results carry no relevance: use min_score")
-        values["rerank"], values["rerank_skipped"] = _reranker(values.get("rerank"), values["query"] is not None,
-                                                               settings, model)
+            raise InvalidRequest(
+                f"invalid request: min_relevance: this server's model ({served(settings, model)}) "
+                f"has no relevance calibration (a crossprobe checkpoint's calibration.json, made by "
+                f"research/calibration/fit.py); results carry no relevance: use min_score"
+            )
+        values["rerank"], values["rerank_skipped"] = _reranker(
+            values.get("rerank"), values["query"] is not None, settings, model
+        )
         if values.get("shortlist") is None:
-            values["shortlist"] = min(max(settings.default_shortlist, values["k"] + values.get("tail", 0)),
-                                      MAX_SHORTLIST)
+            values["shortlist"] = min(
+                max(settings.default_shortlist, values["k"] + values.get("tail", 0)), MAX_SHORTLIST
+            )
         return cls(**values)
 
 
@@ -86,18 +99,24 @@ def _reranker(asked: str | None, has_text: bool, settings: Settings, model: Any)
     default, "none" with the reason (a two-tower model serves every search that does not insist)."""
     if asked not in (None, "none") and asked not in model.rerankers:
         have = ", ".join(model.rerankers) or "none: two-tower only"
-        raise NoReranker(f"rerank {asked}: this server's model ({served(settings, model)}) has no trained {asked} "
-                         f"reranker (it has: {have}); send rerank \"none\" or leave rerank out to rank by the "
-                         f"two-tower score, or serve a model with trained heads (crossprobe train --backbone SPEC)",
-                         {"rerank": asked, "rerankers": list(model.rerankers)})
+        raise NoReranker(
+            f"rerank {asked}: this server's model ({served(settings, model)}) has no trained {asked} "
+            f'reranker (it has: {have}); send rerank "none" or leave rerank out to rank by the '
+            f"two-tower score, or serve a model with trained heads (crossprobe train --backbone SPEC)",
+            {"rerank": asked, "rerankers": list(model.rerankers)},
+        )
     rerank = asked or default_rerank(settings, model)
     if asked is None and rerank != settings.default_rerank:
-        return "none", (f"the server's default reranker {settings.default_rerank} is not trained for this model "
-                        f"({served(settings, model)}: {', '.join(model.rerankers) or 'two-tower only'}); "
-                        f"ranked by the two-tower score")
+        return "none", (
+            f"the server's default reranker {settings.default_rerank} is not trained for this model "
+            f"({served(settings, model)}: {', '.join(model.rerankers) or 'two-tower only'}); "
+            f"ranked by the two-tower score"
+        )
     if not has_text and rerank != "none":  # nothing to rerank with: the rerankers score a text
-        return "none", (f"rerank {rerank} needs a text query; a query without one ranks by the ANN cosine of its "
-                        f"vector (send \"query\" too to rerank)")
+        return "none", (
+            f"rerank {rerank} needs a text query; a query without one ranks by the ANN cosine of its "
+            f'vector (send "query" too to rerank)'
+        )
     return rerank, None
 
 

@@ -5,15 +5,16 @@ the shortlist (ids with their two-tower scores), the reranker's logits, the rank
 (positions into ids, best first), the page, and what the answer reports beside it (degraded parts, filter
 and dedup counts, facets).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from crossprobe.indexer.storage.ann.base import Filtered
 from crossprobe.core.inference import QueryVectors
 from crossprobe.core.runtime import StageTimer
+from crossprobe.indexer.storage.ann.base import Filtered
 from crossprobe.service import hybrid
 from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.registry import IndexHandle
@@ -96,6 +97,15 @@ class Run:
 
     def outcome(self) -> Outcome:
         f = self.filtered
-        return Outcome(self.hits, self.tail, self.handle, self.clock.ms(), deduplicated=self.deduplicated,
-                       degraded=self.degraded, total=self.total, keyword=self.kw, facets=self.facets,
-                       filtered=None if f is None else {"matching": f.matching, "exact": f.exact, "method": f.how})
+        return Outcome(
+            self.hits,
+            self.tail,
+            self.handle,
+            self.clock.ms(),
+            deduplicated=self.deduplicated,
+            degraded=self.degraded,
+            total=self.total,
+            keyword=self.kw,
+            facets=self.facets,
+            filtered=None if f is None else {"matching": f.matching, "exact": f.exact, "method": f.how},
+        )

@@ -1,6 +1,7 @@
 """The Searcher: a plan in, an Outcome out. resolve (the version, the mode, the ids and vectors the plan
 names) -> encode (the text's query tower through the batcher, the vector part in a worker) -> the stages after
 encode (stages.AFTER_ENCODE), in one worker thread per request."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +13,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.core.inference import Backend, QueryVectors
 from crossprobe.core.runtime import StageTimer
+from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.service import hybrid, metrics, query_image
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore
@@ -27,8 +28,15 @@ from crossprobe.service.settings import Settings
 
 
 class Searcher:
-    def __init__(self, settings: Settings, models: Backend, registry: Registry, batcher: QueryBatcher,
-                 pool: Executor, feature_store: FeatureStore):
+    def __init__(
+        self,
+        settings: Settings,
+        models: Backend,
+        registry: Registry,
+        batcher: QueryBatcher,
+        pool: Executor,
+        feature_store: FeatureStore,
+    ):
         self.settings, self.models, self.registry, self.batcher, self.pool = settings, models, registry, batcher, pool
         self.fs = feature_store
 
@@ -58,11 +66,15 @@ class Searcher:
         if plan.like:
             unknown = [i for i in plan.like if i not in handle.ids]
             if unknown:
-                raise ItemNotFound(f"{len(unknown)} of the \"like\" ids are not in "
-                                   f"{handle.name}/{handle.version}: {unknown[:5]}", {"ids": unknown[:100]})
+                raise ItemNotFound(
+                    f'{len(unknown)} of the "like" ids are not in {handle.name}/{handle.version}: {unknown[:5]}',
+                    {"ids": unknown[:100]},
+                )
         if plan.embedding is not None and len(plan.embedding) != handle.reader.d:
-            raise InvalidRequest(f"invalid request: embedding_input has {len(plan.embedding)} "
-                                 f"values; index {handle.name} holds vectors of {handle.reader.d}")
+            raise InvalidRequest(
+                f"invalid request: embedding_input has {len(plan.embedding)} "
+                f"values; index {handle.name} holds vectors of {handle.reader.d}"
+            )
         return handle
 
     async def encode(self, plan: Plan, handle: IndexHandle, clock: StageTimer) -> tuple[QueryVectors, Any]:
@@ -93,8 +105,12 @@ class Searcher:
         """The vector part of a query, unit norm: an image's g_I, the mean of stored vectors, or a raw vector."""
         if plan.image is not None:
             with clock.stage("decode_image"):
-                px = query_image.pixels(plan.image, self.settings.query_image_max_pixels,
-                                        preprocess=self.models.preprocessor(), size=self.models.image_size)
+                px = query_image.pixels(
+                    plan.image,
+                    self.settings.query_image_max_pixels,
+                    preprocess=self.models.preprocessor(),
+                    size=self.models.image_size,
+                )
             self.models.warm("image")  # loaded by the warm-up; the first call otherwise
             with clock.stage("encode_image"):
                 return self.models.encode_images(px[None]).g[0]
@@ -112,16 +128,18 @@ class Searcher:
         return (v / np.linalg.norm(v)).astype(np.float32)
 
     # ---- the stages after encode: one worker thread per request ---------------------
-    def _after_encode(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer,
-                      retried: bool = False) -> Outcome:
+    def _after_encode(
+        self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer, retried: bool = False
+    ) -> Outcome:
         try:
             return self._ranked(q, handle, plan, clock, retried)
         except AnnUnavailable as e:  # a Milvus down or past its timeout: nothing to answer from, say so (no 500)
             metrics.error("ann_unavailable")
             raise AnnUnavailable(f"the vector engine of {handle.name}/{handle.version} is unavailable: {e}") from None
 
-    def _ranked(self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer,
-                retried: bool = False) -> Outcome:
+    def _ranked(
+        self, q: QueryVectors, handle: IndexHandle, plan: Plan, clock: StageTimer, retried: bool = False
+    ) -> Outcome:
         run = Run(plan, handle, q, clock, retried)
         try:
             for stage in stages.AFTER_ENCODE:

@@ -12,6 +12,7 @@ side alone; Redis down before a date sort -> relevance order. Redis down is coun
 503 instead with CROSSPROBE_REDIS_DOWN_SEARCH=fail. A version deleted under the request: VersionGone, and the
 searcher answers from the newer version.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -49,8 +50,9 @@ def filter_rows(sr: Searcher, r: Run) -> None:
     reader = r.reader
     with r.clock.stage("filter"):
         try:
-            r.prepared = reader.ann.prepare_filter(r.plan.filter, reader.rows(list(r.exclude)) if r.exclude else [],
-                                                   lambda: columns(sr, r.handle))
+            r.prepared = reader.ann.prepare_filter(
+                r.plan.filter, reader.rows(list(r.exclude)) if r.exclude else [], lambda: columns(sr, r.handle)
+            )
         except (filter_columns.UnknownField, UnsupportedFilter) as e:
             raise InvalidRequest(f"invalid request: filter: {e}") from None
 
@@ -60,8 +62,9 @@ def ann(sr: Searcher, r: Run) -> None:
     reader, plan = r.reader, r.plan
     if plan.filter is not None:
         with r.clock.stage("ann"):
-            r.filtered = reader.ann.search_filtered(r.q.g_q, plan.shortlist, r.prepared, reader.vectors_at,
-                                                    sr.settings.filter_exact_max)
+            r.filtered = reader.ann.search_filtered(
+                r.q.g_q, plan.shortlist, r.prepared, reader.vectors_at, sr.settings.filter_exact_max
+            )
         r.ids = [reader.ids[row] for row in r.filtered.rows]
         r.ann = np.asarray(r.filtered.scores, np.float32)
         return
@@ -82,9 +85,13 @@ def keyword(sr: Searcher, r: Run) -> None:
         return
     alone = plan.mode == "keyword"
     with r.clock.stage("keyword"):
-        r.kw = kw = hybrid.keyword_stage(r.handle.keywords, plan.query,
-                                         plan.shortlist if alone else sr.settings.hybrid_candidates,
-                                         _allow(reader, _row_mask(sr, r), r.exclude), required=alone)
+        r.kw = kw = hybrid.keyword_stage(
+            r.handle.keywords,
+            plan.query,
+            plan.shortlist if alone else sr.settings.hybrid_candidates,
+            _allow(reader, _row_mask(sr, r), r.exclude),
+            required=alone,
+        )
     if kw.error:
         metrics.error("keyword_failed")
         r.degraded.append(("keyword_failed", f"keyword side skipped: {kw.error}"))
@@ -136,16 +143,16 @@ def order(sr: Searcher, r: Run) -> None:
     """The ranking over the shortlist: by the logits (else the ANN cosine); mode keyword: BM25's order and
     score; hybrid: the two orders fused (hybrid.fuse)."""
     r.final = r.logits if r.logits is not None else r.ann
-    r.order = (np.argsort(-r.final, kind="stable") if r.logits is not None or r.kw is not None
-               else np.arange(len(r.ids)))
+    r.order = np.argsort(-r.final, kind="stable") if r.logits is not None or r.kw is not None else np.arange(len(r.ids))
     r.is_kw = np.zeros(len(r.ids), bool)
     if r.plan.mode == "keyword":  # BM25 order; the score is BM25's
         r.final, r.order = np.asarray([s for _, s in r.kw.hits], np.float32), np.arange(len(r.ids))
         r.is_kw[:] = True
     elif r.kw is not None and r.kw.hits:
         s = sr.settings
-        r.order, r.is_kw = hybrid.fuse(r.final, r.order, r.ids, r.kw, s.hybrid_k, s.hybrid_weight,
-                                       s.hybrid_coverage_power)
+        r.order, r.is_kw = hybrid.fuse(
+            r.final, r.order, r.ids, r.kw, s.hybrid_k, s.hybrid_weight, s.hybrid_coverage_power
+        )
 
 
 def relevance(sr: Searcher, r: Run) -> None:
@@ -172,8 +179,9 @@ def dedup(sr: Searcher, r: Run) -> None:
     if r.plan.dedup is None or len(r.order) <= 1:
         return
     with r.clock.stage("dedup"):
-        r.order, r.deduplicated = _dedup(r.order, r.reader.vectors([r.ids[i] for i in r.order]), r.plan.dedup,
-                                         len(r.order))
+        r.order, r.deduplicated = _dedup(
+            r.order, r.reader.vectors([r.ids[i] for i in r.order]), r.plan.dedup, len(r.order)
+        )
 
 
 def sort(sr: Searcher, r: Run) -> None:
@@ -189,12 +197,19 @@ def page(sr: Searcher, r: Run) -> None:
     plan, kw = r.plan, r.kw
     r.total = len(r.order)
     kws, cov = (kw.scores, kw.coverage) if kw is not None else ({}, {})
-    ranked = [RankedItem(r.ids[i], float(r.final[i]), float(r.ann[i]),
-                         None if r.logits is None else float(r.logits[i]),
-                         None if r.relevance is None else round(float(r.relevance[i]), 4),
-                         keyword=kws.get(r.ids[i]), coverage=cov.get(r.ids[i]))
-              for i in r.order[plan.offset: plan.offset + plan.k + plan.tail]]
-    r.hits, r.tail = ranked[: plan.k], ranked[plan.k:]
+    ranked = [
+        RankedItem(
+            r.ids[i],
+            float(r.final[i]),
+            float(r.ann[i]),
+            None if r.logits is None else float(r.logits[i]),
+            None if r.relevance is None else round(float(r.relevance[i]), 4),
+            keyword=kws.get(r.ids[i]),
+            coverage=cov.get(r.ids[i]),
+        )
+        for i in r.order[plan.offset : plan.offset + plan.k + plan.tail]
+    ]
+    r.hits, r.tail = ranked[: plan.k], ranked[plan.k :]
 
 
 # ---- what the page shows ------------------------------------------------------------------------------------------
@@ -234,14 +249,31 @@ def facets(sr: Searcher, r: Run) -> None:
         return
     with r.clock.stage("facets"):
         cols = columns(sr, r.handle)
-        mask = r.prepared if isinstance(r.prepared, np.ndarray) else (
-            cols.mask(plan.filter) if plan.filter is not None else None)  # Milvus: its own mask
+        mask = (
+            r.prepared
+            if isinstance(r.prepared, np.ndarray)
+            else (cols.mask(plan.filter) if plan.filter is not None else None)
+        )  # Milvus: its own mask
         r.facets = {"tags": cols.tag_counts(mask, MAX_FACETS)}
 
 
 # the request path after encode, in order (Searcher._ranked runs it)
-AFTER_ENCODE = (filter_rows, ann, keyword, fetch, rerank, order, relevance, cutoffs, dedup, sort, page, metadata,
-                highlight, facets)
+AFTER_ENCODE = (
+    filter_rows,
+    ann,
+    keyword,
+    fetch,
+    rerank,
+    order,
+    relevance,
+    cutoffs,
+    dedup,
+    sort,
+    page,
+    metadata,
+    highlight,
+    facets,
+)
 
 
 # ---- what the stages share ----------------------------------------------------------------------------------------
@@ -283,6 +315,7 @@ def _allow(reader, prepared, exclude: set[str]):
         if item_id in exclude:
             return False
         return not isinstance(prepared, np.ndarray) or bool(prepared[reader.rows([item_id])[0]])
+
     return allow
 
 

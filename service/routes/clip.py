@@ -37,6 +37,7 @@ in a header clients ignore safely, `X-Crossprobe-Degraded: feature_store_unavail
 (exposed to the origins CROSSPROBE_CORS_ORIGINS allows). /metadata has nothing to answer without
 Redis: 503 feature_store_unavailable with Retry-After.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,14 +49,22 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
 from crossprobe.service import query_image
-from crossprobe.service.deps import (QUERY, SEARCH, KeyScope, Service, degraded_headers, read_metadata, ready,
-                                     run_search)
+from crossprobe.service.deps import QUERY, SEARCH, KeyScope, Service, degraded_headers, read_metadata, ready, run_search
 from crossprobe.service.errors import validation_error
 from crossprobe.service.exceptions import InvalidRequest, Unsupported
 from crossprobe.service.pipeline import Plan, public_metadata
 from crossprobe.service.registry import IndexHandle
-from crossprobe.service.schemas import (ANY_ROUTE, IMAGE_TOO_LARGE, POST_ROUTE, KnnRequest, KnnResult, MetadataEntry,
-                                        MetadataRequest, error_responses, is_invisible)
+from crossprobe.service.schemas import (
+    ANY_ROUTE,
+    IMAGE_TOO_LARGE,
+    POST_ROUTE,
+    KnnRequest,
+    KnnResult,
+    MetadataEntry,
+    MetadataRequest,
+    error_responses,
+    is_invisible,
+)
 from crossprobe.service.settings import MAX_K, MAX_SHORTLIST, Settings
 from crossprobe.service.urls import item_image_url
 
@@ -101,14 +110,19 @@ async def _parse(request: Request, model):
 def _body_doc(model) -> dict[str, Any]:
     """openapi_extra for a route that parses its raw body itself (_parse, for clip_back's text/plain posts):
     FastAPI sees no body parameter, so the body is declared here, from the model the route validates with."""
-    return {"requestBody": {"required": True, "description": "JSON, whatever the Content-Type (clip-retrieval's "
-                            "front-end posts it as text/plain)",
-                            "content": {"application/json": {"schema": model.model_json_schema()}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "description": "JSON, whatever the Content-Type (clip-retrieval's front-end posts it as text/plain)",
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
 
 
 @dataclass
 class KnnSearch:
     """A /knn-service request in this service's terms: the plan, and clip_back's options that are not applied."""
+
     plan: Plan
     ignored: list[str]
 
@@ -118,11 +132,15 @@ async def knn_search(request: Request, state: Service, scope: KeyScope) -> KnnSe
     ready, then the plan: clip_back's query (embedding_input, else image, else text: its precedence) and options."""
     req = await _parse(request, KnnRequest)
     if req.image_url:
-        raise Unsupported("search by an image URL is not supported (nothing is fetched): send the image, "
-                          "base64, as \"image\" (clip-retrieval's front-end: the camera button)")
+        raise Unsupported(
+            "search by an image URL is not supported (nothing is fetched): send the image, "
+            'base64, as "image" (clip-retrieval\'s front-end: the camera button)'
+        )
     if req.modality != "image":
-        raise Unsupported("no text index here, only images: use \"modality\": \"image\" (clip-retrieval's "
-                          "front-end: \"Search over\" image)")
+        raise Unsupported(
+            'no text index here, only images: use "modality": "image" (clip-retrieval\'s '
+            'front-end: "Search over" image)'
+        )
     text = image = embedding = None
     if req.embedding_input:
         embedding = np.asarray(req.embedding_input, np.float64)  # float64: the searcher's _query_vector scales it
@@ -131,29 +149,47 @@ async def knn_search(request: Request, state: Service, scope: KeyScope) -> KnnSe
     elif req.text and not is_invisible(req.text):
         text = req.text
     else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
-        raise InvalidRequest("invalid request: text: send a non-blank \"text\", an \"image\" "
-                             "or an \"embedding_input\"")
+        raise InvalidRequest('invalid request: text: send a non-blank "text", an "image" or an "embedding_input"')
     searcher = ready(state).searcher
     k = min(req.num_images, MAX_K)
     total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
     # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
-    plan = searcher.plan(query=text, k=k, index=req.indice_name, tail=total - k, image=image, embedding=embedding,
-                         dedup=DEDUP_COSINE if req.deduplicate else None,
-                         mode="vector", scope=scope)  # clip_back's contract: a vector search
+    plan = searcher.plan(
+        query=text,
+        k=k,
+        index=req.indice_name,
+        tail=total - k,
+        image=image,
+        embedding=embedding,
+        dedup=DEDUP_COSINE if req.deduplicate else None,
+        mode="vector",
+        scope=scope,
+    )  # clip_back's contract: a vector search
     return KnnSearch(plan, _ignored(req))
 
 
 # response_model_exclude_unset: the results past num_images are {"id", "similarity"} alone, as clip_back's
-@query_routes.post("/knn-service", response_model=list[KnnResult], response_model_exclude_unset=True,
-                   openapi_extra=_body_doc(KnnRequest),
-                   responses=error_responses(404, 413, 503, *POST_ROUTE, s404="index_not_found: no such index here",
-                                             s413=IMAGE_TOO_LARGE,
-                                             s422="invalid_request: the body fails validation (an "
-                                             "embedding_input of another length than the index's vectors); "
-                                             "invalid_image: \"image\" is not base64 or not an image; "
-                                             "unsupported: image_url, or modality \"text\""))
-async def knn_service(knn: Annotated[KnnSearch, Depends(knn_search)], state: Service,
-                      response: Response) -> list[KnnResult]:
+@query_routes.post(
+    "/knn-service",
+    response_model=list[KnnResult],
+    response_model_exclude_unset=True,
+    openapi_extra=_body_doc(KnnRequest),
+    responses=error_responses(
+        404,
+        413,
+        503,
+        *POST_ROUTE,
+        s404="index_not_found: no such index here",
+        s413=IMAGE_TOO_LARGE,
+        s422="invalid_request: the body fails validation (an "
+        "embedding_input of another length than the index's vectors); "
+        'invalid_image: "image" is not base64 or not an image; '
+        'unsupported: image_url, or modality "text"',
+    ),
+)
+async def knn_service(
+    knn: Annotated[KnnSearch, Depends(knn_search)], state: Service, response: Response
+) -> list[KnnResult]:
     out = await run_search(state, knn.plan)
     name = out.handle.name
     # degraded (Redis down): the same list, ANN order, similarity = the two-tower cosine, no metadata fields
@@ -161,15 +197,20 @@ async def knn_service(knn: Annotated[KnnSearch, Depends(knn_search)], state: Ser
     response.headers.update(degraded_headers(out))
     if knn.ignored:
         response.headers[IGNORED_HEADER] = ",".join(knn.ignored)
-    return ([KnnResult.model_validate({**_flat(state.settings, name, h.id, h.metadata), "id": h.id,
-                                       "similarity": h.score}) for h in out.hits]
-            + [KnnResult(id=h.id, similarity=h.score) for h in out.tail])
+    return [
+        KnnResult.model_validate({**_flat(state.settings, name, h.id, h.metadata), "id": h.id, "similarity": h.score})
+        for h in out.hits
+    ] + [KnnResult(id=h.id, similarity=h.score) for h in out.tail]
 
 
 def _ignored(req: KnnRequest) -> list[str]:
     """The options this request asks for that are not applied here (the module's docstring says why)."""
-    asked = {"use_safety_model": req.use_safety_model, "use_violence_detector": req.use_violence_detector,
-             "aesthetic_score": req.aesthetic_score not in (None, ""), "use_mclip": req.use_mclip}
+    asked = {
+        "use_safety_model": req.use_safety_model,
+        "use_violence_detector": req.use_violence_detector,
+        "aesthetic_score": req.aesthetic_score not in (None, ""),
+        "use_mclip": req.use_mclip,
+    }
     return [name for name, on in asked.items() if on]
 
 
@@ -182,6 +223,7 @@ async def indices_list(state: Service, scope: KeyScope) -> list[str]:
 @dataclass
 class MetadataLookup:
     """A /metadata request: its ids, and the served version they are looked up in."""
+
     ids: list[str]
     handle: IndexHandle
 
@@ -194,11 +236,19 @@ async def metadata_lookup(request: Request, state: Service, scope: KeyScope) -> 
     return MetadataLookup([str(i) for i in req.ids], handle)
 
 
-@read_routes.post("/metadata", response_model=list[MetadataEntry], openapi_extra=_body_doc(MetadataRequest),
-                  responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"))
+@read_routes.post(
+    "/metadata",
+    response_model=list[MetadataEntry],
+    openapi_extra=_body_doc(MetadataRequest),
+    responses=error_responses(404, 503, *POST_ROUTE, s404="index_not_found: no such index here"),
+)
 async def metadata(lookup: Annotated[MetadataLookup, Depends(metadata_lookup)], state: Service) -> list[MetadataEntry]:
     handle, ids = lookup.handle, lookup.ids
     known = [i for i in ids if i in handle.ids]  # only indexed ids reach Redis
     metas = dict(zip(known, await read_metadata(state, handle, known, "metadata"))) if known else {}
-    return [MetadataEntry(id=i, metadata=_flat(state.settings, handle.name, i, metas[i])
-                          if metas.get(i) is not None else None) for i in ids]
+    return [
+        MetadataEntry(
+            id=i, metadata=_flat(state.settings, handle.name, i, metas[i]) if metas.get(i) is not None else None
+        )
+        for i in ids
+    ]

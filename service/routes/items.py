@@ -1,4 +1,5 @@
 """GET /v1/items/{id} (an indexed item's metadata) and GET /v1/items/{id}/image (its file, resized)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +28,7 @@ Size = Annotated[int | None, Query(ge=16, le=4096, description="max side in pixe
 @dataclass
 class Item:
     """An indexed item a route is asked about: its id, the served version that holds it, the image's size."""
+
     id: str
     handle: IndexHandle
     size: int | None = None
@@ -45,18 +47,32 @@ async def item_ref(item_id: str, state: Service, scope: KeyScope, index: IndexNa
     return _item(state, scope, item_id, index)
 
 
-async def item_image_ref(item_id: str, state: Service, scope: KeyScope, index: IndexName = None,
-                         size: Size = None) -> Item:
+async def item_image_ref(
+    item_id: str, state: Service, scope: KeyScope, index: IndexName = None, size: Size = None
+) -> Item:
     return _item(state, scope, item_id, index, size)
 
 
 # declared before /v1/items/{item_id:path}, which would otherwise swallow ".../image"
 # response_class=Response: the 200 is image/jpeg only (FastAPI's default class would also declare JSON)
-@router.get("/v1/items/{item_id:path}/image", response_class=Response, responses={
-    200: {"description": "the image, resized", "content": {"image/jpeg": {"schema": {"type": "string",
-                                                                                     "format": "binary"}}}},
-    **error_responses(404, 422, 503, *ANY_ROUTE, s404="index_not_found, item_not_found; image_unavailable: no "
-                      "file is recorded for the item, or it is gone or unreadable")})
+@router.get(
+    "/v1/items/{item_id:path}/image",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the image, resized",
+            "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **error_responses(
+            404,
+            422,
+            503,
+            *ANY_ROUTE,
+            s404="index_not_found, item_not_found; image_unavailable: no "
+            "file is recorded for the item, or it is gone or unreadable",
+        ),
+    },
+)
 async def item_image(request: Request, item: Annotated[Item, Depends(item_image_ref)], state: Service) -> Response:
     """The indexed file of an indexed item, resized to fit `size` (default CROSSPROBE_IMAGE_MAX_SIDE)."""
     handle, item_id = item.handle, item.id
@@ -66,8 +82,9 @@ async def item_image(request: Request, item: Annotated[Item, Depends(item_image_
     settings = state.settings
     side = min(item.size or settings.image_max_side, settings.image_max_side)
     try:
-        data = await asyncio.to_thread(resized_jpeg, meta["uri"], side, settings.image_quality,
-                                       settings.image_max_pixels)
+        data = await asyncio.to_thread(
+            resized_jpeg, meta["uri"], side, settings.image_quality, settings.image_max_pixels
+        )
     except ImageUnavailable as e:
         raise ImageUnavailable(f"{item_id!r}: {e}") from None
     # behind search keys: private, or a shared cache (CDN, proxy) would hand it to callers without a key
@@ -75,10 +92,14 @@ async def item_image(request: Request, item: Annotated[Item, Depends(item_image_
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": f"{cache}, max-age=300"})
 
 
-@router.get("/v1/items/{item_id:path}", response_model=ItemResponse,
-                 responses=error_responses(404, 422, 503, *ANY_ROUTE))
+@router.get(
+    "/v1/items/{item_id:path}", response_model=ItemResponse, responses=error_responses(404, 422, 503, *ANY_ROUTE)
+)
 async def item(item: Annotated[Item, Depends(item_ref)], state: Service) -> ItemResponse:
     """Metadata of one indexed item (as the indexer stored it)."""
     meta = (await read_metadata(state, item.handle, [item.id], "item"))[0]
-    return ItemResponse(id=item.id, index=IndexRef(name=item.handle.name, version=item.handle.version),
-                        metadata=public_metadata(meta, state.settings.expose_uri))
+    return ItemResponse(
+        id=item.id,
+        index=IndexRef(name=item.handle.name, version=item.handle.version),
+        metadata=public_metadata(meta, state.settings.expose_uri),
+    )

@@ -6,12 +6,22 @@
 Milvus is imported, and connected to, only when a version or the settings ask for it: the default FAISS
 path never starts or reaches a Milvus.
 """
+
 from __future__ import annotations
 
 from crossprobe.indexer.storage.ann.base import AnnBackend, AnnIndex, AnnUnavailable, AnnWriter, Filtered
 
-__all__ = ["AnnBackend", "AnnIndex", "AnnUnavailable", "AnnWriter", "Filtered", "backend", "backend_for",
-           "drop_version", "gc_orphans"]
+__all__ = [
+    "AnnBackend",
+    "AnnIndex",
+    "AnnUnavailable",
+    "AnnWriter",
+    "Filtered",
+    "backend",
+    "backend_for",
+    "drop_version",
+    "gc_orphans",
+]
 
 
 def _make(kind: str, settings) -> AnnBackend:

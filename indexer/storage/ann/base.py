@@ -14,10 +14,12 @@ Three objects:
   AnnWriter    one version being built: add / delete / count, then commit (build the index; idempotent)
   AnnIndex     one committed version opened for reading: search, filtered search, count
 
-Metadata filters (indexer/storage/filter_columns.py's condition tree) are translated by the backend, never by the caller:
+Metadata filters (indexer/storage/filter_columns.py's condition tree) are translated by the backend, never by the
+caller:
 FAISS turns them into a row bitmap (IDSelectorBitmap) from the service's metadata columns, Milvus into its
 boolean expression language over the collection's scalar fields.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -62,8 +64,9 @@ class AnnIndex(ABC):
         an engine that filters on its own scalar fields does not call it."""
 
     @abstractmethod
-    def search_filtered(self, q: np.ndarray, k: int, prepared: Any, vectors_at: Callable[[np.ndarray], np.ndarray],
-                        exact_max: int) -> Filtered:
+    def search_filtered(
+        self, q: np.ndarray, k: int, prepared: Any, vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int
+    ) -> Filtered:
         """The k best rows among those passing the prepared filter; q (d,). When an approximate index returns
         fewer than it could have while at most exact_max rows match, the matching rows are scanned exactly
         (vectors_at: rows -> their stored vectors)."""
@@ -71,7 +74,7 @@ class AnnIndex(ABC):
     def describe(self) -> str:
         return self.backend
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: an in-process index holds nothing to close
         """Release what the index holds (nothing for FAISS: the index is garbage collected)."""
 
 
@@ -110,12 +113,10 @@ class AnnBackend(ABC):
         """Where this version's index lives: a path, or a collection named from <prefix>_<name>_<version>."""
 
     @abstractmethod
-    def writer(self, name: str, version: str, d: int, vdir: Path) -> AnnWriter:
-        ...
+    def writer(self, name: str, version: str, d: int, vdir: Path) -> AnnWriter: ...
 
     @abstractmethod
-    def open(self, name: str, version: str, manifest: dict, vdir: Path) -> AnnIndex:
-        ...
+    def open(self, name: str, version: str, manifest: dict, vdir: Path) -> AnnIndex: ...
 
     @abstractmethod
     def drop(self, name: str, version: str) -> bool:
@@ -130,8 +131,9 @@ class UnsupportedFilter(ValueError):
     """A filter this backend cannot express (the service answers 422, naming what it can filter on)."""
 
 
-def exact_scan(cand: np.ndarray, vectors_at: Callable[[np.ndarray], np.ndarray], q: np.ndarray, want: int,
-               matching: int) -> Filtered:
+def exact_scan(
+    cand: np.ndarray, vectors_at: Callable[[np.ndarray], np.ndarray], q: np.ndarray, want: int, matching: int
+) -> Filtered:
     """The `want` best of the candidate rows by exact inner product with their stored vectors."""
     s = vectors_at(cand) @ np.asarray(q, np.float32).reshape(-1)
     top = np.argpartition(-s, want - 1)[:want] if 0 < want < len(s) else np.arange(len(s))

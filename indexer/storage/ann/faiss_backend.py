@@ -6,6 +6,7 @@ Settings.ivf_nprobe, and a filter is a row bitmap (faiss.IDSelectorBitmap) compu
 columns, or an exact scan of the matching rows when few enough match (bitmap_search says why). With a GPU asked
 for (StorageSettings.device cuda), a version is searched on the GPU where it can be: gpu.py.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,8 +41,14 @@ class FaissIndex(AnnIndex):
     def prepare_filter(self, node, exclude_rows: list[int], columns: Callable[[], Any]) -> np.ndarray:
         return row_mask(node, exclude_rows, columns)
 
-    def search_filtered(self, q: np.ndarray, k: int, prepared: np.ndarray,
-                        vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
+    def search_filtered(
+        self,
+        q: np.ndarray,
+        k: int,
+        prepared: np.ndarray,
+        vectors_at: Callable[[np.ndarray], np.ndarray],
+        exact_max: int,
+    ) -> Filtered:
         return bitmap_search(self.index, vectors_at, q, k, prepared, exact_max)
 
     def describe(self) -> str:
@@ -65,8 +72,9 @@ def ef_search(configured: int | None, n: int) -> int:
     return 256 if n <= 200_000 else 2048
 
 
-def bitmap_search(index, vectors: Callable[[np.ndarray], np.ndarray], q: np.ndarray, k: int, mask: np.ndarray,
-                  exact_max: int) -> Filtered:
+def bitmap_search(
+    index, vectors: Callable[[np.ndarray], np.ndarray], q: np.ndarray, k: int, mask: np.ndarray, exact_max: int
+) -> Filtered:
     """The k best rows among mask's True rows. Flat index: FAISS with an IDSelectorBitmap (exact). Approximate
     index (HNSW, IVF) with at most exact_max matching rows: an exact scan of their stored vectors, because a
     selective filter starves HNSW's walk (too few, or poor, results: docs/research/search_features.md) while the
@@ -152,9 +160,11 @@ class FaissBackend(AnnBackend):
     def open(self, name: str, version: str, manifest: dict, vdir: Path) -> AnnIndex:
         """The version's index.faiss searched on the CPU; with a GPU asked for (StorageSettings.device), searched on
         the GPU where it can be (gpu.py says how)."""
+
         def on_cpu() -> FaissIndex:
-            return FaissIndex(faiss.read_index(str(vdir / "index.faiss")), self.settings.hnsw_ef_search,
-                              self.settings.ivf_nprobe)
+            return FaissIndex(
+                faiss.read_index(str(vdir / "index.faiss")), self.settings.hnsw_ef_search, self.settings.ivf_nprobe
+            )
 
         from crossprobe.indexer.storage.ann import gpu
 
@@ -165,7 +175,7 @@ class FaissBackend(AnnBackend):
 
     def drop(self, name: str, version: str) -> bool:
         p = Path(self.location(name, version))  # Store.drop removes the whole directory; this is for callers
-        if p.exists():                          # that want only the index gone
+        if p.exists():  # that want only the index gone
             p.unlink()
             return True
         return False

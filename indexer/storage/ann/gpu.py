@@ -21,6 +21,7 @@ cuda or cuda:N; auto where ONNX Runtime has its CUDA provider). FaissBackend.ope
 
 torch is imported only here, and only when a GPU is asked for: the CPU path never imports it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,9 @@ def wanted_device(settings) -> str | None:
     return device if device.startswith("cuda") else None
 
 
-def open_on_device(device: str, vdir: Path, precision: str, cpu: Callable[[], FaissIndex],
-                   budget_bytes: int | None = None) -> AnnIndex:
+def open_on_device(
+    device: str, vdir: Path, precision: str, cpu: Callable[[], FaissIndex], budget_bytes: int | None = None
+) -> AnnIndex:
     """A version's ANN index searched on `device` (the module's docstring says which search), or cpu() where the
     GPU cannot take it. budget_bytes: the most its vectors may take on the device (None: GPU_MEMORY_SHARE of the
     free memory; tests pass one, and "cpu" as the device to run the same torch code here)."""
@@ -62,8 +64,12 @@ def open_on_device(device: str, vdir: Path, precision: str, cpu: Callable[[], Fa
             try:
                 return FaissGpuIndex(held, device)
             except RuntimeError as e:  # e.g. an IVF-PQ code size FAISS's GPU kernels lack
-                log.warning("%s: FAISS cannot copy %s to the GPU (%s); exact search on the GPU instead", vdir,
-                            held.describe(), e)
+                log.warning(
+                    "%s: FAISS cannot copy %s to the GPU (%s); exact search on the GPU instead",
+                    vdir,
+                    held.describe(),
+                    e,
+                )
     path = Path(vdir) / "vectors.npy"
     why = torch_unusable(device) or (None if path.exists() else "the version has no vectors.npy")
     if why is None:
@@ -118,8 +124,8 @@ class TorchExactIndex(AnnIndex):
         n, self.d = vectors.shape
         self.v = torch.empty((n, self.d), dtype=self.dtype, device=self.device)  # (N, d)
         for i in range(0, n, UPLOAD_ROWS):
-            part = np.array(vectors[i:i + UPLOAD_ROWS], np.float32)  # a writable copy: torch takes no read-only array
-            self.v[i:i + len(part)] = torch.from_numpy(part).to(self.device, self.dtype)
+            part = np.array(vectors[i : i + UPLOAD_ROWS], np.float32)  # a writable copy: torch takes no read-only array
+            self.v[i : i + len(part)] = torch.from_numpy(part).to(self.device, self.dtype)
 
     def count(self) -> int:
         return int(self.v.shape[0])
@@ -144,8 +150,14 @@ class TorchExactIndex(AnnIndex):
     def prepare_filter(self, node, exclude_rows: list[int], columns: Callable[[], Any]) -> np.ndarray:
         return row_mask(node, exclude_rows, columns)
 
-    def search_filtered(self, q: np.ndarray, k: int, prepared: np.ndarray,
-                        vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
+    def search_filtered(
+        self,
+        q: np.ndarray,
+        k: int,
+        prepared: np.ndarray,
+        vectors_at: Callable[[np.ndarray], np.ndarray],
+        exact_max: int,
+    ) -> Filtered:
         """Every matching row scored on the device (the rest set to -inf before the top-k): exact, whatever
         exact_max says (that bound is for a scan on the CPU)."""
         matching = int(prepared.sum())
@@ -156,8 +168,9 @@ class TorchExactIndex(AnnIndex):
             keep = torch.from_numpy(np.array(prepared, bool)).to(self.device)
             s = self._scores(np.asarray(q).reshape(1, -1))[0].masked_fill(~keep, float("-inf"))
             vals, rows = torch.topk(s, min(k, matching))
-            return Filtered(rows.cpu().numpy().astype(np.int64), vals.float().cpu().numpy(), matching, True,
-                            "exact-scan")
+            return Filtered(
+                rows.cpu().numpy().astype(np.int64), vals.float().cpu().numpy(), matching, True, "exact-scan"
+            )
 
     def describe(self) -> str:
         return f"exact:{self.device}:{'fp32' if self.dtype == self._torch.float32 else 'fp16'}"
@@ -182,8 +195,14 @@ class FaissGpuIndex(FaissIndex):
         with self._lock:
             return super().search(q, k)
 
-    def search_filtered(self, q: np.ndarray, k: int, prepared: np.ndarray,
-                        vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
+    def search_filtered(
+        self,
+        q: np.ndarray,
+        k: int,
+        prepared: np.ndarray,
+        vectors_at: Callable[[np.ndarray], np.ndarray],
+        exact_max: int,
+    ) -> Filtered:
         return self.cpu.search_filtered(q, k, prepared, vectors_at, exact_max)
 
     def describe(self) -> str:

@@ -25,6 +25,7 @@ Engines tested (tests/indexer/storage/ann, tests/service/test_milvus_server.py):
 lets one collection layout serve both and every server from 2.3 (ARRAY fields) on; 0.1.0's schema 1 collections
 (nullable fields: Milvus 2.5+, milvus-lite) are still read, with null-based filters.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -106,8 +107,20 @@ def collection_name(prefix: str, name: str, version: str) -> str:
 # not ready, 503 / 65535 with "not ready" / "not healthy" / "stopping" in the message: 2.3 still sends some
 # with the generic code), and a query node or proxy not yet registered (901 node not found, 902 / 904).
 _TRANSIENT_CODES = {1, 2, 4, 101, 103, 106, 108, 503, 901, 902, 904}
-_TRANSIENT_WORDS = ("timeout", "unavailable", "not ready", "not healthy", "not loaded", "stopping", "no available",
-                    "initializing", "abnormal", "connection", "deadline", "channel checker not ready")
+_TRANSIENT_WORDS = (
+    "timeout",
+    "unavailable",
+    "not ready",
+    "not healthy",
+    "not loaded",
+    "stopping",
+    "no available",
+    "initializing",
+    "abnormal",
+    "connection",
+    "deadline",
+    "channel checker not ready",
+)
 
 
 def _call(what: str, fn: Callable, *a, **kw):
@@ -164,14 +177,31 @@ class MilvusIndex(AnnIndex):
     def count(self, expr: str = "") -> int:
         # a committed version never changes (flushed, indexed and loaded before its manifest exists), so the
         # read path needs no "Strong" consistency: on a server that waits for the next time tick (up to ~200 ms)
-        res = _call("count", self.c.query, self.collection, filter=expr, output_fields=["count(*)"],
-                    timeout=self._t, consistency_level="Eventually")
+        res = _call(
+            "count",
+            self.c.query,
+            self.collection,
+            filter=expr,
+            output_fields=["count(*)"],
+            timeout=self._t,
+            consistency_level="Eventually",
+        )
         return int(res[0]["count(*)"])
 
     def _search(self, q: np.ndarray, k: int, expr: str = "") -> tuple[np.ndarray, np.ndarray]:
         q = np.ascontiguousarray(np.atleast_2d(q), np.float32)
-        res = _call("search", self.c.search, self.collection, data=[v for v in q], limit=k, anns_field="vec",
-                    filter=expr, search_params=self._params(k), output_fields=["row"], timeout=self._t)
+        res = _call(
+            "search",
+            self.c.search,
+            self.collection,
+            data=[v for v in q],
+            limit=k,
+            anns_field="vec",
+            filter=expr,
+            search_params=self._params(k),
+            output_fields=["row"],
+            timeout=self._t,
+        )
         scores = np.full((len(q), k), -np.inf, np.float32)
         rows = np.full((len(q), k), -1, np.int64)
         for b, hits in enumerate(res):
@@ -186,8 +216,9 @@ class MilvusIndex(AnnIndex):
         expr = milvus_filter.expression(node, flags=self.schema >= 2)  # columns: not needed
         return milvus_filter.exclude(expr, exclude_rows)
 
-    def search_filtered(self, q: np.ndarray, k: int, prepared: str,
-                        vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int) -> Filtered:
+    def search_filtered(
+        self, q: np.ndarray, k: int, prepared: str, vectors_at: Callable[[np.ndarray], np.ndarray], exact_max: int
+    ) -> Filtered:
         matching = self.count(prepared)
         if matching == 0:
             return Filtered(np.zeros(0, np.int64), np.zeros(0, np.float32), 0, True, "none-match")
@@ -200,8 +231,16 @@ class MilvusIndex(AnnIndex):
             return Filtered(rows, scores, matching, flat or matching <= len(rows), "milvus-expr")
         if matching > exact_max:
             return Filtered(rows, scores, matching, False, "milvus-expr")
-        found = _call("query", self.c.query, self.collection, filter=prepared, output_fields=["row"],
-                      limit=matching, timeout=self._t, consistency_level="Eventually")
+        found = _call(
+            "query",
+            self.c.query,
+            self.collection,
+            filter=prepared,
+            output_fields=["row"],
+            limit=matching,
+            timeout=self._t,
+            consistency_level="Eventually",
+        )
         return exact_scan(np.sort(np.asarray([r["row"] for r in found], np.int64)), vectors_at, q, want, matching)
 
     def describe(self) -> str:
@@ -238,16 +277,23 @@ class MilvusWriter(AnnWriter):
         s.add_field("row", DataType.INT64, is_primary=True)
         s.add_field("item_id", DataType.VARCHAR, max_length=MAX_ID_CHARS)
         s.add_field("vec", DataType.FLOAT_VECTOR, dim=self.d)
-        s.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS,
-                    max_length=MAX_TAG_CHARS)
+        s.add_field(
+            "tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=MAX_TAG_CHARS
+        )
         s.add_field("format", DataType.VARCHAR, max_length=MAX_FORMAT_CHARS)
         s.add_field("caption", DataType.VARCHAR, max_length=MAX_CAPTION_CHARS)
         for f in milvus_filter.NUMERIC:
             s.add_field(f, DataType.DOUBLE)
         for f in milvus_filter.OPTIONAL:  # no nullable fields: a Milvus server before 2.5 has none (SCHEMA)
             s.add_field(f"has_{f}", DataType.BOOL)
-        _call("create_collection", self.c.create_collection, self.collection, schema=s, timeout=self._t,
-              consistency_level="Bounded")
+        _call(
+            "create_collection",
+            self.c.create_collection,
+            self.collection,
+            schema=s,
+            timeout=self._t,
+            consistency_level="Bounded",
+        )
 
     def add(self, vectors: np.ndarray, ids: list[str], metas: list[dict | None] | None = None) -> None:
         vectors = np.asarray(vectors, np.float32).reshape(-1, self.d)
@@ -258,8 +304,14 @@ class MilvusWriter(AnnWriter):
             for j in range(i, min(i + INSERT_BATCH, len(ids))):
                 if len(ids[j]) > MAX_ID_CHARS:
                     raise ValueError(f"item id longer than {MAX_ID_CHARS} characters: {ids[j][:80]!r}...")
-                rows.append({"row": self._next_row + j, "item_id": ids[j], "vec": vectors[j],
-                             **_scalars(metas[j] if metas is not None else None)})
+                rows.append(
+                    {
+                        "row": self._next_row + j,
+                        "item_id": ids[j],
+                        "vec": vectors[j],
+                        **_scalars(metas[j] if metas is not None else None),
+                    }
+                )
             _call("insert", self.c.insert, self.collection, rows, timeout=self._t)
         self._next_row += len(ids)
         self._ids.extend(ids)
@@ -269,9 +321,14 @@ class MilvusWriter(AnnWriter):
         want = set(ids)
         rows = [r for r, i in enumerate(self._ids) if i in want and self._alive[r]] if want else []
         for i in range(0, len(rows), INSERT_BATCH):  # by primary key: what every Milvus deletes by
-            chunk = rows[i:i + INSERT_BATCH]
-            _call("delete", self.c.delete, self.collection, filter=f"row in [{', '.join(map(str, chunk))}]",
-                  timeout=self._t)
+            chunk = rows[i : i + INSERT_BATCH]
+            _call(
+                "delete",
+                self.c.delete,
+                self.collection,
+                filter=f"row in [{', '.join(map(str, chunk))}]",
+                timeout=self._t,
+            )
             self._alive[chunk] = False
         return len(rows)
 
@@ -301,8 +358,10 @@ class MilvusWriter(AnnWriter):
         _call("load", self.c.load_collection, self.collection, timeout=self._t)
         held = _count(self.c, self.collection, self._t)
         if held != n:
-            raise RuntimeError(f"Milvus collection {self.collection} holds {held} rows after the build, not the {n} "
-                               "this writer inserted and kept")
+            raise RuntimeError(
+                f"Milvus collection {self.collection} holds {held} rows after the build, not the {n} "
+                "this writer inserted and kept"
+            )
         self.index = {"type": kind, "params": params, "count": n}
         return f"milvus:{kind}" + (f"({','.join(f'{k}={v}' for k, v in params.items())})" if params else "")
 
@@ -317,20 +376,28 @@ def _wait_indexed(c, collection: str, n: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         info = _call("describe_index", c.describe_index, collection, "vec", timeout=timeout) or {}
-        if "indexed_rows" not in info or str(info.get("state", "")).lower() == "finished" \
-                or int(info["indexed_rows"]) >= n:
+        if (
+            "indexed_rows" not in info
+            or str(info.get("state", "")).lower() == "finished"
+            or int(info["indexed_rows"]) >= n
+        ):
             return
         if str(info.get("state", "")).lower() == "failed":
-            raise RuntimeError(f"Milvus index build of {collection} failed: {info.get('index_state_fail_reason', info)}")
+            raise RuntimeError(
+                f"Milvus index build of {collection} failed: {info.get('index_state_fail_reason', info)}"
+            )
         if time.monotonic() > deadline:
-            raise AnnUnavailable(f"Milvus index build of {collection}: {info.get('indexed_rows')} of {n} rows "
-                                 f"indexed after {timeout:.0f} s")
+            raise AnnUnavailable(
+                f"Milvus index build of {collection}: {info.get('indexed_rows')} of {n} rows "
+                f"indexed after {timeout:.0f} s"
+            )
         time.sleep(0.5)
 
 
 def _count(c, collection: str, timeout: float) -> int:
-    res = _call("count", c.query, collection, filter="", output_fields=["count(*)"], timeout=timeout,
-                consistency_level="Strong")
+    res = _call(
+        "count", c.query, collection, filter="", output_fields=["count(*)"], timeout=timeout, consistency_level="Strong"
+    )
     return int(res[0]["count(*)"])
 
 
@@ -354,8 +421,9 @@ class MilvusBackend(AnnBackend):
         coll = ann.get("collection") or self.location(name, version)
         if not _call("has_collection", self.client().has_collection, coll, timeout=self.settings.milvus_timeout_s):
             raise LookupError(f"{name}/{version}: Milvus collection {coll} is missing (dropped, or another Milvus?)")
-        return MilvusIndex(self, coll, manifest["dims"]["g"], (ann.get("index") or {}).get("type", "FLAT"),
-                           int(ann.get("schema", 1)))  # no "schema": a 0.1.0 collection (nullable fields)
+        return MilvusIndex(
+            self, coll, manifest["dims"]["g"], (ann.get("index") or {}).get("type", "FLAT"), int(ann.get("schema", 1))
+        )  # no "schema": a 0.1.0 collection (nullable fields)
 
     def drop(self, name: str, version: str) -> bool:
         c, coll, t = self.client(), self.location(name, version), self.settings.milvus_timeout_s

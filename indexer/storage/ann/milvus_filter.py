@@ -1,4 +1,5 @@
-"""indexer/storage/filter_columns.py's condition tree -> a Milvus boolean expression over the collection's scalar fields.
+"""indexer/storage/filter_columns.py's condition tree -> a Milvus boolean expression over the collection's scalar
+fields.
 
 The same meaning as the FAISS path's columns (indexer/storage/filter_columns.py Columns), field by field:
   tags     ARRAY<VARCHAR>, [] when none   eq: ARRAY_CONTAINS(tags, "t")   in: ARRAY_CONTAINS_ANY(tags, [...])
@@ -17,6 +18,7 @@ Tags are compared as str(tag) on both sides, as Columns does. A value that canno
 String literals are written by `literal`, not by a JSON encoder: Milvus's parser knows \\ \" \n \r \t but no
 \\u or \\x escapes (milvus-lite 3.2 answers "unknown escape sequence"), so other characters go in raw.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,15 +68,18 @@ def _condition(c) -> str:
         vals = [str(v).lower() if f == "format" else str(v) for v in values]
         return f"{f} in {_list([literal(v) for v in dict.fromkeys(vals)])}"
     if f not in NUMERIC:  # camera, taken and manifest fields live only in Redis metadata, not in the collection
-        raise UnsupportedFilter(f"field {f!r} is not filterable on this index version: it is held by Milvus, "
-                                "whose collection stores tags, format, caption, width and height")
+        raise UnsupportedFilter(
+            f"field {f!r} is not filterable on this index version: it is held by Milvus, "
+            "whose collection stores tags, format, caption, width and height"
+        )
     if values is not None:
         nums = [number(v) for v in values if math.isfinite(float(v))]
         if not nums:
             return NOTHING
         return f"{f} == {nums[0]}" if len(nums) == 1 else f"{f} in {_list(nums)}"
-    parts = [f"{f} {op} {number(b)}" for b, op in ((c.gt, ">"), (c.gte, ">="), (c.lt, "<"), (c.lte, "<="))
-             if b is not None]
+    parts = [
+        f"{f} {op} {number(b)}" for b, op in ((c.gt, ">"), (c.gte, ">="), (c.lt, "<"), (c.lte, "<=")) if b is not None
+    ]
     return "(" + " and ".join(parts) + ")"
 
 
