@@ -23,10 +23,35 @@ from crossprobe.core.atomic import atomic_path, atomic_write
 from crossprobe.core.graph_files import (
     BACKBONE,
     HEADS_GRAPHS,
-    SERVICE_GRAPHS,  # noqa: F401
+    SEARCH_GRAPHS,
+    SERVICE_GRAPHS,
     GraphsUnavailable,
     checkpoint_fingerprint,
+    ensure_backbone,
+    ensure_graphs,
+    ensure_heads_graphs,
+    ensure_int8_query,
+    quantize_query_tower,
 )
+
+# the core's names, re-exported: torch-side callers (crossprobe export, training, tests) call export.ensure_graphs
+__all__ = [
+    "BACKBONE",
+    "HEADS_GRAPHS",
+    "SEARCH_GRAPHS",
+    "SERVICE_GRAPHS",
+    "GraphsUnavailable",
+    "checkpoint_fingerprint",
+    "ensure_backbone",
+    "ensure_graphs",
+    "ensure_heads_graphs",
+    "ensure_int8_query",
+    "quantize_query_tower",
+    "export_graphs",
+    "export_heads_graphs",
+    "export_backbone",
+    "export_all",
+]
 
 log = logging.getLogger("crossprobe.models")
 
