@@ -228,31 +228,33 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
     with raw:
         s = raw.sizes
         w, h = (s.height, s.width) if s.flip in (5, 6) else (s.width, s.height)
-        img = None
+        img: Image.Image | None = None
         try:
             thumb = raw.extract_thumb()
         except (rawpy.LibRawNoThumbnailError, rawpy.LibRawUnsupportedThumbnailError):
             thumb = None
         if thumb is not None and thumb.format == rawpy.ThumbFormat.JPEG:
             try:
-                prev = JpegImagePlugin.JpegImageFile(io.BytesIO(thumb.data))
+                prev = JpegImagePlugin.JpegImageFile(io.BytesIO(bytes(thumb.data)))
                 if min(prev.size) >= size:
                     img = prev
-                    exif = img.getexif()  # cached on the image: exif_transpose reads the same object
-                    if exif.get(0x0112, 1) == 1 and s.flip in _FLIP_TO_ORIENTATION:
-                        exif[0x0112] = _FLIP_TO_ORIENTATION[s.flip]
+                    tags = img.getexif()  # cached on the image: exif_transpose reads the same object
+                    if tags.get(0x0112, 1) == 1 and s.flip in _FLIP_TO_ORIENTATION:
+                        tags[0x0112] = _FLIP_TO_ORIENTATION[s.flip]
             except (SyntaxError, OSError, ValueError):
                 img = None
-        elif thumb is not None and thumb.format == rawpy.ThumbFormat.BITMAP and min(thumb.data.shape[:2]) >= size:
-            img = Image.fromarray(np.ascontiguousarray(thumb.data[..., :3]).astype(np.uint8))
-            img = {
-                3: img.transpose(Image.ROTATE_180),
-                5: img.transpose(Image.ROTATE_90),
-                6: img.transpose(Image.ROTATE_270),
-            }.get(s.flip, img)
+        elif thumb is not None and thumb.format == rawpy.ThumbFormat.BITMAP:
+            bitmap = np.asarray(thumb.data)
+            if min(bitmap.shape[:2]) >= size:
+                img = Image.fromarray(np.ascontiguousarray(bitmap[..., :3]).astype(np.uint8))
+                img = {
+                    3: img.transpose(Image.Transpose.ROTATE_180),
+                    5: img.transpose(Image.Transpose.ROTATE_90),
+                    6: img.transpose(Image.Transpose.ROTATE_270),
+                }.get(s.flip, img)
         if img is None:  # no usable preview: demosaic (LibRaw rotates by the file's flip itself)
             img = Image.fromarray(raw.postprocess(half_size=True, use_camera_wb=True, output_bps=8))
-    exif = None
+    exif: Image.Exif | None = None
     if data[:4] in _TIFF_MAGIC:  # EXIF (date taken, camera) from the TIFF container's own directories
         try:
             exif = Image.Exif()

@@ -91,7 +91,7 @@ def load_image(path_or_img, size: int = IMAGE_SIZE, gray: bool = False) -> np.nd
     img = ImageOps.exif_transpose(img)
     img = grayscale(img) if gray else img.convert("RGB")
     if img.size != (size, size):
-        img = img.resize((size, size), Image.BILINEAR)
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
     return preprocess_array(np.asarray(img))
 
 

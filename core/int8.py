@@ -135,11 +135,13 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _cpu_features() -> dict[str, bool]:
+    import importlib
+
     try:
-        from numpy._core._multiarray_umath import __cpu_features__  # numpy >= 2
+        umath = importlib.import_module("numpy._core._multiarray_umath")  # numpy >= 2
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core._multiarray_umath import __cpu_features__
-    return dict(__cpu_features__)
+        umath = importlib.import_module("numpy.core._multiarray_umath")
+    return dict(umath.__cpu_features__)
 
 
 def _linux_flag(flag: str) -> bool:

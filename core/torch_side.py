@@ -10,6 +10,7 @@ absent."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 EXTRA = "torch"  # pyproject.toml's optional dependencies: PyTorch and the exporters' libraries

@@ -1,7 +1,9 @@
-"""ruff (lint, and the format check) over the product packages, as pyproject.toml's [tool.ruff] configures it: part
-of `make test`, so a change that breaks either fails CI (docs/development.md, "Style")."""
+"""ruff (lint, and the format check) over the product packages and mypy over the torch-free core, as pyproject.toml's
+[tool.ruff] and [tool.mypy] configure them: part of `make test`, so a change that breaks one fails CI
+(docs/development.md, "Style")."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +30,30 @@ def test_a_planted_unused_import_fails_the_check(tmp_path):
     out = subprocess.run([str(RUFF), "check", "--config", str(ROOT / "pyproject.toml"), str(planted)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "F401" in out.stdout, out.stdout
+
+
+def mypy(tmp_path: Path, package: str, root: Path = ROOT) -> subprocess.CompletedProcess:
+    """mypy -p crossprobe.<package> over a tree of the installed names (crossprobe/<package> -> the folder)."""
+    tree = tmp_path / "tree" / "crossprobe"
+    tree.mkdir(parents=True)
+    (tree / package).symlink_to(root / package)
+    env = {**os.environ, "MYPYPATH": str(tree.parent)}
+    return subprocess.run([str(Path(sys.executable).parent / "mypy"), "--config-file", str(ROOT / "pyproject.toml"),
+                           "--cache-dir", str(tmp_path / "cache"), "-p", f"crossprobe.{package}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_mypy_finds_nothing_in_the_core(tmp_path):
+    out = mypy(tmp_path, "core")
+    assert out.returncode == 0 and "Success: no issues found" in out.stdout, out.stdout + out.stderr
+
+
+def test_mypy_fails_on_a_planted_type_error(tmp_path):
+    """The same run over a copy of the core with one wrong annotation: mypy must name it."""
+    import shutil
+
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "core", copy / "core", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "core" / "planted.py").write_text("def f() -> int:\n    return 'x'\n")
+    out = mypy(tmp_path, "core", root=copy)
+    assert out.returncode == 1 and "planted.py:2: error: Incompatible return value" in out.stdout, out.stdout

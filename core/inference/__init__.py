@@ -50,10 +50,14 @@ def load(
     spec = model if isinstance(model, ModelSpec) else parse(model)
     opts = replace(opts, device=resolve_device(opts.device))
     if spec.family == "crossprobe":
+        from crossprobe.core.inference.exported import ExportedBackend
         from crossprobe.core.inference.heads import HeadsBackend, backbone_spec
 
-        if (backbone := backbone_spec(spec.path)) is not None:  # reranker heads on the backbone the dir names
-            return HeadsBackend(spec.path, opts, load(backbone, opts))
+        if spec.path is not None and (backbone := backbone_spec(spec.path)) is not None:  # heads on a backbone
+            trunk = load(backbone, opts)
+            if not isinstance(trunk, ExportedBackend):
+                raise BadSpec(f"model {spec}: reranker heads train on a family model's backbone, not on {backbone}")
+            return HeadsBackend(spec.path, opts, trunk)
         from crossprobe.core.inference.crossprobe import CrossprobeBackend
 
         if opts.device.startswith("cuda") and not runtime.onnxruntime_has_cuda():  # the GPU machines: torch, CUDA
@@ -68,6 +72,10 @@ def load(
     if spec.family == "immich":
         from crossprobe.core.inference.immich import ImmichBackend
 
+        if spec.path is None:
+            raise BadSpec(
+                f"model {spec}: an Immich model is a folder (immich:DIR; `crossprobe models pull` fetches one)"
+            )
         return ImmichBackend(spec.path, opts)  # Immich's folder as it is: nothing to export
     raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
 

@@ -25,7 +25,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -82,8 +82,8 @@ class RuntimeOptions:
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | fp16 | bf16: what the PyTorch (GPU) path computes in (torch_crossprobe.py)
     image_head: str = "onnx"  # onnx | torch (the PyTorch module, for checking the graph)
-    model: object = None  # an in-memory model (tests): its graphs are exported from it when missing
-    bert: object = None  # an already loaded text backbone (tests): used only when graphs must be exported
+    model: Any = None  # an in-memory model (tests): its graphs are exported from it when missing
+    bert: Any = None  # an already loaded text backbone (tests): used only when graphs must be exported
     extra: dict = field(default_factory=dict)
 
 
@@ -98,6 +98,7 @@ class Backend(ABC):
     dims: FeatureDims
     rerankers: tuple[str, ...]  # the trained rerankers ("cp", "temde"); () for a two-tower-only model
     calibration: object | None  # models.calibration.Calibration fitted for this model, or None
+    opts: RuntimeOptions  # how it runs (set in __init__)
     query_precision: str = "fp32"
     int8_check: object | None = None  # models.int8.Int8Check once an int8 query graph passed its check
     image_size: int  # S: the side of the square pixels preprocess makes
@@ -161,6 +162,19 @@ class Backend(ABC):
     def providers(self) -> list[str]:
         """The ONNX Runtime execution providers its sessions run on."""
         return []
+
+    @property
+    def graphs_root(self) -> Path:
+        """RuntimeOptions.graphs, for a backend whose graphs live there (a crossprobe checkpoint, reranker heads)."""
+        if self.opts.graphs is None:
+            raise ValueError(
+                f"{type(self).__name__} needs RuntimeOptions.graphs: the folder its graphs are exported to"
+            )
+        return Path(self.opts.graphs)
+
+    def sessions(self) -> dict[str, Any]:
+        """Its ONNX Runtime sessions loaded so far, by part name."""
+        return {}
 
     def warm(self, *parts: str) -> None:  # noqa: B027 - an optional hook: parts load on first use by default
         """Load the named parts now (each backend names its own) instead of on first use."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class CrossprobeBackend(Backend):
 
     @property
     def graph_dir(self) -> Path:
-        return Path(self.opts.graphs) / self.fingerprint
+        return self.graphs_root / self.fingerprint
 
     def _session(self, path: Path):
         return runtime.session(path, self.opts.threads, self.opts.spinning, self.opts.device)
@@ -63,7 +64,7 @@ class CrossprobeBackend(Backend):
     def _export(self, names: tuple[str, ...], also: tuple[str, ...] = ()) -> Path:
         """<graphs>/<fingerprint>/ with `names` exported (and `also`, while the model is loaded anyway)."""
         return graph_files.ensure_graphs(
-            self.opts.graphs,
+            self.graphs_root,
             names,
             self.ckpt,
             model=self.opts.model,
@@ -86,7 +87,7 @@ class CrossprobeBackend(Backend):
             else:
                 raise ValueError(f"unknown part {p!r} (search, image, explain)")
 
-    def sessions(self) -> dict[str, object]:
+    def sessions(self) -> dict[str, Any]:
         """The ONNX Runtime sessions loaded so far, by part (query, cp, temde, backbone, head, explain)."""
         out = {}
         for name, part in self._parts.items():
@@ -105,7 +106,7 @@ class CrossprobeBackend(Backend):
         return inputs.load_image  # squashed to 224 x 224, Lite's scaling (core/inputs.py)
 
     def _backbone(self):
-        return self._part("backbone", lambda: self._session(graph_files.ensure_backbone(self.opts.graphs)))
+        return self._part("backbone", lambda: self._session(graph_files.ensure_backbone(self.graphs_root)))
 
     def _head(self):
         """The image tower: its ONNX graph (exported first if missing), or the PyTorch module (image_head torch)."""
@@ -123,7 +124,7 @@ class CrossprobeBackend(Backend):
     def prepare(self) -> None:
         """Export what image_grid / image_features need without building a session: the Ray engine's driver
         calls it once, so that its actors only load graphs (N actors never export one file at once)."""
-        graph_files.ensure_backbone(self.opts.graphs)
+        graph_files.ensure_backbone(self.graphs_root)
         if self.opts.image_head == "onnx":
             self._export(("image_tower",))
 
@@ -195,6 +196,7 @@ class CrossprobeBackend(Backend):
         feed = scorer_feed(kind, q, feats, s_tt)
         session, region = self._scorer(kind)
         if region:
+            assert q.q_cls is not None, "a query tower with region labels gives q_cls"
             feed["q_cls"], feed["labels"] = q.q_cls[None], feats["labels"]
         return session.run(None, feed)[0]
 
@@ -225,6 +227,7 @@ class CrossprobeBackend(Backend):
 def scorer_feed(kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> dict[str, np.ndarray]:
     """cp_scorer's or temde_scorer's inputs (models/graphs.py) for one query against its K candidates."""
     s_tt = np.ascontiguousarray(s_tt, np.float32)
+    assert q.p_t is not None and q.w_bar is not None and q.s_q is not None, "a crossprobe query tower's vectors"
     if kind == "cp":
         return {"p_t": q.p_t[None], "w_bar": q.w_bar[None], "p_v": feats["p_v"], "b_bar": feats["b_bar"], "s_tt": s_tt}
     if kind == "temde":

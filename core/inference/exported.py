@@ -20,6 +20,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -179,7 +180,7 @@ class ExportedBackend(Backend):
             elif p != "explain":  # no explain maps for a family model
                 raise ValueError(f"unknown part {p!r} (search, image)")
 
-    def sessions(self) -> dict[str, object]:
+    def sessions(self) -> dict[str, Any]:
         return {k: v for k, v in self._parts.items() if hasattr(v, "get_providers")}
 
     @property
@@ -198,6 +199,7 @@ class ExportedBackend(Backend):
         return ImageGrid(tokens, emb)
 
     def image_features(self, grid: ImageGrid) -> ImageFeatures:
+        assert grid.pooled is not None, "a family model's image graph gives its pooled embedding"
         g = unit(grid.pooled)
         B = len(g)
         return ImageFeatures(

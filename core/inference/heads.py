@@ -18,13 +18,14 @@ refused by any other model. Serving needs no torch when the graphs are exported 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from crossprobe.core import graph_files, read_config, runtime
 from crossprobe.core.inference.base import Backend, ImageFeatures, ImageGrid, QueryVectors, RuntimeOptions
 from crossprobe.core.inference.crossprobe import scorer_feed
-from crossprobe.core.inference.exported import unit
+from crossprobe.core.inference.exported import ExportedBackend, unit
 from crossprobe.core.inference.layout import FeatureDims, ItemDims
 
 KIND = "heads"  # models/heads.py's config.json "kind" (not imported: that module needs torch)
@@ -57,7 +58,7 @@ class HeadsBackend(Backend):
     rerankers = ("cp", "temde")
     calibration = None  # relevance curves are fitted per model: none for heads yet
 
-    def __init__(self, ckpt: Path, opts: RuntimeOptions, backbone: Backend):
+    def __init__(self, ckpt: Path, opts: RuntimeOptions, backbone: ExportedBackend):
         """backbone: the backend of the spec the checkpoint names (inference.load makes it)."""
         super().__init__()
         self.ckpt, self.opts, self.backbone = Path(ckpt), opts, backbone
@@ -76,14 +77,14 @@ class HeadsBackend(Backend):
     # ---- parts -----------------------------------------------------------------------------------------
     def _session(self, name: str):
         def make():
-            folder = graph_files.ensure_heads_graphs(self.opts.graphs, self.ckpt, fingerprint=self.fingerprint)
+            folder = graph_files.ensure_heads_graphs(self.graphs_root, self.ckpt, fingerprint=self.fingerprint)
             return runtime.session(folder / f"{name}.onnx", self.opts.threads, self.opts.spinning, self.opts.device)
 
         return self._part(name, make)
 
     def prepare(self) -> None:
         self.backbone.prepare()
-        graph_files.ensure_heads_graphs(self.opts.graphs, self.ckpt, fingerprint=self.fingerprint)
+        graph_files.ensure_heads_graphs(self.graphs_root, self.ckpt, fingerprint=self.fingerprint)
 
     def warm(self, *parts: str) -> None:
         """parts: "search" (the backbone's text graph, the text head, both scorers), "image"; "explain" has nothing
@@ -99,7 +100,7 @@ class HeadsBackend(Backend):
             elif p != "explain":
                 raise ValueError(f"unknown part {p!r} (search, image)")
 
-    def sessions(self) -> dict[str, object]:
+    def sessions(self) -> dict[str, Any]:
         return {
             **{f"backbone.{k}": v for k, v in self.backbone.sessions().items()},
             **{k: v for k, v in self._parts.items() if hasattr(v, "get_providers")},
@@ -121,6 +122,7 @@ class HeadsBackend(Backend):
         p_v, b_bar, s_i = self._session("image_head").run(
             None, {"tokens": np.ascontiguousarray(grid.cells, np.float32)}
         )
+        assert grid.pooled is not None, "the backbone's image graph gives its pooled embedding"
         return ImageFeatures(unit(grid.pooled), p_v, b_bar, s_i, None)
 
     # ---- texts -----------------------------------------------------------------------------------------
