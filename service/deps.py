@@ -67,12 +67,13 @@ def degraded_headers(out: Outcome) -> dict[str, str]:
 
 
 async def run_search(state: ServiceState, plan: Plan) -> Outcome:
-    """Admission control around one search: 429 overloaded at once when the queue is full."""
-    ready(state)
+    """Admission control around one search: 429 overloaded at once when the queue is full. Readiness was checked
+    once, by the dependency that made the plan (only a ready service's searcher makes one)."""
     with state.limiter.admit():
         out = await state.searcher.search(plan)
+    ran = out.plan or plan
     # labelled by the mode the search ran with (crossprobe_search_*{rerank}); warm-up searches never come here
-    metrics.observe_stages(out.timings_ms, rerank=plan.rerank, degraded=tuple(out.degraded_codes))
+    metrics.observe_stages(out.timings_ms, rerank=ran.rerank, degraded=tuple(out.degraded_codes))
     if out.degraded:
         metrics.error("degraded")
     return out

@@ -9,20 +9,23 @@ offers (its trained rerankers, its calibration curves).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
-from crossprobe.service import query_image
+from crossprobe.service import hybrid, query_image
 from crossprobe.service.exceptions import InvalidRequest, NoReranker
 from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import MAX_SHORTLIST, Settings
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """Built once (from_request), never changed: what depends on the index searched (the mode, and the reranker
+    that follows from it) makes a new plan (on_index). The rerank decision is this module's alone."""
+
     query: str | None
     k: int
     rerank: str  # cp | temde | none
@@ -41,7 +44,7 @@ class Plan:
     offset: int = 0  # the page: ranked results skipped before the k returned
     sort: str = "relevance"  # relevance | date_taken | -date_taken | date_added | -date_added (stage sort)
     min_relevance: float | None = None  # drop results whose calibrated relevance is lower (text queries only)
-    mode: str | None = None  # hybrid | vector | keyword: as requested (None: the default), then as run (hybrid.py)
+    mode: str | None = None  # hybrid | vector | keyword: as requested (None: the default); on_index: as it runs
     mode_note: str | None = None  # why the mode that ran differs from the one asked for
     scope: Scope = EVERY  # the indexes the caller's key may read (scope.py): `index` is looked up within it
 
@@ -59,6 +62,15 @@ class Plan:
             if on
         ]
         return "+".join(parts)
+
+    def on_index(self, has_keywords: bool) -> "Plan":
+        """This plan on an index with (or without) a keyword index: the mode that runs there (hybrid.resolve), and
+        no reranker under mode keyword (BM25 alone ranks)."""
+        mode, note = hybrid.resolve(self.mode, self.query is not None, has_keywords)
+        rerank, skipped = self.rerank, self.rerank_skipped
+        if mode == "keyword" and rerank != "none":
+            rerank, skipped = "none", "mode keyword ranks by the keyword index's BM25 alone"
+        return replace(self, mode=mode, mode_note=note, rerank=rerank, rerank_skipped=skipped)
 
     @classmethod
     def from_request(cls, req: BaseModel | None, settings: Settings, model: Any, **given: Any) -> "Plan":

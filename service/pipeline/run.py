@@ -46,6 +46,7 @@ class Outcome:
     degraded: list[tuple[str, str]] = field(default_factory=list)  # (code, message): why part of the path was skipped
     total: int = 0  # ranked results of the whole answer (every page): the shortlist after filter, dedup, min_score
     keyword: hybrid.KeywordOutcome | None = None  # modes hybrid and keyword: the parsed query and its hits
+    plan: Plan | None = None  # the plan as it ran (Plan.on_index): what the answer reports
 
     @property
     def degraded_codes(self) -> list[str]:
@@ -107,5 +108,6 @@ class Run:
             total=self.total,
             keyword=self.kw,
             facets=self.facets,
+            plan=self.plan,
             filtered=None if f is None else {"matching": f.matching, "exact": f.exact, "method": f.how},
         )

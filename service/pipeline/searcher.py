@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from crossprobe.core.inference import Backend, QueryVectors
 from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.storage.ann import AnnUnavailable
-from crossprobe.service import hybrid, metrics, query_image
+from crossprobe.service import metrics, query_image
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore
 from crossprobe.service.exceptions import InvalidRequest, ItemNotFound
@@ -47,22 +47,21 @@ class Searcher:
 
     async def search(self, plan: Plan) -> Outcome:
         t0 = time.perf_counter()
-        handle = self.resolve(plan)
+        handle, plan = self.resolve(plan)
         clock = StageTimer()
         q, info = await self.encode(plan, handle, clock)
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self.pool, self._after_encode, q, handle, plan, clock)
         out.batch_size = info.batch_size if info is not None else 1
+        out.plan = plan  # the plan as it ran on this index (its mode, its reranker)
         out.timings_ms["total"] = (time.perf_counter() - t0) * 1000
         return out
 
-    def resolve(self, plan: Plan) -> IndexHandle:
-        """The version to search (404 / 503 before any work) and the mode that runs on it; the plan's "like" ids
-        must be in it (404) and its raw vector of its dimension (422)."""
+    def resolve(self, plan: Plan) -> tuple[IndexHandle, Plan]:
+        """The version to search (404 / 503 before any work) and the plan as it runs there (Plan.on_index: its mode
+        and reranker); the plan's "like" ids must be in it (404) and its raw vector of its dimension (422)."""
         handle = self.registry.get(plan.index, scope=plan.scope)
-        plan.mode, plan.mode_note = hybrid.resolve(plan.mode, plan.query is not None, handle.keywords is not None)
-        if plan.mode == "keyword" and plan.rerank != "none":
-            plan.rerank, plan.rerank_skipped = "none", "mode keyword ranks by the keyword index's BM25 alone"
+        plan = plan.on_index(handle.keywords is not None)
         if plan.like:
             unknown = [i for i in plan.like if i not in handle.ids]
             if unknown:
@@ -75,7 +74,7 @@ class Searcher:
                 f"invalid request: embedding_input has {len(plan.embedding)} "
                 f"values; index {handle.name} holds vectors of {handle.reader.d}"
             )
-        return handle
+        return handle, plan
 
     async def encode(self, plan: Plan, handle: IndexHandle, clock: StageTimer) -> tuple[QueryVectors, Any]:
         """queue + encode (the text, through the batcher) beside the vector part (decode_image + encode_image,

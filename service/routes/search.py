@@ -60,7 +60,7 @@ async def search(plan: Annotated[Plan, Depends(search_plan)], state: Service, re
 async def _answer(state: ServiceState, plan: Plan, response: Response) -> SearchResponse:
     """Run a search plan -> /v1/search's answer (with Server-Timing and the degraded header)."""
     out = await run_search(state, plan)
-    answer = search_response(state, plan, out)
+    answer = search_response(state, out.plan or plan, out)
     response.headers["Server-Timing"] = server_timing(answer.timings_ms)
     response.headers.update(degraded_headers(out))
     return answer

@@ -86,3 +86,31 @@ def test_a_reranker_the_model_lacks_is_refused_when_named_and_skipped_when_it_is
     assert Plan.from_request(SearchRequest(query="a dog"), settings, temde_only).rerank == "temde"
     with pytest.raises(NoReranker, match="it has: temde"):
         Plan.from_request(SearchRequest(query="a dog", rerank="cp"), settings, temde_only)
+
+
+def test_a_plan_is_never_changed_and_the_index_gives_a_new_one():
+    """Built once: the mode and the reranker an index leads to come as a new plan (on_index), the request's stays."""
+    import dataclasses
+
+    plan = Plan.from_request(SearchRequest(query="a dog", k=5, mode="keyword"), Settings(default_rerank="cp"),
+                             CROSSPROBE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.rerank = "none"  # type: ignore[misc]
+    ran = plan.on_index(has_keywords=True)
+    assert (plan.mode, plan.rerank) == ("keyword", "cp")
+    assert (ran.mode, ran.rerank) == ("keyword", "none") and "BM25" in ran.rerank_skipped
+    default = Plan.from_request(SearchRequest(query="a dog", k=5), Settings(default_rerank="cp"), CROSSPROBE)
+    assert default.on_index(has_keywords=False).mode == "vector" and default.mode is None  # no keyword index
+    with pytest.raises(InvalidRequest, match="no usable keyword index"):  # keyword asked, none there: a 422
+        plan.on_index(has_keywords=False)
+
+
+def test_one_search_checks_readiness_once(client, monkeypatch):
+    """The plan's dependency checks that the service is ready; nothing on the way checks it again."""
+    from crossprobe.service.state import ServiceState
+
+    calls = []
+    real = ServiceState.require_ready
+    monkeypatch.setattr(ServiceState, "require_ready", lambda self: (calls.append(1), real(self))[1])
+    r = client.post("/v1/search", json={"query": "a dog", "k": 3})
+    assert r.status_code == 200 and len(calls) == 1, (r.status_code, calls)
