@@ -47,7 +47,7 @@ test: $(STAMP) system
 ## venv each, a model exported beforehand indexed and served there, the same answers on every Python
 ## (scripts/wheel_check.py -> docs/research/results/wheel_check.json; downloads the dependencies' wheels once)
 wheel-check: $(STAMP)
-	$(BIN)/python scripts/wheel_check.py $(if $(PYTHONS),--pythons $(PYTHONS),)
+	PYTHONPATH=. $(BIN)/python scripts/wheel_check.py $(if $(PYTHONS),--pythons $(PYTHONS),)
 
 ## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
 ## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/.

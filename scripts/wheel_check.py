@@ -7,7 +7,7 @@ The model is the tests' random-weight Hugging Face CLIP (tests/support/reference
 (this venv has torch), as a user exports a model on one machine and serves it on another.
 
     make wheel-check                      # Python 3.11, 3.12 and 3.13 from pyenv
-    python scripts/wheel_check.py --pythons /usr/bin/python3.12,...
+    PYTHONPATH=. python scripts/wheel_check.py --pythons /usr/bin/python3.12,...   (tests.support from the root)
 
 Writes docs/research/results/wheel_check.json (--out); exit 1 when an answer differs or a step fails.
 """
@@ -68,7 +68,6 @@ def build_wheel(work: Path) -> Path:
 
 def model_and_photos(work: Path) -> tuple[str, Path, Path]:
     """A random-weight CLIP exported into work/graphs (torch here), and 12 photos of 3 sizes."""
-    sys.path.insert(0, str(ROOT))
     from crossprobe.models import families
     from tests.support import reference_models as rm
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_random_backbones_load_where_the_real_ones_do(tmp_path):
     info = gpu_inputs.make_backbones(tmp_path)
     assert "random weights" in info["text_backbone"] and "random weights" in info["image_backbone"]
-    code = ("import numpy as np, torch; from crossprobe.models import backbones, inputs; "
+    code = ("import numpy as np, torch; from crossprobe.models import backbones; from crossprobe.core import inputs; "
             "from benchmarks.gpu_inputs import backbones_active; "
             "g = backbones.ImageBackbone()(torch.zeros(1, 3, 224, 224)); bert = backbones.load_minilm(); "
             "ids, mask = inputs.tokenize(inputs.load_tokenizer(), ['a dog']); "
