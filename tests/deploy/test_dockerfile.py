@@ -81,16 +81,21 @@ def test_image_facts():
     assert args["BASE_IMAGE"] == "python:3.11-slim-bookworm"
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu" and args["TORCH_FIND_LINKS"] == ""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert pyproject["requires-python"] == ">=3.11,<3.12"  # the base images' python
+    # the base image's python (3.11) is one the package supports: the torch-free core installs on 3.11 and later
+    assert pyproject["requires-python"] == ">=3.11" and args["BASE_IMAGE"].startswith("python:3.11")
     assert set(st) == {"model", "graphs", "base", "builder", "slim", "runtime"}
     # stage names are plain words: buildah (podman build) does not resolve a stage name built from an ARG
     assert [rest for w, rest in instrs if w == "FROM"] == ["scratch AS model", "scratch AS graphs",
                                                            "${BASE_IMAGE} AS base", "base AS builder",
                                                            "builder AS slim", "base AS runtime"]
 
-    # torch: the CPU wheel, the version pyproject pins, installed before anything that depends on it
+    # torch: the CPU wheel, the version `make venv` installs (the Makefile's TORCH), installed before anything that
+    # depends on it; the torch extra's requirement is a floor it meets
     builder = [rest for w, rest in st["builder"] if w == "RUN"]
-    torch_pin = next(d for d in pyproject["dependencies"] if d.startswith("torch"))
+    torch_pin = re.search(r"^TORCH\s*\?=\s*(\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+    floor = next(d for d in pyproject["optional-dependencies"]["torch"] if d.startswith("torch"))
+    assert torch_pin == "torch==2.13.0" and floor.startswith("torch>=") and not any(
+        d.startswith("torch") for d in pyproject["dependencies"])
     first = next(i for i, r in enumerate(builder) if "pip install" in r)
     assert f'pip install {torch_pin} --index-url "$TORCH_INDEX_URL"' in builder[first]
     assert any("pip install -r /tmp/requirements.txt" in r for r in builder[first + 1:])

@@ -1,5 +1,5 @@
 """docs/troubleshooting.md quotes the messages users meet as the code prints them: each line of its ```message
-blocks must still be a string the package (models/, indexer/, service/) writes, so the page cannot go stale.
+blocks must still be a string the package (core/, models/, indexer/, service/, cli/) writes, so the page cannot go stale.
 
 How a quoted line is matched: `<...>` (with the quotes around it, if any: '<name>') stands for what varies
 (a name, a number, the text of another error), `...` for text left out. What is left, the literal parts, must
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
-PACKAGES = ("models", "indexer", "service", "cli")
+PACKAGES = ("core", "models", "indexer", "service", "cli")
 BLOCK = re.compile(r"^```message\n(.*?)^```", re.S | re.M)
 HOLE = re.compile(r"'?<[^<>\n]+>'?|\.\.\.")  # a placeholder, quoted or not, or text left out
 FIELD = "\x00"  # an f-string's {field} in the source's text
