@@ -22,6 +22,16 @@ def lint(root: Path, pythonpath: Path | None = None) -> subprocess.CompletedProc
                            "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
+def planted(tmp_path: Path, line: str) -> subprocess.CompletedProcess:
+    """lint-imports over a copy of the packages (a namespace, as installed) with `line` added to service/hybrid.py."""
+    pkg = tmp_path / "crossprobe"
+    for name, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "static", "checkpoints"))
+    hybrid = pkg / "service" / "hybrid.py"
+    hybrid.write_text(hybrid.read_text() + f"\n{line}  # planted\n")
+    return lint(tmp_path, pythonpath=tmp_path)
+
+
 def test_the_tree_keeps_its_layers():
     out = lint(ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -31,12 +41,7 @@ def test_the_tree_keeps_its_layers():
 def test_a_planted_import_of_the_jobs_from_the_service_breaks_the_contract(tmp_path):
     """A copy of the packages with one service module importing the batch jobs: the contract must fail, naming
     the import."""
-    pkg = tmp_path / "crossprobe"  # a namespace, as installed
-    for name, folder in PACKAGES.items():
-        shutil.copytree(ROOT / folder, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "static", "checkpoints"))
-    planted = pkg / "service" / "hybrid.py"
-    planted.write_text(planted.read_text() + "\nfrom crossprobe.indexer.jobs import sources  # planted\n")
-    out = lint(tmp_path, pythonpath=tmp_path)
+    out = planted(tmp_path, "from crossprobe.indexer.jobs import sources")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "BROKEN" in out.stdout
     assert "crossprobe.service.hybrid -> crossprobe.indexer.jobs.sources" in out.stdout
@@ -44,12 +49,7 @@ def test_a_planted_import_of_the_jobs_from_the_service_breaks_the_contract(tmp_p
 
 def test_a_planted_import_of_torch_in_the_service_breaks_the_torch_free_contract(tmp_path):
     """The same copy with `import torch` in a service module: the torch-free contract fails, naming the import."""
-    pkg = tmp_path / "crossprobe"
-    for name, folder in PACKAGES.items():
-        shutil.copytree(ROOT / folder, pkg / name, ignore=shutil.ignore_patterns("__pycache__", "static", "checkpoints"))
-    planted = pkg / "service" / "hybrid.py"
-    planted.write_text(planted.read_text() + "\nimport torch  # planted\n")
-    out = lint(tmp_path, pythonpath=tmp_path)
+    out = planted(tmp_path, "import torch")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "never import torch or crossprobe.models BROKEN" in " ".join(out.stdout.split()), out.stdout
     assert "crossprobe.service.hybrid -> torch" in out.stdout
