@@ -72,6 +72,7 @@ print('\n'.join(p['dependencies'] + o['torch'] + (o['gpu'] if sys.argv[1] == 'gp
 COPY README.md ./
 COPY core ./core
 COPY models ./models
+COPY storage ./storage
 COPY indexer ./indexer
 COPY service ./service
 COPY cli ./cli

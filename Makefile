@@ -79,7 +79,7 @@ test-fuzz: $(STAMP)
 ## server paused and killed mid-search (503 ann_unavailable, never a 500) and restarted (~3 min; `make test` runs the
 ## same backend tests on milvus-lite only)
 test-milvus: $(STAMP) milvus-server
-	$(BIN)/python -m pytest -p no:cacheprovider -m milvus_server tests/indexer/storage/ann tests/service/test_milvus_search.py \
+	$(BIN)/python -m pytest -p no:cacheprovider -m milvus_server tests/storage/ann tests/service/test_milvus_search.py \
 		tests/service/test_milvus_server.py
 
 ## make milvus-server: install that server's virtualenv (artifacts/milvus-server/venv; the tests do it too when missing)

@@ -122,14 +122,14 @@ def run_one(config: str, data: Path) -> dict:
     n, d = vectors.shape
     t = time.perf_counter()
     if config.startswith("faiss"):
-        from crossprobe.indexer.storage import faiss_io
-        from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex
+        from crossprobe.storage import faiss_io
+        from crossprobe.storage.ann.faiss_backend import FaissIndex
 
         factory = {"faiss_flat": "Flat", "faiss_hnsw": "HNSW32"}[config]
         index = FaissIndex(faiss_io.build_faiss(vectors, factory))
         desc = f"faiss {factory}, efSearch 64 (the reader's)" if "hnsw" in config else "faiss Flat"
     else:
-        from crossprobe.indexer.storage.ann.milvus_backend import MilvusBackend
+        from crossprobe.storage.ann.milvus_backend import MilvusBackend
         from crossprobe.indexer.jobs.settings import IndexerSettings
 
         kind = {"milvus_flat": "FLAT", "milvus_hnsw": "HNSW", "milvus_ivf": "IVF_FLAT"}[config]

@@ -16,7 +16,7 @@ turn (round robin, so the modes see the same queries and the same machine state)
   filter_F      {"query": caption, "filter": {"field": "tags", "eq": "sel-F"}}  for F in 0.01, 0.1, 1.0
   image         {"image": the caption's test image file, base64}  (rerank none: no text for a reranker)
 Latency is client-side (HTTP included), after a warm-up; stages are the median of the service's timings_ms.
-Then, offline (the server stopped), the filtered ANN stage alone: recall@100 of indexer/storage/filter_columns.py's search
+Then, offline (the server stopped), the filtered ANN stage alone: recall@100 of storage/filter_columns.py's search
 against an exhaustive search of the matching rows, queried with the test images' stored vectors, at each
 selectivity, and the cost of reading the 100K items' metadata into filter columns (what the service does while
 loading a version, Settings.filter_preload).
@@ -40,7 +40,7 @@ from benchmarks.harness import (FEATURES_SECTION, NAME, ensure_flickr8k, feature
                                 require_flickr8k, server_env, start_server, stop_server, synthesize)
 from benchmarks.support import synthetic
 from crossprobe.indexer import open_index
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 
 MODES = ("text", "filter_0.01", "filter_0.1", "filter_1.0", "image")
@@ -71,11 +71,11 @@ def summary(lat: list[float], outs: list[dict]) -> dict:
 
 
 def ann_recall(reader, queries: np.ndarray, shortlist: int = 100) -> dict:
-    """The filtered ANN stage alone (indexer/storage/filter_columns.py search, the service's settings), recall@shortlist
+    """The filtered ANN stage alone (storage/filter_columns.py search, the service's settings), recall@shortlist
     against an exhaustive search of the matching rows, and how it answered; plus the preload cost (metadata ->
     columns) and unfiltered HNSW for reference. Queries: stored vectors (unit, d)."""
-    from crossprobe.indexer.storage import filter_columns
-    from crossprobe.indexer.storage.filter_model import Condition
+    from crossprobe.storage import filter_columns
+    from crossprobe.storage.filter_model import Condition
     from crossprobe.service.settings import Settings
 
     exact_max = Settings().filter_exact_max

@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from crossprobe.indexer import IndexerSettings, build
-    from crossprobe.indexer.storage.redis_conn import close_embedded
+    from crossprobe.storage.redis_conn import close_embedded
     from crossprobe.models import checkpoint
 
     names = [n for n in (args.only.split(",") if args.only else FORMATS) if n]

@@ -14,7 +14,7 @@ must-haves first), each skipped and said when too little of --budget-s is left f
   index        the indexer (decode, encode, Redis, FAISS; library call of `crossprobe index build`): images/s on the
                device over every photo (the served 8,091-item index) and on the CPU over a subset
   grow         the 1M-item version (gpu_inputs.grow: noisy copies, real Redis values, IVF1024,Flat)
-  ann          the ANN stage alone at 1M: exact search on the device (indexer/storage/ann/gpu.py) against FAISS on
+  ann          the ANN stage alone at 1M: exact search on the device (storage/ann/gpu.py) against FAISS on
                the CPU (exact Flat; the version's IVF at the nprobe that reaches recall@100 0.95, which the CPU
                service then uses)
   service      `crossprobe serve` on the CPU, then on the device (per --service-precisions), each serving both indexes;
@@ -273,15 +273,15 @@ def _per_query(search, q: np.ndarray) -> dict:
 
 
 def ann_stage(work: Path, device: str, name: str, queries: np.ndarray, k: int = 100) -> dict:
-    """The index's top k for real query vectors: exact search on the device (fp32, fp16: indexer/storage/ann/gpu.py),
+    """The index's top k for real query vectors: exact search on the device (fp32, fp16: storage/ann/gpu.py),
     FAISS's exact Flat on all CPU cores, and the version's own IVF at a few nprobe on one core (as the service runs
     FAISS: CROSSPROBE_THREADS=1) with its recall@k against exact -> per-query latency, batch throughput, and the
     smallest nprobe reaching recall 0.95 (the CPU service then searches with it: a fair baseline)."""
     import faiss
 
-    from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex
-    from crossprobe.indexer.storage.ann.gpu import TorchExactIndex
-    from crossprobe.indexer.storage.reader import open_index
+    from crossprobe.storage.ann.faiss_backend import FaissIndex
+    from crossprobe.storage.ann.gpu import TorchExactIndex
+    from crossprobe.storage.reader import open_index
 
     rd = open_index(name, None, index_settings(work, "cpu"))
     vdir = rd.store.version_dir(name, rd.version)
@@ -394,7 +394,7 @@ def query_vectors(graphs: Path, texts: list[str]) -> np.ndarray:
 
 
 def run_all(run: Run) -> None:
-    from crossprobe.indexer.storage.redis_conn import close_embedded, connect
+    from crossprobe.storage.redis_conn import close_embedded, connect
 
     args, sizes, device = run.args, run.args.sizes, run.args.device
     work, graphs = args.workdir, args.workdir / "graphs"

@@ -146,9 +146,9 @@ def grow(ixs, base: str, name: str, total: int, factory: str = "IVF1024,Flat", s
          chunk: int = 10_000) -> dict:
     """Write and activate `name`: `base`'s active version's items plus total - len(base) noisy copies, every item
     with its Redis values (a copy's are its source's features and metadata, under its own id) -> timings."""
-    from crossprobe.indexer.storage import faiss_io
-    from crossprobe.indexer.storage.reader import open_index
-    from crossprobe.indexer.storage.store import new_version
+    from crossprobe.storage import faiss_io
+    from crossprobe.storage.reader import open_index
+    from crossprobe.storage.store import new_version
     from crossprobe.core.atomic import durable_write as atomic_write
 
     t0 = time.perf_counter()

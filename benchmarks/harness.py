@@ -88,7 +88,7 @@ def flickr8k_setup(workdir: Path):
     """Flickr8k, its photos in dataset order, the committed checkpoint's fingerprint, and index settings under
     workdir on an embedded Redis (the service reaches it through its unix socket; the caller stops it:
     close_embedded) -> (dataset, paths, fingerprint, index settings, redis client)."""
-    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.storage.redis_conn import connect
     from crossprobe.models import checkpoint
     from crossprobe.models.data.flickr8k import Flickr8k
 
@@ -178,7 +178,7 @@ def prepare(workdir: Path, ckpt: Path | None, limit: int | None, big: int):
     """Checkpoint, embedded Redis and the indexes (built when missing) under workdir, and the query captions
     -> (index settings, redis client, checkpoint dir, fingerprint, random weights, {size: index name}, queries).
     The caller stops the embedded Redis (close_embedded)."""
-    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.storage.redis_conn import connect
     from crossprobe.models.data.flickr8k import Flickr8k, dataset_root
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ def features_section(docs: Path) -> list[str]:
                      f"{st.get('filter', '-')} / {st.get('ann', '-')} / {st.get('rerank', '-')} | {how} | "
                      f"{'-' if recall is None else recall} |")
     if rec:
-        lines += ["", f"ANN recall@100: the filtered ANN stage alone (indexer/storage/filter_columns.py, offline, the test images' "
+        lines += ["", f"ANN recall@100: the filtered ANN stage alone (storage/filter_columns.py, offline, the test images' "
                   f"stored vectors as {rec['queries']} queries) against an exhaustive search of the matching rows; "
                   "\"exact-scan\": at most CROSSPROBE_FILTER_EXACT_MAX (20,000) items match, so their stored vectors "
                   "are scanned exactly; \"faiss-idselector\": HNSW searched with the filter's bitmap. Reading the 100K items' metadata into filter columns (done while a version "

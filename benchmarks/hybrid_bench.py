@@ -25,7 +25,7 @@ from benchmarks.harness import ensure_ckpt, machine, require_flickr8k, service_e
 from crossprobe.indexer import build
 from benchmarks.support import synthetic
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
+from crossprobe.storage.redis_conn import close_embedded, connect
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.service.server import free_port
 

@@ -31,7 +31,7 @@ from PIL import Image
 
 from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, server_env, start_server,
                                 stop_server)
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 
 CROP, SIDE, QUALITY = 0.8, 192, 70

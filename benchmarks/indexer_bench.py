@@ -36,8 +36,8 @@ from benchmarks.harness import machine
 from crossprobe.models import checkpoint
 from crossprobe.models.data.flickr8k import dataset_root
 from crossprobe.indexer import IndexerSettings, build, connect, open_index
-from crossprobe.indexer.storage.redis_conn import close_embedded
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import close_embedded
+from crossprobe.storage.store import Store
 
 
 def redis_bytes(rd, sample: int = 200) -> dict:

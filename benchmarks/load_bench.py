@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.loadgen import Generator, Record, Run, search_requests
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.models.evaluation.report import machine as describe
 from crossprobe.service.server import free_port
 

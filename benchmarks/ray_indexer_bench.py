@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.harness import machine
 from crossprobe.indexer import IndexerSettings, build
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.models.data.flickr8k import dataset_root
 
 RESULTS = Path("docs/research/results/ray_indexer.json")

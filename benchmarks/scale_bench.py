@@ -50,7 +50,7 @@ import numpy as np
 
 from crossprobe.indexer import open_index
 from benchmarks.support import synthetic
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 from benchmarks.harness import (NAME, ensure_flickr8k, flickr8k_setup, machine, require_flickr8k, start_server, stop_server,
                                 text_vectors)
@@ -180,7 +180,7 @@ def milvus_server_row(args, ixs, r, fp, captions: list[str], queries: np.ndarray
     import shutil
 
     from benchmarks.support import local_milvus
-    from crossprobe.indexer.storage.ann import milvus_backend
+    from crossprobe.storage.ann import milvus_backend
 
     name = f"{NAME}-{args.total // 1000}k-milvus"
     root = args.workdir / "milvus-server"

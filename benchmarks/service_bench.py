@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks.harness import (features_section, machine, prepare, require_flickr8k, service_env, start_server,
                                 stop_server)
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.service.server import free_port
 
 RERANKS = ("none", "temde", "cp")

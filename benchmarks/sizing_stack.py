@@ -17,8 +17,8 @@ import psutil
 import redis
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import close_embedded, connect
+from crossprobe.storage.store import Store
 from crossprobe.service.server import free_port
 
 BASE, LIB = "photos", "lib"  # the indexed photos, and the library grown from them

@@ -40,7 +40,7 @@ from benchmarks.harness import stop_server
 from crossprobe.indexer import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from benchmarks.support import local_cluster
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 from crossprobe.models.data.flickr8k import Flickr8k, available, dataset_root
 from crossprobe.models.evaluation.report import machine
 from crossprobe.service.server import free_port

@@ -56,11 +56,11 @@ def run_service_demo(
 
     from crossprobe.indexer import build
     from crossprobe.indexer.jobs.settings import IndexerSettings
-    from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-    from crossprobe.indexer.storage.store import Store
     from crossprobe.models.demo import QUERIES, write_sample_gallery
     from crossprobe.service.server import running, wait_ready
     from crossprobe.service.settings import Settings
+    from crossprobe.storage.redis_conn import close_embedded, connect
+    from crossprobe.storage.store import Store
 
     workdir = Path(workdir)
     gallery = Path(images) if images else write_sample_gallery(workdir / "gallery")

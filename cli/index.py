@@ -325,8 +325,8 @@ def _served(settings, names: list[str] | None, all_: bool) -> list[str]:
     after hours."""
     from redis.exceptions import RedisError
 
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store, check_name
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store, check_name
 
     try:
         store = Store(settings, connect(settings))
@@ -438,8 +438,8 @@ def watch_cmd(
 def list_cmd(name: Annotated[Optional[str], typer.Argument()] = None, root: Root = None):
     """Versions of every index (or one): state, items, model fingerprint, factory, keyword index (words: names,
     captions, tags; words+ocr: and the text read in the photos; -: none, a version from before them)."""
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store
 
     settings = _settings(index_root=root)
     store = Store(settings, connect(settings))
@@ -454,8 +454,8 @@ def list_cmd(name: Annotated[Optional[str], typer.Argument()] = None, root: Root
 @index_app.command("activate")
 def activate_cmd(name: str, version: str, root: Root = None):
     """Make VERSION the live one (one Redis SET); e.g. roll back to an earlier version."""
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store
 
     settings = _settings(index_root=root)
     try:
@@ -469,8 +469,8 @@ def activate_cmd(name: str, version: str, root: Root = None):
 def gc_cmd(name: str, root: Root = None):
     """Delete every inactive version of NAME (disk and Redis), except builds still running: the photos that
     `delete` (or a watched folder) removed leave the last version that held them."""
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store
 
     settings = _settings(index_root=root)
     store = Store(settings, connect(settings))
@@ -494,8 +494,8 @@ def drop_cmd(
     or it builds the index again from its folder."""
     from redis.exceptions import RedisError
 
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store, check_name
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store, check_name
 
     try:
         check_name(name)

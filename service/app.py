@@ -5,7 +5,7 @@
 Layering as in text-embeddings-inference: routes (routes/, by resource; their shared dependencies in
 deps.py) -> the request pipeline's named stages (pipeline/: encode -> ann -> fetch -> rerank -> respond,
 with the query batcher, batcher.py) -> backends (inference.py: ONNX Runtime; registry.py: the served index
-versions over crossprobe.indexer.storage; breaker.py: the feature store behind its circuit breaker).
+versions over crossprobe.storage; breaker.py: the feature store behind its circuit breaker).
 
 Routes: GET / (the web page, static/), POST /v1/search, POST /v1/search/image, POST /v1/explain,
 GET /v1/indexes, GET /v1/items/{id}, GET /v1/items/{id}/image, GET /healthz, GET /readyz, GET /metrics,

@@ -2,7 +2,7 @@
 
 Why: with redis-py's defaults every call to a dead Redis waits seconds and every
 call to a paused one hangs until it wakes up, holding a stage thread each; searches queued behind
-them. Short socket timeouts and a bounded retry (indexer/storage/redis_conn.py) bound ONE call
+them. Short socket timeouts and a bounded retry (storage/redis_conn.py) bound ONE call
 to ~250 ms; the breaker makes the calls after the first failures skip at once:
 
     closed ──(N consecutive failures, or one timeout)──> open ──(cool-down)──> half-open

@@ -54,9 +54,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crossprobe.core.inference import RerankerUnavailable
-from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import CrossprobeError, InvalidRequest
+from crossprobe.storage.ann import AnnUnavailable
 
 log = logging.getLogger("crossprobe.service")
 

@@ -1,7 +1,7 @@
 """Keyword and hybrid search: the stages a search's `mode` adds to the request path (pipeline/stages.py).
 
   vector   the two-tower shortlist, reranked (what crossprobe always did)
-  keyword  the version's keyword index alone (indexer/storage/keyword.py: BM25 over file name, caption, tags,
+  keyword  the version's keyword index alone (storage/keyword.py: BM25 over file name, caption, tags,
            the image's OCR text and the manifest's string fields); no reranker
   hybrid   the default where the served version has a keyword index: the keyword stage's best
            `hybrid_candidates` items join the vector shortlist before the reranker (an item no vector would
@@ -24,8 +24,8 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from crossprobe.indexer.storage import keyword
 from crossprobe.service.exceptions import InvalidRequest
+from crossprobe.storage import keyword
 
 log = logging.getLogger("crossprobe.service")
 

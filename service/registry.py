@@ -14,15 +14,15 @@ import time
 import numpy as np
 from redis.exceptions import RedisError
 
-from crossprobe.indexer.storage import filter_columns, keyword
-from crossprobe.indexer.storage.ann import AnnUnavailable
-from crossprobe.indexer.storage.reader import FingerprintMismatch, IndexReader, open_index
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import NAME_RE, Store
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
 from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
+from crossprobe.storage import filter_columns, keyword
+from crossprobe.storage.ann import AnnUnavailable
+from crossprobe.storage.reader import FingerprintMismatch, IndexReader, open_index
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import NAME_RE, Store
 
 log = logging.getLogger("crossprobe.service")
 

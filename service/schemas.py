@@ -20,9 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from crossprobe.indexer.storage.filter_model import MAX_FILTER_CONDITIONS, FilterNode, count_conditions
 from crossprobe.service.hybrid import Mode
 from crossprobe.service.settings import MAX_K, MAX_LIKE, MAX_QUERY_CHARS, MAX_SHORTLIST, Rerank
+from crossprobe.storage.filter_model import MAX_FILTER_CONDITIONS, FilterNode, count_conditions
 
 
 def _integral(v: Any) -> Any:
@@ -87,7 +87,7 @@ QueryText = Annotated[
 ]
 
 
-# ---- metadata filters: the condition tree is the storage layer's (crossprobe.indexer.storage.filter_model) -----
+# ---- metadata filters: the condition tree is the storage layer's (crossprobe.storage.filter_model) -----
 MAX_FACETS = 50  # tags in a facets answer
 
 # ---- keyword and hybrid search (service/hybrid.py) ----------------------------------------------------------------

@@ -47,12 +47,12 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from crossprobe.indexer.storage.store import NAME_RE
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import AdminDisabled, Forbidden, RateLimited, Unauthorized
 from crossprobe.service.schemas import ErrorResponse
 from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
+from crossprobe.storage.store import NAME_RE
 
 API_KEY_HEADER = "X-API-Key"
 ADMIN_KEY_HEADER = "X-Admin-Key"

@@ -48,8 +48,8 @@ def serve(settings: Settings) -> None:
 
     import uvicorn
 
-    from crossprobe.indexer.storage.redis_conn import close_embedded
     from crossprobe.service.app import create_app
+    from crossprobe.storage.redis_conn import close_embedded
 
     def stop(signum, _frame):
         raise _Stopped(signum)

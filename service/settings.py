@@ -12,7 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from crossprobe.core import SERVED_RERANK
 from crossprobe.core.int8 import MIN_COSINE
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.storage.settings import StorageSettings
 
 Rerank = Literal["cp", "temde", "none"]
 MAX_K = 200
@@ -163,7 +163,7 @@ class Settings(StorageSettings):
     # more: 413 too_large. Also Pillow's own limit (its DecompressionBombError) for the decode itself
     query_image_max_pixels: int = Field(25_000_000, ge=1)
 
-    # -- metadata filters (/v1/search "filter"; indexer/storage/filter_columns.py)
+    # -- metadata filters (/v1/search "filter"; storage/filter_columns.py)
     # ----------------------------------------------
     # with an HNSW / IVF index, a filter that at most this many items pass is answered by scanning their stored
     # vectors exactly (~1 ms per 4,000 at d=256); more: FAISS with the filter's bitmap (approximate, as unfiltered)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"core": "core", "models": "models", "indexer": "indexer", "service": "service", "cli": "cli"}  # crossprobe.<name> -> folder
+PACKAGES = {"core": "core", "models": "models", "storage": "storage", "indexer": "indexer", "service": "service", "cli": "cli"}  # crossprobe.<name> -> folder
 
 
 def lint(root: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def test_a_planted_import_of_torch_in_the_service_breaks_the_torch_free_contract
 def test_only_the_command_line_imports_the_command_line():
     import grimp
 
-    graph = grimp.build_graph("crossprobe.core", "crossprobe.models", "crossprobe.indexer", "crossprobe.service", "crossprobe.cli")
+    graph = grimp.build_graph("crossprobe.core", "crossprobe.models", "crossprobe.storage", "crossprobe.indexer", "crossprobe.service", "crossprobe.cli")
     cli = {"crossprobe.cli"} | graph.find_descendants("crossprobe.cli")
     importers = set().union(*(graph.find_modules_that_directly_import(m) for m in cli))
     assert importers <= cli, f"imports of the command line from below it: {sorted(importers - cli)}"

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPS = ("core", "models", "indexer", "service", "cli")
+TOPS = ("core", "models", "storage", "indexer", "service", "cli")
 
 
 def _setuptools() -> dict:

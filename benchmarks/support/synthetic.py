@@ -8,7 +8,7 @@ benchmarks/harness.py (the 100K-item latency index), benchmarks/filter_latency.p
 filter tests (a 1%-selective filter over 100K items).
 
 ann_backend="milvus": the version's vectors go into a Milvus collection instead of index.faiss (the backend's own
-writer, indexer/storage/ann/milvus_backend.py, fed chunk by chunk with each item's metadata, selectivity tags
+writer, storage/ann/milvus_backend.py, fed chunk by chunk with each item's metadata, selectivity tags
 included, so Milvus filters on them), as the indexer's jobs write a Milvus version (benchmarks/scale_bench.py
 --milvus-server).
 
@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from crossprobe.indexer.storage import faiss_io, keyword
-from crossprobe.indexer.storage.reader import open_index
+from crossprobe.storage import faiss_io, keyword
+from crossprobe.storage.reader import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.store import new_version
+from crossprobe.storage.store import new_version
 from crossprobe.core.atomic import durable_write as atomic_write
 
 SELECTIVITY = (0.01, 0.1, 1.0)
@@ -68,7 +68,7 @@ def grow(ixs: IndexerSettings, base: str, name: str, total: int, seed: int = 0, 
     keys, src_keys = st.layout(name, version, st.settings.key_buckets), src_ix.keys  # the new version: current layout
     writer, insert_s = None, 0.0
     if ann_backend == "milvus":
-        from crossprobe.indexer.storage import ann
+        from crossprobe.storage import ann
 
         writer = ann.backend(ixs.model_copy(update={"ann_backend": "milvus"})).writer(name, version, d, vdir)
     chunk = 2000

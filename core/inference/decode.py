@@ -14,7 +14,7 @@ skip (they decode in full). EXIF orientation, RGB, the resize and the scaling ar
 Reasons a file gives no pixels: empty, missing, unreadable (permission denied), symlink_loop, video (by extension
 or by its MP4 / QuickTime header), not_image, oversized, truncated, corrupt.
 
-The file facts recorded for filters (indexer/storage/filter_columns.py) come from the same open: width, height,
+The file facts recorded for filters (storage/filter_columns.py) come from the same open: width, height,
 format, and from EXIF where present the date taken (DateTimeOriginal, else DateTime; ISO 8601, the camera's
 local time as written, no zone) and the camera (Make + Model). The file's size and mtime (bytes, mtime_ns) as
 opened are recorded too: `crossprobe index watch` finds changed files by them.

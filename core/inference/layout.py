@@ -5,7 +5,7 @@ A backend (base.py) turns an image into
     g       (d,)          unit norm: the two-tower vector the ANN index holds
     p_v     (n, dc)       the vision probes (Cross-probe)                  \
     b_bar   (dc,)         the mean projected region (Cross-probe)           |  the item's value in the feature
-    s_i     (nk,)         the T-EMDE sketch (N * K)                         |  store (indexer/storage/codec.py
+    s_i     (nk,)         the T-EMDE sketch (N * K)                         |  store (storage/codec.py
     labels  (cells,)      the head's class per grid cell (region labels)   /   lays these out in bytes)
 
 FeatureDims holds those sizes; ItemDims the part the feature store keeps per item. An index version records

@@ -23,8 +23,8 @@ from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an 
 from crossprobe.indexer.jobs import report
 from crossprobe.indexer.jobs.run import JobContext, recorded_spec
 from crossprobe.indexer.jobs.sources import Skip
-from crossprobe.indexer.storage import ann, faiss_io, keyword
-from crossprobe.indexer.storage.store import KeyLayout, Store
+from crossprobe.storage import ann, faiss_io, keyword, layout
+from crossprobe.storage.store import KeyLayout, Store
 
 
 @dataclass
@@ -133,13 +133,13 @@ def write_version(
         extra,
     )
     atomic_write(
-        job.vdir / "manifest.json", json.dumps(_manifest(job, len(ids), factory, writer, words, done), indent=2)
+        job.vdir / layout.MANIFEST, json.dumps(_manifest(job, len(ids), factory, writer, words, done), indent=2)
     )  # last: the version is now complete
     return done
 
 
 def _write_vectors(job: JobContext, ids: list[str], vectors: np.ndarray):
-    """The ANN index (FAISS by default, or a Milvus collection: indexer/storage/ann/), ids, vectors.npy."""
+    """The ANN index (FAISS by default, or a Milvus collection: storage/ann/), ids, vectors.npy."""
     store, name, version, vdir = job.store, job.name, job.version, job.vdir
     backend = ann.backend(job.settings)
     with job.times.stage(f"write_{backend.name}"):
@@ -151,8 +151,8 @@ def _write_vectors(job: JobContext, ids: list[str], vectors: np.ndarray):
         )  # the filterable fields, stored beside the vectors
         writer.add(vectors, ids, metas)
         factory = writer.commit()
-        faiss_io.write_ids(ids, vdir / "ids")
-        faiss_io.write_vectors(vectors, vdir / "vectors.npy")
+        faiss_io.write_ids(ids, vdir / layout.IDS)
+        faiss_io.write_vectors(vectors, vdir / layout.VECTORS)
     return writer, factory
 
 
@@ -186,6 +186,7 @@ def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> di
 def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, done: dict) -> dict:
     d = job.dims
     return {
+        "format": layout.FORMAT,  # the version folder's layout (storage/layout.py)
         "name": job.name,
         "version": job.version,
         "kind": job.kind,

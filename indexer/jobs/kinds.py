@@ -40,7 +40,7 @@ from crossprobe.indexer.jobs.run import (
 )
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, Skip, read_source, recorded_items
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 
 Log = Callable[[str], None]
 

@@ -25,7 +25,7 @@ from crossprobe.indexer.jobs.overlap import run_overlapped
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item
-from crossprobe.indexer.storage import codec
+from crossprobe.storage import codec
 
 
 def encode(

@@ -13,7 +13,7 @@ whole. Recall and cost against rapidocr's own detector as the gate: docs/researc
 
 What is kept: the recognised lines joined by spaces (at most MAX_CHARS characters: an image of a page with
 10,000 words keeps its first ones), as the item's metadata "text", which the keyword index holds
-(indexer/storage/keyword.py) and search answers show. A photo whose OCR fails keeps its vectors: its metadata
+(storage/keyword.py) and search answers show. A photo whose OCR fails keeps its vectors: its metadata
 gets "text_error" instead (logged and counted in the job's report), never a lost item.
 """
 

@@ -44,7 +44,7 @@ from crossprobe.indexer.jobs.encoder import job_backend
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import EncodedBatch
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.indexer.storage import codec
+from crossprobe.storage import codec
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
 from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs.sources import Skip
+from crossprobe.storage import layout
 
 
 class TooManyLost(RuntimeError):
@@ -56,5 +57,5 @@ def write_report(
         "elapsed_s": round(elapsed, 3),
         "images_per_s": round(encoded / elapsed, 2) if elapsed else None,
     }
-    atomic_write(vdir / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
+    atomic_write(vdir / layout.REPORT, json.dumps(report, indent=1, ensure_ascii=False))
     return report

@@ -41,10 +41,10 @@ from crossprobe.indexer.jobs.push import JOB_NAMES, JobMetrics
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sink import BatchWriter
 from crossprobe.indexer.jobs.sources import Item, Skip
-from crossprobe.indexer.storage import codec
-from crossprobe.indexer.storage.reader import FingerprintMismatch
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import KeyLayout, Store, check_name, new_version
+from crossprobe.storage import codec, layout
+from crossprobe.storage.reader import FingerprintMismatch
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import KeyLayout, Store, check_name, new_version
 
 # report.json counts a Result carries in `extra` (besides the base version)
 CHANGE_KEYS = ("added", "replaced", "deleted", "not_found", "base_count", "lost", "ocr_failed")
@@ -283,7 +283,7 @@ def finish_activated(job: JobContext) -> Result | None:
     if not prev or prev.get("kind") != job.kind or prev != {**job.spec, "base": prev.get("base")}:
         return None
     vdir = store.version_dir(name, active)
-    finished = json.loads((vdir / "report.json").read_text())
+    finished = json.loads((vdir / layout.REPORT).read_text())
     counts = finished["counts"]
     skipped = sum(counts["skipped"].values())
     with store.lock(name, active):
@@ -309,7 +309,7 @@ def finish_activated(job: JobContext) -> Result | None:
         {},
         time.perf_counter() - job.t0,
         finished["factory"],
-        vdir / "report.json",
+        vdir / layout.REPORT,
         extra,
     )
 
@@ -343,7 +343,7 @@ def execute(
         open_journal(job, read)
         ok = False
         try:
-            finished = write_version(job, finalize)
+            finished = complete_version(job, finalize)
             if check is not None:
                 check(job, finished)
             activate(job)
@@ -370,7 +370,7 @@ def open_journal(job: JobContext, read: Reader | None) -> None:
     job.reused = len(journal.committed())
 
 
-def write_version(job: JobContext, finalize: Callable[[JobContext], dict]) -> dict:
+def complete_version(job: JobContext, finalize: Callable[[JobContext], dict]) -> dict:
     """Encode what the journal has not committed, then finalize -> the version's report. A run killed after its
     version was complete (manifest written) and before its activation only reads the report again."""
     if job.store.read_manifest(job.name, job.version) is None:
@@ -379,7 +379,7 @@ def write_version(job: JobContext, finalize: Callable[[JobContext], dict]) -> di
             job.metrics.start(len(job.items), done, skipped + len(job.reader_skips))
         job.encoded = encode(job)
         return finalize(job)
-    finished = json.loads((job.vdir / "report.json").read_text())
+    finished = json.loads((job.vdir / layout.REPORT).read_text())
     if job.metrics:
         job.metrics.start(len(job.items), len(job.items), sum(finished["counts"]["skipped"].values()))
     return finished
@@ -421,7 +421,7 @@ def check_lost(job: JobContext, finished: dict) -> None:
     still accepts the version."""
     try:
         report.check_lost(
-            job.name, job.version, job.base, finished["counts"], job.settings.reindex_max_lost, job.vdir / "report.json"
+            job.name, job.version, job.base, finished["counts"], job.settings.reindex_max_lost, job.vdir / layout.REPORT
         )
     except report.TooManyLost:
         job.journal.remove()
@@ -451,6 +451,6 @@ def result(job: JobContext, finished: dict) -> Result:
         job.times.seconds(),
         time.perf_counter() - job.t0,
         finished["factory"],
-        job.vdir / "report.json",
+        job.vdir / layout.REPORT,
         extra,
     )

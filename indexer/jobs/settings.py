@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.storage.settings import StorageSettings
 
 
 class IndexerSettings(StorageSettings):

@@ -20,7 +20,7 @@ from crossprobe.core.runtime import StageTimer
 from crossprobe.indexer.jobs.journal import Journal
 from crossprobe.indexer.jobs.push import JobMetrics
 from crossprobe.indexer.jobs.sources import Item, Skip, item_metadata
-from crossprobe.indexer.storage.store import KeyLayout, Store
+from crossprobe.storage.store import KeyLayout, Store
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Reader stage: a folder, a JSONL manifest or an index version -> an ordered list of items with stable ids.
 
 Manifest line: {"id": str, "uri": local path, "caption"?: str, "tags"?: [str], <field>?: scalar, ...}.
-Any other key is a filterable field of the item (an album, a year, a rating: indexer/storage/filter_columns.py) when its
+Any other key is a filterable field of the item (an album, a year, a rating: storage/filter_columns.py) when its
 value is a string, number or boolean and its name a plain identifier; "taken" (an ISO date) and "camera"
 override what the file's EXIF says, "added" (an ISO date: another library's date added) the indexing time. A nested
 value or an odd name makes the line a bad_manifest_line skip

@@ -41,8 +41,8 @@ from redis.exceptions import RedisError
 from crossprobe.indexer.jobs import kinds
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, scan_folder
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 
 log = logging.getLogger("crossprobe.watch")
 

@@ -6,8 +6,8 @@ and whether they agree, over 100K items.
 
 Items: 100,000 metadata values as the indexer writes them, each with a Flickr8k caption (the 40,455 captions
 cycled) and a file name; one in twenty also with OCR-like text (a few sign words). Queries: 300 Flickr8k test
-captions, parsed as the service parses them (indexer/storage/keyword.py parse: words ORed, stop words
-dropped), the best 20 by BM25. tantivy is crossprobe's KeywordIndex (indexer/storage/keyword.py); FTS5 is the
+captions, parsed as the service parses them (storage/keyword.py parse: words ORed, stop words
+dropped), the best 20 by BM25. tantivy is crossprobe's KeywordIndex (storage/keyword.py); FTS5 is the
 same design on SQLite (fts5_index.py here: the word table plus a trigram table of the image text), which
 crossprobe used first. One thread, one query at a time.
 Agreement: the share of FTS5's top 20 that tantivy's top 20 also holds (both are BM25, with different
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.indexer.storage import keyword
+from crossprobe.storage import keyword
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.report import machine
 from research.text_search import fts5_index
@@ -94,7 +94,7 @@ def main() -> None:
                      "p99_ms": round(float(np.percentile(ms["fts5"], 99)), 2),
                      "note": "research/text_search/fts5_index.py: the word table and the trigram table of the image text"},
             "tantivy": {"build_s": round(tan_s, 1), "bytes": size(work / "tantivy" / keyword.DIR),
-                        "note": "crossprobe's KeywordIndex (indexer/storage/keyword.py): fields, trigrams, boosts",
+                        "note": "crossprobe's KeywordIndex (storage/keyword.py): fields, trigrams, boosts",
                         "p50_ms": round(float(np.percentile(ms["tantivy"], 50)), 2),
                         "p99_ms": round(float(np.percentile(ms["tantivy"], 99)), 2),
                         "version": __import__("importlib.metadata").metadata.version("tantivy")},

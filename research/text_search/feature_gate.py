@@ -52,7 +52,7 @@ def docset(split: str):
 
 def nogate_text() -> dict[str, str]:
     """id -> the words full OCR (no gate) read, from the no-gate dev index's keyword index."""
-    from crossprobe.indexer.storage.keyword import KeywordIndex
+    from crossprobe.storage.keyword import KeywordIndex
 
     vdir = sorted((NOGATE / "indexes" / "text-dev").glob("v*"))[-1]
     docs = KeywordIndex(vdir / "text").documents(json.loads((vdir / "ids").read_text()))

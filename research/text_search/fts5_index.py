@@ -1,5 +1,5 @@
 """SQLite FTS5 as the keyword index: the design crossprobe served first, kept as the baseline that
-research/text_search/engines.py measures indexer/storage/keyword.py (tantivy) against (docs/research/text_search.md).
+research/text_search/engines.py measures storage/keyword.py (tantivy) against (docs/research/text_search.md).
 
 The same fields, query rules and documents as crossprobe's index (keyword.py's parse and document); only the
 engine differs:
@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable
 
-from crossprobe.indexer.storage.keyword import BOOSTS, FIELDS, GRAM_MIN, KeywordQuery, document
+from crossprobe.storage.keyword import BOOSTS, FIELDS, GRAM_MIN, KeywordQuery, document
 
 FILE = "text.sqlite"
 WEIGHTS = ", ".join(str(BOOSTS[f]) for f in FIELDS)  # bm25()'s column weights: keyword.py's field boosts

@@ -42,7 +42,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.models.data.flickr8k import Flickr8k
 from crossprobe.models.evaluation.metrics import paired_bootstrap
 from crossprobe.models.evaluation.report import machine
-from crossprobe.indexer.storage.keyword import KeywordQuery
+from crossprobe.storage.keyword import KeywordQuery
 from crossprobe.service import hybrid
 from crossprobe.service.server import running, wait_ready
 from crossprobe.service.settings import Settings

@@ -14,10 +14,10 @@ import numpy as np
 
 from crossprobe.core.inference import QueryVectors
 from crossprobe.core.runtime import StageTimer
-from crossprobe.indexer.storage.ann.base import Filtered
 from crossprobe.service import hybrid
 from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.registry import IndexHandle
+from crossprobe.storage.ann.base import Filtered
 
 
 @dataclass

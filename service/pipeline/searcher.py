@@ -15,7 +15,6 @@ from pydantic import BaseModel
 
 from crossprobe.core.inference import Backend, QueryVectors
 from crossprobe.core.runtime import StageTimer
-from crossprobe.indexer.storage.ann import AnnUnavailable
 from crossprobe.service import metrics, query_image
 from crossprobe.service.batcher import QueryBatcher
 from crossprobe.service.breaker import FeatureStore
@@ -25,6 +24,7 @@ from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.pipeline.run import Outcome, Run
 from crossprobe.service.registry import IndexHandle, Registry
 from crossprobe.service.settings import Settings
+from crossprobe.storage.ann import AnnUnavailable
 
 
 class Searcher:

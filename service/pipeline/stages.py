@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from redis.exceptions import RedisError
 
-from crossprobe.indexer.storage import filter_columns
-from crossprobe.indexer.storage.ann.base import UnsupportedFilter
 from crossprobe.service import hybrid, metrics
 from crossprobe.service.breaker import FeatureStoreUnavailable
 from crossprobe.service.exceptions import InvalidRequest
 from crossprobe.service.pipeline.run import RankedItem, Run
 from crossprobe.service.registry import IndexHandle
 from crossprobe.service.schemas import MAX_FACETS
+from crossprobe.storage import filter_columns
+from crossprobe.storage.ann.base import UnsupportedFilter
 
 if TYPE_CHECKING:
     from crossprobe.service.pipeline.searcher import Searcher

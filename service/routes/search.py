@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import ValidationError
 
-from crossprobe.indexer.storage.filter_model import filter_from_json
 from crossprobe.service import query_image
 from crossprobe.service.deps import QUERY, KeyScope, Service, degraded_headers, ready, run_search, server_timing
 from crossprobe.service.exceptions import InvalidRequest
@@ -26,6 +25,7 @@ from crossprobe.service.schemas import (
     error_responses,
 )
 from crossprobe.service.state import ServiceState
+from crossprobe.storage.filter_model import filter_from_json
 
 router = APIRouter(**QUERY)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from crossprobe.cli import index as cli
-from crossprobe.indexer.storage.redis_conn import close_embedded
+from crossprobe.storage.redis_conn import close_embedded
 
 
 def test_root_option_moves_the_index_root(tmp_path, monkeypatch):

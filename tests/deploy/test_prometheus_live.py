@@ -219,8 +219,8 @@ def _one_round(s: Stack, built) -> None:
                 break
         assert 429 in codes, "no 429 with CROSSPROBE_QUEUE_SIZE=1 and 8 concurrent searches"
 
-    from crossprobe.indexer.storage.redis_conn import connect
-    from crossprobe.indexer.storage.store import Store
+    from crossprobe.storage.redis_conn import connect
+    from crossprobe.storage.store import Store
 
     r = connect(built.ixs)
     key = Store(built.ixs, r).feat_key("photos", built.version, built.ids[0])

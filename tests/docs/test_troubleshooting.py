@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
-PACKAGES = ("core", "models", "indexer", "service", "cli")
+PACKAGES = ("core", "models", "storage", "indexer", "service", "cli")
 BLOCK = re.compile(r"^```message\n(.*?)^```", re.S | re.M)
 HOLE = re.compile(r"'?<[^<>\n]+>'?|\.\.\.")  # a placeholder, quoted or not, or text left out
 FIELD = "\x00"  # an f-string's {field} in the source's text

@@ -168,7 +168,7 @@ def redis_cluster():
 @pytest.fixture()
 def cluster_settings(redis_cluster, models_dir, tmp_path) -> IndexerSettings:
     """The `settings` fixture's, on the cluster (flushed first)."""
-    from crossprobe.indexer.storage.redis_conn import connect
+    from crossprobe.storage.redis_conn import connect
 
     s = IndexerSettings(redis_url=redis_cluster.url, redis_cluster=True, index_root=tmp_path / "cluster-indexes", model_dir=models_dir,
                  batch_size=4, threads=2, progress=False)

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from crossprobe.service import query_image
 from crossprobe.service.errors import STATUS
 from crossprobe.service.exceptions import CrossprobeError
-from crossprobe.indexer.storage.filter_model import filter_from_json
+from crossprobe.storage.filter_model import filter_from_json
 from crossprobe.service.schemas import is_invisible
 
 _visible_char = st.characters().filter(lambda c: not is_invisible(c))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import _alive, close_embedded, connect, embedded_pid
+from crossprobe.storage.redis_conn import _alive, close_embedded, connect, embedded_pid
 from tests.indexer.conftest import make_images
 from tests.service.conftest import build_index
 from tests.service.live import start
@@ -80,7 +80,7 @@ ATTACH = """
 import sys
 from pathlib import Path
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import connect, embedded_pid
+from crossprobe.storage.redis_conn import connect, embedded_pid
 s = IndexerSettings(index_root=Path(sys.argv[1]), progress=False)
 assert connect(s).get(b"probe-key") == b"v" or connect(s).set(b"probe-key", b"v")
 print(embedded_pid(s.rdb))

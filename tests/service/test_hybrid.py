@@ -117,7 +117,7 @@ def test_clip_retrieval_route_stays_a_vector_search(client):
 
 
 def test_a_keyword_index_that_fails_degrades_to_the_vector_side(client, monkeypatch):
-    from crossprobe.indexer.storage import keyword
+    from crossprobe.storage import keyword
 
     def broken(self, *a, **k):
         raise ValueError("An error occurred in a thread: 'An IO error occurred: ...'")
@@ -129,7 +129,7 @@ def test_a_keyword_index_that_fails_degrades_to_the_vector_side(client, monkeypa
 def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, svc_ckpt, artifacts, tmp_path):
     import shutil
 
-    from crossprobe.indexer.storage import keyword
+    from crossprobe.storage import keyword
 
     vdir = hybrid_built.ixs.index_root / "photos" / hybrid_built.version
     shutil.move(vdir / keyword.DIR, tmp_path / keyword.DIR)  # as a version built before keyword indexes
@@ -149,7 +149,7 @@ def test_a_version_without_a_keyword_index_is_served_by_vectors(hybrid_built, sv
 def test_fuse_puts_a_full_keyword_match_first_and_weighs_partial_ones_down():
     import numpy as np
 
-    from crossprobe.indexer.storage.keyword import parse
+    from crossprobe.storage.keyword import parse
     from crossprobe.service.hybrid import KeywordOutcome, fuse
 
     ids = ["a", "b", "c", "d"]

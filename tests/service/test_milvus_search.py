@@ -11,7 +11,7 @@ from tests.service.conftest import _client, build_index
 
 @pytest.fixture(scope="module", params=["lite", pytest.param("server", marks=pytest.mark.milvus_server)])
 def milvus_uri(request, built, tmp_path_factory):
-    from crossprobe.indexer.storage.ann import milvus_backend
+    from crossprobe.storage.ann import milvus_backend
 
     if request.param == "lite":
         uri = str(tmp_path_factory.mktemp("svc-milvus") / "milvus.db")
@@ -69,7 +69,7 @@ def test_filters_and_like_through_milvus(mclient, built):
 
 
 def test_milvus_unreachable_is_a_503_not_a_500(mclient, monkeypatch):
-    from crossprobe.indexer.storage.ann import AnnUnavailable, milvus_backend
+    from crossprobe.storage.ann import AnnUnavailable, milvus_backend
 
     def down(self, *a, **k):
         raise AnnUnavailable("Milvus search: connection refused")

@@ -22,7 +22,7 @@ FILTERED = {**QUERY, "filter": {"or": [{"field": "width", "gte": 1}, {"field": "
 @pytest.fixture(scope="module")
 def served(built, milvus_server, svc_ckpt, bert, artifacts):
     """Index "photos-s" (the module's gallery, HNSW on the server) beside the FAISS "photos", in one service."""
-    from crossprobe.indexer.storage.ann import milvus_backend
+    from crossprobe.storage.ann import milvus_backend
 
     ixs = built.ixs.model_copy(update={"ann_backend": "milvus", "milvus_uri": milvus_server.uri,
                                        "milvus_index": "HNSW"})

@@ -23,8 +23,8 @@ import pytest
 
 from crossprobe.indexer import build, open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images
 from tests.service.live import Traffic, start
 from tests.service.live import stop as stop_process

@@ -9,7 +9,7 @@ import time
 
 from benchmarks.support.local_cluster import LocalCluster
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import connect
+from crossprobe.storage.redis_conn import connect
 from crossprobe.service.server import wait_ready
 from tests.indexer.conftest import redis_cluster  # noqa: F401 (fixture)
 from tests.service.conftest import Built, build_index, service_settings

@@ -1,4 +1,4 @@
-"""The service over Redis as operators run it (tests/indexer/storage/secure_redis.py: Debian's redis-server on TLS
+"""The service over Redis as operators run it (tests/storage/secure_redis.py: Debian's redis-server on TLS
 only, an ACL user with a password): `crossprobe serve` reranks through AUTH + TLS with the password from a file;
 with a wrong password, without the CA or with redis:// to the TLS port, /readyz says the feature store is
 unreachable and what to check, and neither /readyz nor the service's log (at debug level) holds the password."""
@@ -12,7 +12,7 @@ import pytest
 
 from crossprobe.indexer import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from tests.indexer.storage.secure_redis import (PASSWORD, assert_no_secret, certs, password_file,  # noqa: F401
+from tests.storage.secure_redis import (PASSWORD, assert_no_secret, certs, password_file,  # noqa: F401
                                                 secret_forms, secure_redis)
 from tests.service import live
 from tests.service.conftest import Built, build_index, service_settings

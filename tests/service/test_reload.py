@@ -7,8 +7,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 from crossprobe.service.app import create_app
 from tests.indexer.conftest import make_images
 from tests.service.conftest import build_index, service_settings, wait_ready

@@ -387,7 +387,7 @@ def test_a_selective_filter_on_hnsw_is_an_exact_scan():
     HNSW's starved walk); more -> FAISS with the bitmap, whose short answer stands, marked not exact."""
     import faiss
 
-    from crossprobe.indexer.storage import filter_columns
+    from crossprobe.storage import filter_columns
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((50, 8)).astype(np.float32)

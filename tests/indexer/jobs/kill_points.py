@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 from crossprobe.indexer.jobs import finalize, journal
-from crossprobe.indexer.storage import faiss_io, keyword, store
+from crossprobe.storage import faiss_io, keyword, store
 
 
 def die() -> None:

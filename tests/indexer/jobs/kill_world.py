@@ -23,7 +23,7 @@ import redis
 
 from crossprobe.indexer import add, build, delete, open_index, reindex
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images, without_added
 
 NAME = "k"

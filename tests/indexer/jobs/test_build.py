@@ -8,7 +8,7 @@ import torch
 
 from crossprobe.models import checkpoint
 from crossprobe.indexer import FingerprintMismatch, add, build, open_index
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 from crossprobe.core import inputs
 
 

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from crossprobe.indexer import add, build, open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage import keyword
-from crossprobe.indexer.storage.redis_conn import close_embedded, connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage import keyword
+from crossprobe.storage.redis_conn import close_embedded, connect
+from crossprobe.storage.store import Store
 from crossprobe.cli import app
 from tests.indexer.conftest import make_images
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from crossprobe.cli import app
 from crossprobe.indexer import add, build, delete, open_index
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images
 
 

@@ -11,9 +11,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from crossprobe.indexer import add, build, delete
 from crossprobe.indexer.jobs import ocr
-from crossprobe.indexer.storage import keyword
-from crossprobe.indexer.storage.store import Store
-from crossprobe.indexer.storage.redis_conn import connect
+from crossprobe.storage import keyword
+from crossprobe.storage.store import Store
+from crossprobe.storage.redis_conn import connect
 from tests.indexer.jobs.test_erase import stored_docs
 
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"

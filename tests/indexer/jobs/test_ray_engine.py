@@ -21,8 +21,8 @@ import pytest
 from crossprobe.indexer import add, build, open_index, reindex
 from crossprobe.indexer.jobs import ray_engine
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images, without_added
 
 ray = pytest.importorskip("ray")

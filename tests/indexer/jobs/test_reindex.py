@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from crossprobe.indexer import FingerprintMismatch, TooManyLost, build, open_index, reindex
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 from crossprobe.models import checkpoint
 from crossprobe.cli import app
 from tests.conftest import random_labels

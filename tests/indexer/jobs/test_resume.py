@@ -9,8 +9,8 @@ import time
 import numpy as np
 
 from crossprobe.indexer import build, open_index
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images, without_added
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 from crossprobe.indexer import open_index
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.watch import Watcher, changed, plan
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.store import Store
 from crossprobe.service.server import free_port
 from tests.indexer.conftest import make_images
 from tests.indexer.jobs.test_incremental import _consistent

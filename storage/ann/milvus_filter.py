@@ -1,7 +1,7 @@
-"""indexer/storage/filter_columns.py's condition tree -> a Milvus boolean expression over the collection's scalar
+"""storage/filter_columns.py's condition tree -> a Milvus boolean expression over the collection's scalar
 fields.
 
-The same meaning as the FAISS path's columns (indexer/storage/filter_columns.py Columns), field by field:
+The same meaning as the FAISS path's columns (storage/filter_columns.py Columns), field by field:
   tags     ARRAY<VARCHAR>, [] when none   eq: ARRAY_CONTAINS(tags, "t")   in: ARRAY_CONTAINS_ANY(tags, [...])
   format   VARCHAR, lower-cased, nullable eq / in, compared lower-cased (case-insensitive)
   caption  VARCHAR, nullable              eq / in, exact text
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from crossprobe.indexer.storage.ann.base import UnsupportedFilter
+from crossprobe.storage.ann.base import UnsupportedFilter
 
 NOTHING = "row < 0"  # rows are >= 0: no row passes (Milvus has no false literal in every version)
 NUMERIC = ("width", "height")

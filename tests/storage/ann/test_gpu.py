@@ -1,4 +1,4 @@
-"""The ANN stage on a GPU (indexer/storage/ann/gpu.py). Its exact search runs the same torch code on any device, so
+"""The ANN stage on a GPU (storage/ann/gpu.py). Its exact search runs the same torch code on any device, so
 here it runs on the CPU against FAISS Flat (the same rows and scores); which search a version gets on a GPU machine
 (faiss-gpu, exact on the GPU, FAISS on the CPU when the vectors do not fit or there is no GPU) is checked with the
 memory budget given, and with faiss-gpu stood in for. The CUDA tests run where there is a CUDA device (the GPU
@@ -16,11 +16,11 @@ import torch
 from pydantic import TypeAdapter
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage import faiss_io
-from crossprobe.indexer.storage.ann import gpu
-from crossprobe.indexer.storage.ann.faiss_backend import FaissBackend, FaissIndex
-from crossprobe.indexer.storage.filter_columns import Columns
-from crossprobe.indexer.storage.filter_model import FilterNode
+from crossprobe.storage import faiss_io
+from crossprobe.storage.ann import gpu
+from crossprobe.storage.ann.faiss_backend import FaissBackend, FaissIndex
+from crossprobe.storage.filter_columns import Columns
+from crossprobe.storage.filter_model import FilterNode
 
 N, D, K = 3000, 32, 10
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (the GPU check runs it)")
@@ -114,8 +114,8 @@ def test_the_cpu_path_is_unchanged(version, tmp_path):
 
 def test_the_cpu_path_never_imports_torch(version):
     """A torch-free installation (the container image) searches as before: torch only where a GPU is asked for."""
-    code = ("import sys; from crossprobe.indexer.storage.settings import StorageSettings; "
-            "from crossprobe.indexer.storage.ann.faiss_backend import FaissBackend; "
+    code = ("import sys; from crossprobe.storage.settings import StorageSettings; "
+            "from crossprobe.storage.ann.faiss_backend import FaissBackend; "
             f"ix = FaissBackend(StorageSettings(device='cpu')).open('x', 'v1', {{}}, __import__('pathlib').Path({str(version[0])!r})); "
             "assert ix.count() == %d; print('torch' in sys.modules)" % N)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

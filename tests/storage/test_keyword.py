@@ -1,10 +1,10 @@
-"""The keyword index of a version (indexer/storage/keyword.py): query parsing, BM25 order, phrases, highlights,
+"""The keyword index of a version (storage/keyword.py): query parsing, BM25 order, phrases, highlights,
 the trigram side for run-together OCR words, and deriving a version's file from its base's."""
 from __future__ import annotations
 
 import pytest
 
-from crossprobe.indexer.storage import keyword
+from crossprobe.storage import keyword
 
 METAS = {
     "a": {"uri": "/p/IMG_2291.jpg", "caption": "a dog on the beach", "tags": ["holiday", "dog"]},

@@ -1,5 +1,5 @@
 """The metadata filter's condition tree: what /v1/search's "filter" holds, what the ANN backends translate
-(storage/ann/: a FAISS row bitmap through indexer/storage/filter_columns.py, a Milvus expression through
+(storage/ann/: a FAISS row bitmap through storage/filter_columns.py, a Milvus expression through
 milvus_filter.py).
 
 It lives in the storage layer, below both the service (which validates requests with it) and the backends

@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 from crossprobe.cli import index as cli
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from benchmarks.support.local_cluster import LocalCluster, Secure
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.settings import redact_url
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.settings import redact_url
+from crossprobe.storage.store import Store
 from crossprobe.service.settings import Settings as ServiceSettings
 from tests.indexer.conftest import make_images
-from tests.indexer.storage.secure_redis import (PASSWORD, USER, SecureRedis, assert_no_secret, certs,  # noqa: F401
+from tests.storage.secure_redis import (PASSWORD, USER, SecureRedis, assert_no_secret, certs,  # noqa: F401
                                                 password_file, secure_redis)
 
 ROLES = (IndexerSettings, ServiceSettings)  # the batch jobs' budget (seconds) and the service's (~200 ms)
@@ -94,7 +94,7 @@ def test_settings_show_the_url_redacted_and_errors_never_echo_it(certs, password
 def test_url_options_split_the_url_for_redis_py(certs, password_file):  # noqa: F811
     """The URL less its user and password (plain scheme: the class says TLS), the rest as keyword arguments;
     unix:// and a URL's query (redis-py's own options, e.g. ssl_check_hostname) pass as written."""
-    from crossprobe.indexer.storage.redis_conn import (ExplainedConnection, ExplainedSSLConnection,
+    from crossprobe.storage.redis_conn import (ExplainedConnection, ExplainedSSLConnection,
                                                        ExplainedUnixConnection, PasswordFile, url_options)
 
     def opts(url, **kw):
@@ -201,7 +201,7 @@ def test_each_misconfiguration_fails_within_the_budget_saying_what_to_check(secu
 def test_a_tls_cluster_with_an_acl_user(certs, tmp_path_factory):  # noqa: F811
     """Cluster mode over TLS (client port, bus and replication) with the ACL user: the same connect(), the
     fail-fast fetch and ping; a wrong password or CA fails as on one Redis."""
-    from crossprobe.indexer.storage import cluster
+    from crossprobe.storage import cluster
 
     with LocalCluster(masters=3, replicas=0, secure=Secure(certs.ca, certs.server_cert, certs.server_key,
                                                            PASSWORD, USER)) as c:

@@ -14,7 +14,7 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 def milvus_settings(request, tmp_path_factory):
     """IndexerSettings with ann_backend=milvus on a fresh milvus-lite file (the engine stops with the module), or
     on the session's Milvus server (emptied of collections first)."""
-    from crossprobe.indexer.storage.ann import milvus_backend
+    from crossprobe.storage.ann import milvus_backend
 
     root = tmp_path_factory.mktemp("ann")
     if request.param == "lite":

@@ -31,7 +31,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from crossprobe.indexer.storage.settings import redact_url, redis_url_parts, split_url
+from crossprobe.storage.settings import redact_url, redis_url_parts, split_url
 
 log = logging.getLogger("crossprobe.indexer")
 

@@ -1,6 +1,6 @@
 """Metadata filters (POST /v1/search "filter"): a typed condition tree -> a row bitmap -> FAISS IDSelector
 (for an index version held by Milvus, the backend turns the same tree into a Milvus filter expression over
-the collection's scalar fields instead: indexer/storage/ann/milvus_filter.py; these columns are then never read).
+the collection's scalar fields instead: storage/ann/milvus_filter.py; these columns are then never read).
 
 Fields are what the indexer records for every item (its metadata value in Redis, indexer/jobs/sources.py
 item_metadata):
@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crossprobe.indexer.storage.ann.faiss_backend import bitmap_search
-from crossprobe.indexer.storage.filter_model import parse_date
+from crossprobe.storage.ann.faiss_backend import bitmap_search
+from crossprobe.storage.filter_model import parse_date
 
 NUMERIC = ("width", "height")
 FOLDED = ("format", "camera")  # compared case-insensitively
@@ -192,6 +192,6 @@ def all_metadata(reader, chunk: int = 1000) -> list[dict | None]:
     return out
 
 
-# FAISS's bitmap search (kept under its old name: indexer/storage/ann/faiss_backend.py holds it now, beside the other
-# backends; Milvus turns the same tree into its own filter expression instead: indexer/storage/ann/milvus_filter.py)
+# FAISS's bitmap search (kept under its old name: storage/ann/faiss_backend.py holds it now, beside the other
+# backends; Milvus turns the same tree into its own filter expression instead: storage/ann/milvus_filter.py)
 search = bitmap_search

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from crossprobe.indexer.storage import codec
-from crossprobe.indexer.storage.faiss_io import build_faiss, choose_factory
+from crossprobe.storage import codec
+from crossprobe.storage.faiss_io import build_faiss, choose_factory
 from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.core.inference.layout import ItemDims
 

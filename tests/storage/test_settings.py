@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.storage.settings import StorageSettings
 from crossprobe.service.settings import Settings as ServiceSettings
 
 SHARED = ("REDIS_URL", "CROSSPROBE_INDEX_ROOT", "CROSSPROBE_INDEX_KEY_PREFIX", "CROSSPROBE_MILVUS_URI",
@@ -68,7 +68,7 @@ def test_the_service_store_has_what_the_store_reads(monkeypatch, tmp_path):
     import ast
     import inspect
 
-    from crossprobe.indexer.storage import reader, store
+    from crossprobe.storage import reader, store
 
     used = set()
     for module in (store, reader):

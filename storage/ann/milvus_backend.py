@@ -20,7 +20,7 @@ URI: CROSSPROBE_MILVUS_URI, http://host:19530 for a Milvus server, or a path end
 a service at once). Unset: <index root>/milvus.db. Every call carries a timeout (milvus_timeout_s); an
 unreachable engine, or a server still loading a collection after a restart, raises AnnUnavailable.
 
-Engines tested (tests/indexer/storage/ann, tests/service/test_milvus_server.py): milvus-lite 3.2 and a Milvus
+Engines tested (tests/storage/ann, tests/service/test_milvus_server.py): milvus-lite 3.2 and a Milvus
 2.3.5 standalone server (local_milvus.py), both through pymilvus 3.0. Schema 2 (flags, no nullable fields) is what
 lets one collection layout serve both and every server from 2.3 (ARRAY fields) on; 0.1.0's schema 1 collections
 (nullable fields: Milvus 2.5+, milvus-lite) are still read, with null-based filters.
@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from crossprobe.indexer.storage.ann import milvus_filter
-from crossprobe.indexer.storage.ann.base import AnnBackend, AnnIndex, AnnUnavailable, AnnWriter, Filtered, exact_scan
+from crossprobe.storage.ann import milvus_filter
+from crossprobe.storage.ann.base import AnnBackend, AnnIndex, AnnUnavailable, AnnWriter, Filtered, exact_scan
 
 INSERT_BATCH = 4000  # rows per insert: ~4 MB of vectors at d=256, far below gRPC's 64 MB message limit
 MAX_TAGS, MAX_TAG_CHARS = 1024, 1024

@@ -51,7 +51,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from crossprobe.indexer.storage.settings import StorageSettings, redis_url_parts
+from crossprobe.storage.settings import StorageSettings, redis_url_parts
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -258,7 +258,7 @@ def connect(settings: StorageSettings) -> redis.Redis:
     a redis.cluster.RedisCluster over REDIS_URL's startup nodes."""
     opts = client_options(settings)
     if settings.redis_cluster:
-        from crossprobe.indexer.storage.cluster import connect_cluster
+        from crossprobe.storage.cluster import connect_cluster
 
         url, secure = url_options(settings)
         return connect_cluster(url, {**opts, **secure})

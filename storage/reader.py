@@ -1,4 +1,4 @@
-"""Reading an index version: ANN search (FAISS or Milvus: indexer/storage/ann/), one-MGET feature fetch, metadata.
+"""Reading an index version: ANN search (FAISS or Milvus: storage/ann/), one-MGET feature fetch, metadata.
 
 `open_index(name, fingerprint)` pins the version that is active *now* and checks
 that it was built with the caller's model: scores computed from a query tower
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from crossprobe.core.inference.layout import FeatureDims
-from crossprobe.indexer.storage import ann
-from crossprobe.indexer.storage.codec import Layout, decode
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.settings import StorageSettings
-from crossprobe.indexer.storage.store import KeyLayout, Store
+from crossprobe.storage import ann, layout
+from crossprobe.storage.codec import Layout, decode
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.settings import StorageSettings
+from crossprobe.storage.store import KeyLayout, Store
 
 
 class FingerprintMismatch(ValueError):
@@ -35,7 +35,7 @@ class IndexReader:
         self.index = getattr(self.ann, "index", None)  # the faiss.Index of a FAISS version (tools, tests)
         self.dims = FeatureDims.from_manifest(manifest["dims"])
         self.d: int = self.dims.d
-        self.ids: list[str] = json.loads((vdir / "ids").read_text())
+        self.ids: list[str] = json.loads((vdir / layout.IDS).read_text())
         self.layout = Layout.from_header(manifest["layout"])
         self.keys = KeyLayout.of(store.prefix, manifest)  # the version's own key names (tagged or not)
         held = self.ann.count()
@@ -76,7 +76,7 @@ class IndexReader:
         """(len(rows), d) float32: the stored g_I of these FAISS rows, exactly what FAISS was built from (the
         version's vectors.npy, memory-mapped: no re-encoding, no copy of the file in memory)."""
         if self._vectors is None:
-            self._vectors = np.load(self._vdir / "vectors.npy", mmap_mode="r")
+            self._vectors = np.load(self._vdir / layout.VECTORS, mmap_mode="r")
         rows = np.asarray(rows, np.int64)
         return np.asarray(self._vectors[rows], np.float32).reshape(len(rows), self.d)
 

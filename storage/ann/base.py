@@ -14,7 +14,7 @@ Three objects:
   AnnWriter    one version being built: add / delete / count, then commit (build the index; idempotent)
   AnnIndex     one committed version opened for reading: search, filtered search, count
 
-Metadata filters (indexer/storage/filter_columns.py's condition tree) are translated by the backend, never by the
+Metadata filters (storage/filter_columns.py's condition tree) are translated by the backend, never by the
 caller:
 FAISS turns them into a row bitmap (IDSelectorBitmap) from the service's metadata columns, Milvus into its
 boolean expression language over the collection's scalar fields.

@@ -14,7 +14,7 @@ keeps working through an activation until that version is gc'ed.
 
 The {<name>:<bucket>} part is a Redis Cluster hash tag (bucket = crc32(item id) % buckets, the
 version's manifest records `buckets`): a shortlist of 100 items touches at most `buckets` slots, so
-it is at most that many MGETs, pipelined as one round trip per master (indexer/storage/cluster.py), and the
+it is at most that many MGETs, pipelined as one round trip per master (storage/cluster.py), and the
 index still spreads over every master. The tag leaves the version out on purpose: an item's keys in
 two versions share a slot, so add / delete COPY them server-side on a cluster too (COPY needs both
 keys in one slot), and an item's two keys share a slot, so one UNLINK removes both. Versions built
@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.storage import layout
+from crossprobe.storage.settings import StorageSettings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # no glob characters: key patterns stay exact
 
@@ -164,7 +165,7 @@ class Store:
     # ---- reads that differ on a cluster: batch MGET, request-path fetch, health check ----
     @property
     def cluster(self) -> bool:
-        from crossprobe.indexer.storage.cluster import is_cluster
+        from crossprobe.storage.cluster import is_cluster
 
         return is_cluster(self.r)
 
@@ -177,11 +178,11 @@ class Store:
 
     def fetch(self, keys: list[str]) -> list[bytes | None]:
         """MGET for the request path: on a cluster one round trip per master that fails fast when a master
-        does not answer (indexer/storage/cluster.py says why it is not mget_nonatomic)."""
+        does not answer (storage/cluster.py says why it is not mget_nonatomic)."""
         if not keys:
             return []
         if self.cluster:
-            from crossprobe.indexer.storage.cluster import fetch
+            from crossprobe.storage.cluster import fetch
 
             return fetch(self.r, keys)
         return self.r.mget(keys)
@@ -189,7 +190,7 @@ class Store:
     def ping(self) -> bool:
         """The service's health check: PING the Redis, or every master of the cluster."""
         if self.cluster:
-            from crossprobe.indexer.storage.cluster import ping
+            from crossprobe.storage.cluster import ping
 
             return ping(self.r)
         return bool(self.r.ping())
@@ -199,14 +200,14 @@ class Store:
         return self.root / check_name(name) / version
 
     def read_manifest(self, name: str, version: str) -> dict | None:
-        p = self.version_dir(name, version) / "manifest.json"
+        p = self.version_dir(name, version) / layout.MANIFEST
         return json.loads(p.read_text()) if p.exists() else None
 
     def read_ids(self, name: str, version: str) -> list[str]:
-        return json.loads((self.version_dir(name, version) / "ids").read_text())
+        return json.loads((self.version_dir(name, version) / layout.IDS).read_text())
 
     def read_vectors(self, name: str, version: str) -> np.ndarray:
-        return np.load(self.version_dir(name, version) / "vectors.npy")
+        return np.load(self.version_dir(name, version) / layout.VECTORS)
 
     def metadata(self, name: str, version: str, ids: list[str]) -> list[bytes | None]:
         """The metadata values of `ids` in one version (None where missing), MGET in chunks of redis_batch."""
@@ -328,7 +329,7 @@ class Store:
                     n += sum(p.execute())
         else:
             n = self._unlink_matching(self.key_base(name, version) + "*")
-        from crossprobe.indexer.storage import (
+        from crossprobe.storage import (
             ann,
         )  # a version's Milvus collection, if any, goes with it (before its manifest)
 
@@ -366,7 +367,7 @@ class Store:
                 f"were removed. Stop that job, then drop {name} again"
             )
         rest = self._unlink_matching(f"{self.prefix}:{name}:*")
-        from crossprobe.indexer.storage import ann  # collections of versions the store no longer knows (Milvus only)
+        from crossprobe.storage import ann  # collections of versions the store no longer knows (Milvus only)
 
         ann.gc_orphans(self.settings, name, set())
         shutil.rmtree(self.root / name, ignore_errors=True)
@@ -421,7 +422,7 @@ class Store:
                     removed.append((info.version, self.drop(name, info.version)))
             except RuntimeError:
                 continue
-        from crossprobe.indexer.storage import ann  # collections whose version the store no longer knows (Milvus only)
+        from crossprobe.storage import ann  # collections whose version the store no longer knows (Milvus only)
 
         ann.gc_orphans(self.settings, name, {info.version for info in self.versions(name)})
         return removed

@@ -32,8 +32,9 @@ from typing import Any, Callable
 import faiss
 import numpy as np
 
-from crossprobe.indexer.storage.ann.base import AnnIndex, Filtered
-from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex, row_mask
+from crossprobe.storage import layout
+from crossprobe.storage.ann.base import AnnIndex, Filtered
+from crossprobe.storage.ann.faiss_backend import FaissIndex, row_mask
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -70,7 +71,7 @@ def open_on_device(
                     held.describe(),
                     e,
                 )
-    path = Path(vdir) / "vectors.npy"
+    path = Path(vdir) / layout.VECTORS
     why = torch_unusable(device) or (None if path.exists() else "the version has no vectors.npy")
     if why is None:
         vectors = np.load(path, mmap_mode="r")

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import faiss
 import numpy as np
 
-from crossprobe.indexer.storage import faiss_io
-from crossprobe.indexer.storage.ann.base import AnnBackend, AnnIndex, AnnWriter, Filtered, exact_scan
+from crossprobe.storage import faiss_io, layout
+from crossprobe.storage.ann.base import AnnBackend, AnnIndex, AnnWriter, Filtered, exact_scan
 
 
 class FaissIndex(AnnIndex):
@@ -141,7 +141,7 @@ class FaissWriter(AnnWriter):
     def commit(self) -> str:
         vectors = self.vectors()
         self.factory = faiss_io.choose_factory(len(vectors), self.d, self.backend.settings)
-        faiss_io.write_index(faiss_io.build_faiss(vectors, self.factory), self.vdir / "index.faiss")
+        faiss_io.write_index(faiss_io.build_faiss(vectors, self.factory), self.vdir / layout.FAISS_INDEX)
         return self.factory
 
 
@@ -152,7 +152,7 @@ class FaissBackend(AnnBackend):
         self.settings = settings
 
     def location(self, name: str, version: str) -> str:
-        return str(Path(self.settings.index_root) / name / version / "index.faiss")
+        return str(Path(self.settings.index_root) / name / version / layout.FAISS_INDEX)
 
     def writer(self, name: str, version: str, d: int, vdir: Path) -> FaissWriter:
         return FaissWriter(self, d, vdir)
@@ -163,10 +163,10 @@ class FaissBackend(AnnBackend):
 
         def on_cpu() -> FaissIndex:
             return FaissIndex(
-                faiss.read_index(str(vdir / "index.faiss")), self.settings.hnsw_ef_search, self.settings.ivf_nprobe
+                faiss.read_index(str(vdir / layout.FAISS_INDEX)), self.settings.hnsw_ef_search, self.settings.ivf_nprobe
             )
 
-        from crossprobe.indexer.storage.ann import gpu
+        from crossprobe.storage.ann import gpu
 
         device = gpu.wanted_device(self.settings)
         if device is None:

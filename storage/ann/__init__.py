@@ -9,7 +9,7 @@ path never starts or reaches a Milvus.
 
 from __future__ import annotations
 
-from crossprobe.indexer.storage.ann.base import AnnBackend, AnnIndex, AnnUnavailable, AnnWriter, Filtered
+from crossprobe.storage.ann.base import AnnBackend, AnnIndex, AnnUnavailable, AnnWriter, Filtered
 
 __all__ = [
     "AnnBackend",
@@ -26,11 +26,11 @@ __all__ = [
 
 def _make(kind: str, settings) -> AnnBackend:
     if kind == "faiss":
-        from crossprobe.indexer.storage.ann.faiss_backend import FaissBackend
+        from crossprobe.storage.ann.faiss_backend import FaissBackend
 
         return FaissBackend(settings)
     if kind == "milvus":
-        from crossprobe.indexer.storage.ann.milvus_backend import MilvusBackend
+        from crossprobe.storage.ann.milvus_backend import MilvusBackend
 
         return MilvusBackend(settings)
     raise ValueError(f"unknown ANN backend {kind!r} (faiss | milvus)")

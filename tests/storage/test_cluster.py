@@ -14,8 +14,8 @@ from redis.crc import key_slot
 from crossprobe.indexer import add, build, delete, open_index, reindex
 from benchmarks.support.local_cluster import LocalCluster
 from crossprobe.indexer.jobs.settings import IndexerSettings
-from crossprobe.indexer.storage.redis_conn import connect
-from crossprobe.indexer.storage.store import KeyLayout, Store
+from crossprobe.storage.redis_conn import connect
+from crossprobe.storage.store import KeyLayout, Store
 from tests.indexer.conftest import make_images, without_added
 
 QUIET = dict(log=lambda *_: None)

@@ -1,4 +1,4 @@
-"""The two ANN backends on the same vectors, through the interface (indexer/storage/ann/), against the real engines:
+"""The two ANN backends on the same vectors, through the interface (storage/ann/), against the real engines:
 FAISS in process and Milvus, both milvus-lite (the embedded engine pymilvus starts for a .db file; `make test`) and
 a Milvus 2.3.5 standalone server (`make test-milvus`): conftest.py's milvus_settings runs this module once per engine.
 
@@ -6,7 +6,7 @@ a Milvus 2.3.5 standalone server (`make test-milvus`): conftest.py's milvus_sett
 - HNSW on both: recall@10 against exact search (printed; both must be high).
 - A writer's add / delete / count; deleted rows never come back.
 - Metadata filters: Milvus's expression (milvus_filter.py) selects exactly the rows the FAISS path's bitmap
-  (indexer/storage/filter_columns.py Columns) selects, on awkward values too (quotes, backslashes, newlines, unicode, missing
+  (storage/filter_columns.py Columns) selects, on awkward values too (quotes, backslashes, newlines, unicode, missing
   fields, mixed-case formats), and the filtered searches agree.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
-from crossprobe.indexer.storage.ann import milvus_backend, milvus_filter
-from crossprobe.indexer.storage.ann.faiss_backend import FaissIndex, FaissWriter
-from crossprobe.indexer.storage.ann.milvus_backend import MilvusBackend
-from crossprobe.indexer.storage.filter_columns import Columns
-from crossprobe.indexer.storage.filter_model import Condition, FilterNode
+from crossprobe.storage.ann import milvus_backend, milvus_filter
+from crossprobe.storage.ann.faiss_backend import FaissIndex, FaissWriter
+from crossprobe.storage.ann.milvus_backend import MilvusBackend
+from crossprobe.storage.filter_columns import Columns
+from crossprobe.storage.filter_model import Condition, FilterNode
 
 N, D, K = 2000, 32, 10
 CAPTIONS = ['he said "hi"', "it's", "back\\slash", "new\nline", "tab\there", "ünïcødé 日本", "", "plain"]

@@ -1,6 +1,6 @@
 """A real Redis as managed services run it: Debian's redis-server (built with TLS) listening on TLS only (port 0,
 tls-port N) with an ACL user and password and the default user off, certificates made by trustme. Fixtures for
-tests/indexer/storage/test_redis_secure.py and tests/service/test_redis_secure.py.
+tests/storage/test_redis_secure.py and tests/service/test_redis_secure.py.
 
 PASSWORD holds the characters a URL must percent-encode (/ ? # @ :), so every test also shows the encoding and
 that no form of it (raw or encoded) reaches a message.

@@ -17,7 +17,7 @@ import numpy as np
 
 from crossprobe.core.atomic import atomic_path
 from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
-from crossprobe.indexer.storage.settings import StorageSettings
+from crossprobe.storage.settings import StorageSettings
 
 
 def choose_factory(n: int, d: int, settings: StorageSettings) -> str:

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from crossprobe.core.atomic import atomic_dir
+from crossprobe.storage import layout
 
 log = logging.getLogger("crossprobe.indexer")
 
-DIR = "text"
+DIR = layout.KEYWORDS
 FIELDS = ("name", "caption", "tags", "text", "fields")
 # BM25 boost per field: a word in the file name or a tag is a deliberate label, a caption or the image's own
 # text describes it

@@ -8,8 +8,8 @@ import json
 import numpy as np
 
 from crossprobe.indexer import add, build, delete, open_index, reindex
-from crossprobe.indexer.storage.ann import milvus_backend
-from crossprobe.indexer.storage.store import Store
+from crossprobe.storage.ann import milvus_backend
+from crossprobe.storage.store import Store
 from tests.indexer.conftest import make_images
 
 
@@ -49,7 +49,7 @@ def test_build_add_delete_activate_gc_with_milvus(settings, milvus_settings, gal
 
     from pydantic import TypeAdapter
 
-    from crossprobe.indexer.storage.filter_model import FilterNode
+    from crossprobe.storage.filter_model import FilterNode
 
     node = TypeAdapter(FilterNode).validate_python({"field": "tags", "eq": "fresh"})
     f = r2.ann.search_filtered(vecs[0], 10, r2.ann.prepare_filter(node, [], lambda: None), r2.vectors_at, 100)
