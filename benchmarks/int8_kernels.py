@@ -1,13 +1,15 @@
 """int8 query graphs on this host's kernel path: for each family (random-weight Hugging Face CLIP and SigLIP at
 tiny and ViT-B/32 text-tower shapes, and the committed checkpoint's query tower), both weight formats (s8: int8
-weights, U8S8 kernels; u8: uint8 weights, U8U8 kernels): the lowest cosine to fp32 over models/int8.py's probe
+weights, U8S8 kernels; u8: uint8 weights, U8U8 kernels): the lowest cosine to fp32 over core/int8.py's probe
 queries and the encode ms per query (1 ONNX Runtime thread, median). One row set per kernel path, merged into
 docs/research/results/int8_kernels.json (a run on another kind of host adds its own).
 
 Run it on each kind of host, and on an emulated AVX2 host without VNNI (QEMU's user mode reports the emulated
 CPU's CPUID to ONNX Runtime and numpy; its timings are the emulator's, so they are recorded as not comparable):
     python -m benchmarks.int8_kernels
-    qemu-x86_64 -cpu Haswell .venv/bin/python -m benchmarks.int8_kernels --emulated "qemu-x86_64 -cpu Haswell"
+    python -m benchmarks.int8_kernels --work artifacts/int8-kernels --out /tmp/exports.json --repeat 1  # exports
+    qemu-x86_64 -cpu Haswell .venv/bin/python -m benchmarks.int8_kernels --work artifacts/int8-kernels \
+        --repeat 1 --no-base --emulated "qemu-x86_64 -cpu Haswell"
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from crossprobe.models import int8
-from crossprobe.models.atomic import atomic_write
+from crossprobe.core import int8
+from crossprobe.core.atomic import atomic_write
 
 OUT = Path("docs/research/results/int8_kernels.json")
 
@@ -37,17 +39,23 @@ def _timed(run, texts: list[str], repeat: int) -> float:
     return round(1e3 * statistics.median(ts), 3)
 
 
-def family_rows(tmp: Path, repeat: int) -> dict:
+def family_rows(tmp: Path, repeat: int, base: bool = True) -> dict:
     """Random Hugging Face CLIP / SigLIP text towers exported as a user's would be."""
-    from crossprobe.models import families, runtime
-    from crossprobe.models.inference import RuntimeOptions
-    from crossprobe.models.inference.exported import ExportedBackend, int8_graph
+    from crossprobe.core import runtime
+    from crossprobe.models import families
+    from crossprobe.core.inference import RuntimeOptions
+    from crossprobe.core.inference.exported import ExportedBackend, find_exported, int8_graph
     from tests.support import reference_models as rm
 
     rows = {}
-    for family, size in (("hf_clip", "tiny"), ("hf_siglip", "tiny"), ("hf_clip", "base")):
-        ref = rm.build(family, tmp / f"{family}-{size}", size=size)
-        b = ExportedBackend(families.export(f"hf:{ref.path}", tmp / "graphs"), RuntimeOptions(threads=1))
+    for family, size in (("hf_clip", "tiny"), ("hf_siglip", "tiny")) + ((("hf_clip", "base"),) if base else ()):
+        ref = tmp / f"{family}-{size}"
+        spec = f"hf:{ref}"
+        folder = find_exported(tmp / "graphs", spec) if ref.exists() else None
+        if folder is None:
+            rm.build(family, ref, size=size)
+            folder = families.export(spec, tmp / "graphs")
+        b = ExportedBackend(folder, RuntimeOptions(threads=1))
         fp32 = b._session("text")
         row = {"fp32_ms": _timed(lambda t: b._run_text(fp32, [t]), list(int8.PROBES), repeat)}
         for weights in ("s8", "u8"):
@@ -62,8 +70,9 @@ def family_rows(tmp: Path, repeat: int) -> dict:
 
 def checkpoint_rows(tmp: Path, repeat: int) -> dict:
     """The committed checkpoint's query tower (MiniLM-L6 + heads; the heads stay fp32, export.py)."""
-    from crossprobe.models import export, inference
-    from crossprobe.models.inference import RuntimeOptions
+    from crossprobe.core import inference
+    from crossprobe.models import export
+    from crossprobe.core.inference import RuntimeOptions
 
     b = inference.load(None, RuntimeOptions(graphs=tmp / "cp", threads=1))
     b.warm("search")
@@ -84,12 +93,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=20, help="timed runs per probe query")
     ap.add_argument("--emulated", default="", help="the CPU emulator this runs under (its timings are not speeds)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--no-base", action="store_true", help="leave out the ViT-B/32-shaped text tower (under an "
+                    "emulator it takes most of an hour)")
+    ap.add_argument("--work", type=Path, default=None, help="keep the models and graphs here (default: a temp folder); "
+                    "an emulated run reuses a native run's, since exporting under an emulator takes long")
     args = ap.parse_args(argv)
     from crossprobe.models.evaluation.report import machine
 
     kernel = int8.kernel_path()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {**family_rows(Path(tmp), args.repeat), **checkpoint_rows(Path(tmp), args.repeat)}
+        work = args.work or Path(tmp)
+        rows = {**family_rows(work, args.repeat, not args.no_base), **checkpoint_rows(work, args.repeat)}
     entry = {"kernel": kernel, "chosen_weights": int8.weight_format(kernel), "required": int8.MIN_COSINE,
              "machine": machine(), "python": platform.python_version(), "emulated": args.emulated or None,
              "timings_comparable": not args.emulated, "probes": len(int8.PROBES), "families": rows,
