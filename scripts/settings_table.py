@@ -4,7 +4,7 @@
     python scripts/settings_table.py --write   # replace the block between the markers in docs/configuration.md
     python scripts/settings_table.py --check   # exit 1 with a diff when docs/configuration.md is stale
 
-The classes are found, not listed: every module under crossprobe.models, crossprobe.indexer and
+The classes are found, not listed: every module under crossprobe.core, crossprobe.models, crossprobe.storage, crossprobe.indexer and
 crossprobe.service whose source defines a class deriving from BaseSettings (or from a class named
 *Settings, or from a Settings class found so far) is imported, and every BaseSettings subclass it
 defines gets a table. Only those modules are imported (not torch, FAISS or ONNX Runtime ones).
@@ -45,7 +45,7 @@ from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
-PACKAGES = ("crossprobe.models", "crossprobe.indexer", "crossprobe.service")
+PACKAGES = ("crossprobe.core", "crossprobe.models", "crossprobe.storage", "crossprobe.indexer", "crossprobe.service")
 START = "<!-- settings-table:start -->"
 END = "<!-- settings-table:end -->"
 WRITE_HINT = "python scripts/settings_table.py --write"
