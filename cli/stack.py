@@ -398,6 +398,12 @@ def promote(
 def export(
     ckpt: Path = CKPT,
     out: Path = typer.Option(Path("artifacts/onnx"), help="root folder: the graphs go to <out>/<fingerprint>/"),
+    int8_weights: str = typer.Option(
+        "host",
+        "--int8",
+        help="the int8 query tower's formats: host (the one this CPU's kernels need), s8, u8 or both "
+        "(graphs read by hosts of both kinds; 56 MB each: docs/research/int8_kernels.md)",
+    ),
 ):
     """Export every ONNX graph the service and the indexer run: the checkpoint's graphs into <out>/<fingerprint>/
     (each checked against PyTorch), its int8 query tower, and the shared image backbone <out>/image_backbone.onnx.
@@ -415,7 +421,10 @@ def export(
         typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")
         if diff > 1e-4:
             raise typer.Exit(1)
-    for weights in ("s8", "u8"):  # both int8 formats: the hosts that read these graphs may need either (int8.py)
+    formats = {"host": (None,), "s8": ("s8",), "u8": ("u8",), "both": ("s8", "u8")}.get(int8_weights)
+    if formats is None:
+        raise typer.BadParameter(f"--int8 {int8_weights}: host, s8, u8 or both")
+    for weights in formats:
         typer.echo(ex.ensure_int8_query(folder, weights))
     typer.echo(ex.ensure_backbone(out))
 

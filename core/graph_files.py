@@ -105,7 +105,14 @@ def ensure_int8_query(graphs: Path, weights: str | None = None) -> Path:
     path = int8.graph_name(fp32, weights)
     if not path.exists():
         log.info("quantizing the query tower to int8 (%s weights) into %s", weights, path)
-        quantize_query_tower(fp32, path, weights=weights)
+        try:
+            quantize_query_tower(fp32, path, weights=weights)
+        except OSError as e:  # a read-only graphs folder (a container image's) without this host's format
+            raise GraphsUnavailable(
+                f"{path.name} (int8 with {weights} weights, what this host's {int8.kernel_path()} kernels need) is not "
+                f"in {path.parent}, and it cannot be written there ({e.strerror}): export it where the folder is "
+                f"written (`crossprobe export --int8 {weights}` or --int8 both), or serve fp32"
+            ) from None
     return path
 
 
