@@ -10,7 +10,6 @@ absent."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from types import ModuleType
 
 EXTRA = "torch"  # pyproject.toml's optional dependencies: PyTorch and the exporters' libraries
@@ -24,18 +23,9 @@ class TorchUnavailable(RuntimeError):
     """What was asked needs PyTorch (or an exporter's library), and this installation has none."""
 
 
-def has_torch() -> bool:
-    return importlib.util.find_spec("torch") is not None
-
-
 def module(name: str, why: str) -> ModuleType:
     """crossprobe.models.<name>, or TorchUnavailable naming `why` and what to install."""
     try:
         return importlib.import_module(f"crossprobe.models.{name}")
     except ImportError as e:
         raise TorchUnavailable(f"{why} needs PyTorch, which this installation lacks ({e}): {INSTALL}") from None
-
-
-def require_torch(why: str) -> None:
-    if not has_torch():
-        raise TorchUnavailable(f"{why} needs PyTorch, which this installation lacks: {INSTALL}")

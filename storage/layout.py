@@ -16,8 +16,6 @@ manifest's "keys" names (store.py's KeyLayout).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 FORMAT = 1
 IDS = "ids"
 VECTORS = "vectors.npy"
@@ -25,21 +23,3 @@ FAISS_INDEX = "index.faiss"
 KEYWORDS = "text"
 REPORT = "report.json"
 MANIFEST = "manifest.json"
-
-
-def format_of(manifest: dict) -> int:
-    """The layout version a manifest was written in (1 when it names none)."""
-    return int(manifest.get("format", 1))
-
-
-def files(vdir: Path) -> dict[str, Path]:
-    """Every file of a version folder by its role."""
-    vdir = Path(vdir)
-    return {
-        "ids": vdir / IDS,
-        "vectors": vdir / VECTORS,
-        "faiss": vdir / FAISS_INDEX,
-        "keywords": vdir / KEYWORDS,
-        "report": vdir / REPORT,
-        "manifest": vdir / MANIFEST,
-    }
