@@ -1,6 +1,6 @@
 """Cross-probe latency/accuracy frontier on the Flickr8k test split.
 
-For each CP setting of crossprobe.models.training.frontier.SETTINGS: the variant trained
+For each CP setting of crossprobe.models.research.frontier.SETTINGS: the variant trained
 by `crossprobe frontier` (runs/default/frontier_*.done.pt; the frontier runs
 first if any is missing) on the committed checkpoint's towers, its test R@1 after
 reranking the two-tower top 100, and its rerank time per query for 100 and 1,000
@@ -26,7 +26,7 @@ from crossprobe.models.evaluation.retrieval import reranked, shortlist_recall, s
 from crossprobe.models.evaluation.timing import rerank_ms
 from crossprobe.models.cross_probe import CrossProbe
 from crossprobe.models.training.data import CachedData
-from crossprobe.models.training.frontier import SETTINGS, finished_row, frontier, name_of, recipe_budget
+from crossprobe.models.research.frontier import SETTINGS, finished_row, frontier, name_of, recipe_budget
 from crossprobe.models.training.run import TrainConfig, reranker_config
 
 RUN = Path("runs/default")

@@ -317,7 +317,7 @@ def frontier(
 ):
     """Train the CP settings of the latency/accuracy frontier on a checkpoint's towers and choose on dev (~51 min)."""
     need_flickr()
-    from crossprobe.models.training.frontier import frontier as run_frontier
+    from crossprobe.models.research.frontier import frontier as run_frontier
     from crossprobe.models.training.run import TrainConfig
 
     tcfg = TrainConfig(seed=seed, threads=threads, cache_dir=cache_dir, run_dir=run_dir)
@@ -345,7 +345,7 @@ def ablate(
 ):
     """Train and measure every seed option (SEAM, ACE-RPE, ZoDIAC, T-EMDE pooling) against the default."""
     need_flickr()
-    from crossprobe.models.training.ablation import OPTIONS, AblationConfig, Runner
+    from crossprobe.models.research.ablation import OPTIONS, AblationConfig, Runner
 
     subset = tuple(o for o in only.split(",") if o)
     unknown = [o for o in subset if o not in OPTIONS]
@@ -376,7 +376,7 @@ def promote(
 ):
     """Make a winning tower option a checkpoint of its own: train its CP and T-EMDE, evaluate, write its card."""
     need_flickr()
-    from crossprobe.models.training.ablation import OPTIONS, AblationConfig
+    from crossprobe.models.research.ablation import OPTIONS, AblationConfig
     from crossprobe.models.training.promote import promote as run_promote
 
     if option not in OPTIONS:
@@ -412,10 +412,11 @@ def export(
     from crossprobe.models import export as ex
     from crossprobe.models.evaluation.timing import parity
 
-    model, meta = checkpoint.load(ckpt)
-    folder = ex.ensure_graphs(out, graphs.GRAPHS, model=model, fingerprint=meta["fingerprint"])
+    # what is served: the towers, CP, T-EMDE and the explain map, never the research-only SM / TV references
+    model, meta = checkpoint.load(ckpt, references=False)
+    folder = ex.ensure_graphs(out, ex.SERVICE_GRAPHS, model=model, fingerprint=meta["fingerprint"])
     inputs = graphs.example_inputs(model)
-    for name in graphs.GRAPHS:
+    for name in ex.SERVICE_GRAPHS:
         path = folder / f"{name}.onnx"
         diff = parity(model, name, path, inputs[name])
         typer.echo(f"{path}  max|ORT - PyTorch| = {diff:.2e}")

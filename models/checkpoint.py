@@ -67,14 +67,20 @@ def write(out: Path, tensors: dict[str, torch.Tensor], config: dict, files: dict
         os.chmod(tmp / "model.safetensors", 0o644)
 
 
-def load(path: Path | None = None, bert=None) -> tuple[SearchModel, dict]:
-    """-> (SearchModel in eval mode, float32), config.json contents."""
+REFERENCE_PREFIXES = ("sm.", "tv.")  # the research-only rerankers' weights (models/research/)
+
+
+def load(path: Path | None = None, bert=None, *, references: bool = True) -> tuple[SearchModel, dict]:
+    """-> (SearchModel in eval mode, float32), config.json contents. references=False (what export loads) leaves
+    the research-only SM and TV rerankers out: their stored weights are still fingerprinted, not built."""
     path = Path(path or DEFAULT_CHECKPOINT)
     meta = read_config(path)
-    model = SearchModel(ModelConfig.from_dict(meta["model"]), bert)
+    model = SearchModel(ModelConfig.from_dict(meta["model"]), bert, references=references)
     tensors = load_file(str(path / "model.safetensors"))
     if fingerprint(tensors, meta["model"]) != meta["fingerprint"]:
         raise ValueError(f"checkpoint {path}: weights do not match the fingerprint in config.json")
+    if not references:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(REFERENCE_PREFIXES)}
     missing, unexpected = model.load_state_dict(
         {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, strict=False
     )

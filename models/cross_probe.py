@@ -44,7 +44,7 @@ class CrossProbeConfig:
     layers: int = 1  # cross layers
     heads: int = 4
     dropout: float = 0.1
-    attention: str = "standard"  # "standard" | "zodiac" in the cross layers (models/zodiac.py)
+    attention: str = "standard"  # "standard" | "zodiac" in the cross layers (models/research/zodiac.py)
     zodiac_dropout: float = 0.2
     inputs: str = "backbone"  # "tower" | "backbone" | "both" (module docstring)
 

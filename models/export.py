@@ -95,9 +95,11 @@ def export_graphs(
     wanted = missing + [n for n in also if n not in missing and not (final / f"{n}.onnx").exists()]
     if model is None:
         _torch_for_export(f"graphs {wanted} of checkpoint {fingerprint}", final)
-        from crossprobe.models import checkpoint
+        from crossprobe.models import checkpoint, graphs
 
-        model, meta = checkpoint.load(ckpt, bert)
+        # the research-only SM / TV rerankers are built only when one of their graphs is asked for (timing)
+        references = any(n in graphs.REFERENCE_GRAPHS for n in wanted)
+        model, meta = checkpoint.load(ckpt, bert, references=references)
         if meta["fingerprint"] != fingerprint:
             raise ValueError(f"checkpoint {ckpt} has fingerprint {meta['fingerprint']}, not {fingerprint}")
     log.info("exporting ONNX graphs %s of checkpoint %s into %s", wanted, fingerprint, final)
@@ -170,15 +172,16 @@ def export_backbone(root: Path) -> Path:
 
 
 def export_all(model, out_dir: Path, fingerprint: str, names: Iterable[str] | None = None) -> dict[str, Path]:
-    """Write `names` (default: every graph of models/graphs.py) of an in-memory model into out_dir, with a
-    manifest.json naming its fingerprint."""
+    """Write `names` (default: every graph of models/graphs.py that the model has: the SM / TV scorers only for a
+    model built with its references) of an in-memory model into out_dir, with a manifest.json naming its
+    fingerprint."""
     from crossprobe.models import graphs
 
     model.eval()
     out_dir = Path(out_dir)
     paths = {}
     ex = graphs.example_inputs(model)
-    for name in names or tuple(graphs.GRAPHS):
+    for name in names or graphs.available(model):
         inputs, outputs, dynamic = graphs.io_names(model, name)
         paths[name] = out_dir / f"{name}.onnx"
         _export(graphs.GRAPHS[name][0](model), ex[name], paths[name], inputs, outputs, dynamic)

@@ -223,6 +223,16 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
         "query_tower": (ids, _mask(T)),
         "image_tower": (torch.randn(2, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM).abs(),),
         **scorer_inputs(model, K),
+        **(reference_inputs(model, K, T) if hasattr(model, "sm") else {}),
+        # a real grid is ReLU6 output: non-negative
+        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, cp.d))
+        + ((F.normalize(torch.randn(1, 1000), dim=-1),) if model.cfg.region.enabled else ()),
+    }
+
+
+def reference_inputs(model: SearchModel, K: int, T: int) -> dict[str, tuple]:
+    """Example inputs of the research-only SM / TV scorers (a model built with references=True)."""
+    return {
         "sm_scorer": (
             torch.randn(1, T, model.sm.cfg.d),
             torch.ones(1, T, dtype=torch.bool),
@@ -235,9 +245,6 @@ def example_inputs(model: SearchModel, K: int = 7, T: int = 9) -> dict[str, tupl
             torch.randn(K, 49, model.tv.cfg.d),
             torch.rand(K),
         ),
-        # a real grid is ReLU6 output: non-negative
-        "explain": (torch.rand(K, inputs.GRID * inputs.GRID, inputs.IMAGE_FEAT_DIM) * 6, torch.randn(1, cp.m, cp.d))
-        + ((F.normalize(torch.randn(1, 1000), dim=-1),) if model.cfg.region.enabled else ()),
     }
 
 
@@ -286,6 +293,14 @@ GRAPHS = {
         {"grid": {0: "K"}, "regions": {0: "K"}, "probe_regions": {0: "K"}},
     ),
 }
+
+# the research-only references' scorers (models/research/): exported for timing them, never for serving
+REFERENCE_GRAPHS = ("sm_scorer", "tv_scorer")
+
+
+def available(model: SearchModel) -> tuple[str, ...]:
+    """The graphs `model` can be exported to: the SM / TV scorers only where it was built with its references."""
+    return tuple(n for n in GRAPHS if n not in REFERENCE_GRAPHS or hasattr(model, "sm"))
 
 
 # Reranker heads on another model's backbone (models/heads.py): its image and text heads, and the same scorers

@@ -11,8 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models.zodiac import ZodiacAttention
-
 NEG_INF = -1e4  # large but finite, so an all-padding row cannot produce NaN in fp16/ONNX
 
 
@@ -64,7 +62,7 @@ ATTENTION_KINDS = ("standard", "zodiac")
 
 class Block(nn.Module):
     """Pre-LN transformer self-attention block. attention="zodiac" swaps in ZoDIAC
-    attention (zodiac.py); bias is an optional additive (B, h, T, T) logit term."""
+    attention (research/zodiac.py); bias is an optional additive (B, h, T, T) logit term."""
 
     def __init__(
         self,
@@ -79,11 +77,12 @@ class Block(nn.Module):
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
         self.ln1 = nn.LayerNorm(d)
-        self.attn = (
-            Attention(d, heads, dropout)
-            if attention == "standard"
-            else ZodiacAttention(d, heads, dropout, zodiac_dropout)
-        )
+        if attention == "standard":
+            self.attn: nn.Module = Attention(d, heads, dropout)
+        else:  # a research variant (its ablation: docs/research/): imported only where a config asks for it
+            from crossprobe.models.research.zodiac import ZodiacAttention
+
+            self.attn = ZodiacAttention(d, heads, dropout, zodiac_dropout)
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, mlp_ratio * d), nn.GELU(), nn.Linear(mlp_ratio * d, d))
         self.drop = nn.Dropout(dropout)

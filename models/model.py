@@ -1,5 +1,5 @@
 """The whole trained stack in one module: the two towers (TT) and the rerankers
-(CP, T-EMDE, and the SM / TV references). One config object describes all of it
+(CP, T-EMDE, and the research-only SM / TV references, models/research/). One config object describes all of it
 and is what a checkpoint's JSON holds.
 """
 
@@ -15,8 +15,8 @@ import torch.nn as nn
 from crossprobe.models.bridge import BridgeConfig, LabelBridge
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.region_labels import RegionConfig
-from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
-from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
+from crossprobe.models.research.single_stream import SingleStream, SingleStreamConfig
+from crossprobe.models.research.split_merge import SplitMerge, SplitMergeConfig
 from crossprobe.models.temde import Temde, TemdeConfig
 from crossprobe.models.text_tower import TextTower, TextTowerConfig
 from crossprobe.models.vision_tower import VisionOut, VisionTower, VisionTowerConfig
@@ -80,7 +80,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """The dict config.json holds and the fingerprint hashes: each sub-config as it saves itself (the joint
-        rerankers keep ACE-RPE's fields flat, models/ace_rpe.py), the rest as dataclasses.asdict gives it."""
+        rerankers keep ACE-RPE's fields flat, models/research/ace_rpe.py), the rest as dataclasses.asdict gives it."""
         return {f.name: _saved(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
@@ -107,7 +107,11 @@ class ModelConfig:
 
 
 class SearchModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, bert: nn.Module | None = None):
+    """The towers, the served rerankers (CP, T-EMDE) and the label bridge; with `references`, also the research-only
+    SM and TV rerankers (models/research/) that training and evaluation compare against. What is exported for
+    serving is built without them (checkpoint.load(references=False))."""
+
+    def __init__(self, cfg: ModelConfig, bert: nn.Module | None = None, *, references: bool = True):
         super().__init__()
         cfg = copy.deepcopy(cfg)  # the model owns its config (SearchModel sets the rerankers' d_in)
         for c in (cfg.cp, cfg.temde, cfg.sm):
@@ -120,8 +124,9 @@ class SearchModel(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(1.0 / cfg.init_temperature).log())
         self.cp = CrossProbe(cfg.cp)
         self.temde = Temde(cfg.temde)
-        self.sm = SplitMerge(cfg.sm)
-        self.tv = SingleStream(cfg.tv)
+        if references:  # built before the bridge, as they always were: a seed gives the same weights as before
+            self.sm = SplitMerge(cfg.sm)
+            self.tv = SingleStream(cfg.tv)
         self.bridge = LabelBridge(cfg.bridge, cfg.vision.d)
 
     def image(self, grid: torch.Tensor) -> VisionOut:

@@ -79,7 +79,7 @@ class TorchCrossprobeBackend(CrossprobeBackend):
             from crossprobe.models import checkpoint
             from crossprobe.models.graphs import CPScorer, ImageGraph, QueryGraph, TemdeScorer
 
-            model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert)[0]
+            model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert, references=False)[0]
             model = model.eval().to(self.device)  # fp32 weights: fp16 / bf16 by autocast (_run)
             return {
                 "query": QueryGraph(model),

@@ -33,8 +33,8 @@ def small_cfg():
     from crossprobe.models.cross_probe import CrossProbeConfig
     from crossprobe.models.model import ModelConfig
     from crossprobe.models.region_labels import RegionConfig
-    from crossprobe.models.single_stream import SingleStreamConfig
-    from crossprobe.models.split_merge import SplitMergeConfig
+    from crossprobe.models.research.single_stream import SingleStreamConfig
+    from crossprobe.models.research.split_merge import SplitMergeConfig
     from crossprobe.models.temde import TemdeConfig
     from crossprobe.models.text_tower import TextTowerConfig
     from crossprobe.models.vision_tower import VisionTowerConfig

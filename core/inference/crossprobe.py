@@ -114,7 +114,7 @@ class CrossprobeBackend(Backend):
         def make():
             if self.opts.image_head == "torch":  # checking the graph against the PyTorch module
                 checkpoint = torch_side.module("checkpoint", "image_head torch")
-                model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert)[0]
+                model = self.opts.model or checkpoint.load(self.ckpt, self.opts.bert, references=False)[0]
                 graph = torch_side.module("graphs", "image_head torch").ImageGraph(model)
                 return torch_side.module("torch_backend", "image_head torch").numpy_module(graph)
             return self._session(self._export(("image_tower",)) / "image_tower.onnx")

@@ -22,7 +22,7 @@ from crossprobe.models.evaluation.encode import PairScorer
 from crossprobe.models.evaluation.report import machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, shortlist_recall, split_banks, tt_scores
 from crossprobe.models.model import ModelConfig
-from crossprobe.models.training.ablation import AblationConfig, Runner, _dirname, _round
+from crossprobe.models.research.ablation import AblationConfig, Runner, _dirname, _round
 from crossprobe.models.training.run import train
 
 SERVICE_RERANKERS = ("cp", "temde")

@@ -22,15 +22,23 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.evaluation import metrics as M
 from crossprobe.models.evaluation.encode import ImageBank, PairScorer, TextBank
 from crossprobe.models.evaluation.retrieval import reranked
 from crossprobe.models.losses import listwise
 from crossprobe.models.temde import merge
-from crossprobe.models.training.state import EpochState, atomic_save
+from crossprobe.models.training.state import EpochState, atomic_save, seed_everything
 from crossprobe.models.training.towers import cosine_schedule
 
 ANCHOR_SCALE = 20.0  # alignment is a mean cosine in [-1, 1]; scaled like a contrastive logit
+
+
+def fresh_cp(cfg: CrossProbeConfig, seed: int) -> CrossProbe:
+    """A CP module initialised from `seed` alone: the frontier and `crossprobe train` build it the
+    same way, so the default's CP starts where the frontier's chosen setting started."""
+    seed_everything(seed)
+    return CrossProbe(cfg)
 
 
 @dataclass

@@ -26,11 +26,11 @@ from crossprobe.models.evaluation.retrieval import split_banks
 from crossprobe.models.model import TOWER_PREFIXES, ModelConfig, SearchModel
 from crossprobe.models.temde import Temde
 from crossprobe.models.training.data import CachedData
-from crossprobe.models.training.frontier import fresh_cp
 from crossprobe.models.training.rerankers import (
     RerankTrainConfig,
     fit_fusion,
     fit_merged_temde,
+    fresh_cp,
     set_fusion,
     train_reranker,
 )

@@ -40,7 +40,7 @@ COMMITTED = sorted(p.parent.name for p in checkpoint.DEFAULT_CHECKPOINT.parent.g
 def test_committed_checkpoints_load_and_keep_their_saved_config(name, bert):
     """ACE-RPE's fields are nested in code (AceRpeConfig) but saved flat, as every checkpoint has them: a committed
     checkpoint loads (its fingerprint checked), and its joint rerankers' configs save back to the bytes it holds."""
-    from crossprobe.models.ace_rpe import AceRpeConfig
+    from crossprobe.models.research.ace_rpe import AceRpeConfig
     from crossprobe.models.model import ModelConfig
 
     path = checkpoint.DEFAULT_CHECKPOINT.parent / name
@@ -53,3 +53,22 @@ def test_committed_checkpoints_load_and_keep_their_saved_config(name, bert):
     if name == "default":  # today's defaults are the served model's: the whole config saves back unchanged
         assert json.dumps(saved) == json.dumps(meta["model"])
         assert checkpoint.fingerprint(checkpoint.stored(model.trained_state_dict()), saved) == meta["fingerprint"]
+
+
+def test_what_export_loads_leaves_the_research_references_out(bert):
+    """checkpoint.load(references=False), as `crossprobe export` and the torch backends load: no SM / TV modules
+    and no graphs of theirs to export, the served weights the same as a full load's, the fingerprint still checked
+    over every stored tensor."""
+    from crossprobe.models import graphs
+
+    full, meta = checkpoint.load(None, bert)
+    served, meta2 = checkpoint.load(None, bert, references=False)
+    assert meta2["fingerprint"] == meta["fingerprint"]
+    assert hasattr(full, "sm") and hasattr(full, "tv")
+    assert not hasattr(served, "sm") and not hasattr(served, "tv")
+    want = {k: v for k, v in full.state_dict().items() if not k.startswith(checkpoint.REFERENCE_PREFIXES)}
+    got = served.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert "sm_scorer" in graphs.available(full) and "tv_scorer" in graphs.available(full)
+    assert set(graphs.available(served)) == set(graphs.GRAPHS) - set(graphs.REFERENCE_GRAPHS)

@@ -37,7 +37,7 @@ def test_options_export_with_parity(small_cfg, bert, tmp_path, option):
 
     from crossprobe.models.model import SearchModel
     from crossprobe.models.text_tower import TextTowerConfig
-    from crossprobe.models.training.ablation import OPTIONS
+    from crossprobe.models.research.ablation import OPTIONS
     from crossprobe.models.training.towers import TowerTrainConfig
 
     cfg = copy.deepcopy(small_cfg)

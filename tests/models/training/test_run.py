@@ -9,7 +9,7 @@ import math
 import torch
 
 from crossprobe.models import checkpoint
-from crossprobe.models.training.frontier import frontier, name_of
+from crossprobe.models.research.frontier import frontier, name_of
 from crossprobe.models.training.rerankers import RerankTrainConfig
 from crossprobe.models.training.run import TrainConfig, train
 from crossprobe.models.training.towers import TowerTrainConfig

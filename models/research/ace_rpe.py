@@ -1,6 +1,6 @@
 """ACE-RPE: anchor-based cross-modal relative positions, an option for the TV
-single stream (models/single_stream.py) and the split-merge reference
-(models/split_merge.py).
+single stream (models/research/single_stream.py) and the split-merge reference
+(models/research/split_merge.py).
 
 Text tokens have positions on a line and regions on the 7x7 grid, but a text
 token and a region have no position relative to each other. ACE-RPE links them
@@ -39,7 +39,7 @@ from crossprobe.core import inputs
 
 @dataclass
 class AceRpeConfig:
-    """ACE-RPE in a joint reranker (TV: models/single_stream.py, SM: models/split_merge.py), one group per head."""
+    """ACE-RPE in a joint reranker (TV: research/single_stream.py, SM: research/split_merge.py), one group per head."""
 
     enabled: bool = False  # anchor-based cross-modal relative positions
     shrink: float = 0.2  # lambda of the soft-shrink: weaker token-patch matches are no anchor

@@ -4,7 +4,7 @@ issue's shape, and a second run resumes from the stored results."""
 import copy
 import json
 
-from crossprobe.models.training.ablation import OPTIONS, AblationConfig, Runner
+from crossprobe.models.research.ablation import OPTIONS, AblationConfig, Runner
 from crossprobe.models.training.rerankers import RerankTrainConfig
 from crossprobe.models.training.run import TrainConfig, train
 from crossprobe.models.training.towers import TowerTrainConfig

@@ -3,8 +3,8 @@ import torch
 
 from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.layers import Block
-from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
-from crossprobe.models.zodiac import ZodiacAttention
+from crossprobe.models.research.single_stream import SingleStream, SingleStreamConfig
+from crossprobe.models.research.zodiac import ZodiacAttention
 
 
 def _attn():

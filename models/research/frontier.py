@@ -27,10 +27,9 @@ from typing import Callable
 
 import torch
 
-from crossprobe.models.cross_probe import CrossProbe, CrossProbeConfig
 from crossprobe.models.evaluation.timing import rerank_ms
-from crossprobe.models.training.rerankers import RerankTrainConfig, train_reranker
-from crossprobe.models.training.state import atomic_save, seed_everything
+from crossprobe.models.training.rerankers import RerankTrainConfig, fresh_cp, train_reranker
+from crossprobe.models.training.state import atomic_save
 
 # not d128-n15-l2: its in-batch pretraining (64 x 64 pairs per step) alone takes about 30 min on 2 cores,
 # and it reranks 100 candidates in more than the 10 ms budget
@@ -45,13 +44,6 @@ SHAPE = ("d", "n", "layers")  # the fields a setting sets
 
 def name_of(setting: dict) -> str:
     return f"d{setting['d']}-n{setting['n']}-l{setting['layers']}"
-
-
-def fresh_cp(cfg: CrossProbeConfig, seed: int) -> CrossProbe:
-    """A CP module initialised from `seed` alone: the frontier and `crossprobe train` build it the
-    same way, so the default's CP starts where the frontier's chosen setting started."""
-    seed_everything(seed)
-    return CrossProbe(cfg)
 
 
 def choose(rows: list[dict], budget_ms: float, tolerance: float) -> dict:

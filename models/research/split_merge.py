@@ -3,7 +3,7 @@ per modality (the towers), the upper `layers` blocks run jointly over ALL text
 tokens and ALL 49 regions of each query-image pair. Same scoring head as CP
 (cosine of text-side and image-side means, fused with the two-tower score), so
 the only difference from CP is probes vs. every token in the cross layers.
-Option: ACE-RPE relative positions in the joint layers (models/ace_rpe.py).
+Option: ACE-RPE relative positions in the joint layers (models/research/ace_rpe.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 from crossprobe.models.layers import Block, Fusion, joint_pairs, masked_mean
+from crossprobe.models.research.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 
 
 @dataclass

@@ -48,8 +48,8 @@ from crossprobe.models.evaluation.report import KEYS, machine
 from crossprobe.models.evaluation.retrieval import both_directions, reranked, split_banks, tt_scores
 from crossprobe.models.evaluation.timing import median_ms, rerank_ms, scorer_inputs, scorer_module
 from crossprobe.models.model import ModelConfig
-from crossprobe.models.single_stream import SingleStream
-from crossprobe.models.split_merge import SplitMerge
+from crossprobe.models.research.single_stream import SingleStream
+from crossprobe.models.research.split_merge import SplitMerge
 from crossprobe.models.training.data import CachedData
 from crossprobe.models.training.rerankers import train_reranker
 from crossprobe.models.training.run import TrainConfig, reranker_config, train

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, anchor_distances, grid_manhattan
-from crossprobe.models.single_stream import SingleStream, SingleStreamConfig
-from crossprobe.models.split_merge import SplitMerge, SplitMergeConfig
+from crossprobe.models.research.ace_rpe import AceRpe, AceRpeConfig, anchor_distances, grid_manhattan
+from crossprobe.models.research.single_stream import SingleStream, SingleStreamConfig
+from crossprobe.models.research.split_merge import SplitMerge, SplitMergeConfig
 
 CAP = 9
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from crossprobe.core import inputs
-from crossprobe.models.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 from crossprobe.models.layers import Block, Fusion, grid_positions, joint_pairs
+from crossprobe.models.research.ace_rpe import AceRpe, AceRpeConfig, AceRpeField, ace_field
 
 
 @dataclass
@@ -23,9 +23,9 @@ class SingleStreamConfig(AceRpeField):
     layers: int = 4  # = vision tower layers (2) + cross layers (2)
     heads: int = 4
     dropout: float = 0.1
-    attention: str = "standard"  # "standard" | "zodiac" (models/zodiac.py)
+    attention: str = "standard"  # "standard" | "zodiac" (models/research/zodiac.py)
     zodiac_dropout: float = 0.2
-    ace: AceRpeConfig = ace_field()  # anchor-based cross-modal relative positions (models/ace_rpe.py)
+    ace: AceRpeConfig = ace_field()  # anchor-based cross-modal relative positions (models/research/ace_rpe.py)
 
 
 class SingleStream(nn.Module):
