@@ -10,10 +10,13 @@
 
 Reduced decoding: open_picture() calls draft() before any pixel is decoded, so a JPEG is decoded by libjpeg
 at 1/2, 1/4 or 1/8 scale (a 200 MP photo as 3 MP) and a HEIC with an embedded thumbnail at least as large
-as the target decodes only the thumbnail. The image's size after that is what the decode will really cost, and
-the callers' pixel limits (the indexer's max_pixels, the service's image_max_pixels / query_image_max_pixels)
-are checked against it: the decompression-bomb guard stays for every format that must decode in full (PNG,
-TIFF, WebP, AVIF, a HEIC without thumbnail), and no longer refuses a big photo that decodes small.
+as the target decodes only the thumbnail. A model whose reference decodes the full picture (every exported
+family: open_clip, Hugging Face, Immich) asks for reduce=False: its pixels are then the reference's, and
+Picture.fit() reduces a JPEG only as far as a pixel limit needs (docs/research/decode.md measures both ways).
+The image's size after that is what the decode will really cost, and the callers' pixel limits (the indexer's
+max_pixels, the service's image_max_pixels / query_image_max_pixels) are checked against it: the
+decompression-bomb guard stays for every format that must decode in full (PNG, TIFF, WebP, AVIF, a HEIC without
+thumbnail), and no longer refuses a big photo that decodes small.
 
 Pillow's own guard (Image.MAX_IMAGE_PIXELS, a process-wide setting left as it is) refuses in Image.open any
 header over ~179 MP, before draft() can act: JPEG and HEIF files are therefore opened by their plugin
@@ -145,6 +148,18 @@ class Picture:
         """Ask for reduced decoding (JPEG draft scale, a HEIF thumbnail) to no less than size x size."""
         self.image.draft("RGB", (size, size))
 
+    def fit(self, max_pixels: int) -> None:
+        """Where the full picture decodes to more than max_pixels, reduce it (JPEG draft at 1/2, 1/4 or 1/8; a
+        HEIF thumbnail) by the least that fits; a no-op when it fits, or for a format that cannot reduce (its
+        size stays over the limit, and the caller refuses it)."""
+        w, h = self.image.size
+        for scale in (2, 4, 8):
+            if w * h <= max_pixels:
+                return
+            if (w // scale) * (h // scale) <= max_pixels:
+                self.image.draft("RGB", (max(1, w // scale), max(1, h // scale)))
+                return
+
     def close(self) -> None:
         for c in (self.image, *self._closing):
             try:
@@ -264,11 +279,13 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
     return Picture(img, w, h, "RAW", exif)
 
 
-def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224) -> Picture:
-    """An image file (a binary file object, positioned at its start) -> a Picture whose image is lazy and already
-    prepared for reduced decoding to no less than size x size. `name` (a path or an upload's file name) decides
-    by extension when it names a RAW or a Pillow format; without one the first bytes decide (RAW containers are
-    tried with LibRaw first; a plain TIFF falls back to Pillow). NotAnImage when nothing here reads it."""
+def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224, reduce: bool = True) -> Picture:
+    """An image file (a binary file object, positioned at its start) -> a Picture whose image is lazy and, with
+    reduce, already prepared for reduced decoding to no less than size x size (reduce=False: the full picture,
+    as a model whose reference decodes it so needs; a RAW still gives its preview). `name` (a path or an upload's
+    file name) decides by extension when it names a RAW or a Pillow format; without one the first bytes decide (RAW
+    containers are tried with LibRaw first; a plain TIFF falls back to Pillow). NotAnImage when nothing here reads
+    it."""
     ext = os.path.splitext(name or "")[1].lower()
     head = fp.read(16)
     fp.seek(0)
@@ -276,7 +293,8 @@ def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224) -> Pict
         try:
             pic = _raw(fp, size)
             pic.format = ext[1:].upper() if ext in RAW_EXTS else pic.format
-            pic.prepare(size)
+            if reduce:
+                pic.prepare(size)
             return pic
         except NotAnImage:
             if ext in RAW_EXTS:
@@ -284,15 +302,16 @@ def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224) -> Pict
             fp.seek(0)
     img = _pillow(fp)
     pic = Picture(img, img.size[0], img.size[1], img.format or "unknown")
-    pic.prepare(size)
+    if reduce:
+        pic.prepare(size)
     return pic
 
 
-def open_path(path: str | Path, size: int = 224) -> Picture:
+def open_path(path: str | Path, size: int = 224, reduce: bool = True) -> Picture:
     """open_picture on a file by its path (the file stays open until the Picture is closed)."""
     f = open(path, "rb")
     try:
-        pic = open_picture(f, str(path), size)
+        pic = open_picture(f, str(path), size, reduce)
     except BaseException:
         f.close()
         raise

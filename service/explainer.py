@@ -92,7 +92,9 @@ class Explainer:
             if not uri:
                 unavailable[item_id] = "no file recorded for this item"
                 continue
-            r = decode_file(uri, self.settings.image_max_pixels, self.model.preprocessor(), self.model.image_size)
+            # the model's reference decoding, as a build with CROSSPROBE_INDEX_DECODE=reference made its vectors
+            m = self.model
+            r = decode_file(uri, self.settings.image_max_pixels, m.preprocessor(), m.image_size, m.reduced_decoding)
             if isinstance(r, Unreadable):
                 unavailable[item_id] = f"the indexed file cannot be read any more ({r.reason})"
                 continue

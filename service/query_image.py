@@ -80,18 +80,25 @@ def b64_bytes(text: str, max_bytes: int, field: str = "image") -> bytes:
 
 
 def pixels(
-    data: bytes, max_pixels: int, field: str = "image", preprocess=inputs.load_image, size: int = inputs.IMAGE_SIZE
+    data: bytes,
+    max_pixels: int,
+    field: str = "image",
+    preprocess=inputs.load_image,
+    size: int = inputs.IMAGE_SIZE,
+    reduce: bool = True,
 ) -> np.ndarray:
     """Image file bytes -> (3, S, S) float32, as the indexer decodes its files (every format of
-    crossprobe.core.image_formats: HEIC, AVIF and camera RAW too). preprocess, size: the model's
-    (Backend.preprocessor, Backend.image_size; default crossprobe's own)."""
+    crossprobe.core.image_formats: HEIC, AVIF and camera RAW too). preprocess, size, reduce: the model's
+    (Backend.preprocessor, Backend.image_size, Backend.reduced_decoding; default crossprobe's own)."""
     if not data:
         raise InvalidImage(f"{field}: empty")
     try:
         # our pixel limit is checked on what will be decoded (after JPEG draft / a HEIC's thumbnail), before any
         # decode (no warnings filter: it is process-wide state, not thread-safe); Pillow's own
         # DecompressionBombError stays as a second guard for the formats image_formats opens through Image.open
-        with image_formats.open_picture(io.BytesIO(data), None, size) as pic:  # lazy: header only
+        with image_formats.open_picture(io.BytesIO(data), None, size, reduce) as pic:  # lazy: header only
+            if not reduce:
+                pic.fit(max_pixels)
             dw, dh = pic.image.size
             if dw * dh > max_pixels:
                 raise TooLarge(

@@ -102,6 +102,10 @@ class Backend(ABC):
     query_precision: str = "fp32"
     int8_check: object | None = None  # models.int8.Int8Check once an int8 query graph passed its check
     image_size: int  # S: the side of the square pixels preprocess makes
+    # whether the model's reference decodes photos reduced (JPEG draft, a HEIC's thumbnail) as crossprobe's own
+    # load_image does; False for a model whose reference library decodes the full picture (every exported family):
+    # its index then sees the reference's pixels (core/inference/decode.py; docs/research/decode.md)
+    reduced_decoding: bool = False
     explains: bool = False  # explainer() makes per-region maps (known without loading them)
 
     def __init__(self) -> None:

@@ -34,6 +34,7 @@ SEARCH_PARTS = ("query", "scorers")
 class CrossprobeBackend(Backend):
     family = "crossprobe"
     image_size = inputs.IMAGE_SIZE
+    reduced_decoding = True  # its reference is inputs.load_image, which drafts (what it was trained and tested on)
     rerankers = ("cp", "temde")
     explains = True
 

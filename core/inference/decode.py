@@ -5,10 +5,12 @@ explainer decodes an indexed file again exactly as the indexer did), so both rea
 never stops a job.
 
 Every format of crossprobe.core.image_formats is read (HEIC / HEIF, AVIF, camera RAW through its embedded
-preview, besides Pillow's own); the header is read first (lazily) and reduced decoding asked for (JPEG draft
-scale, a HEIC's thumbnail), so the pixel limit (max_pixels) is checked on what will really be decoded, before any
-pixel is: a 200 MP JPEG decodes at 1/8 scale and is indexed, a PNG or an AVIF over the limit is an "oversized"
-skip (they decode in full). EXIF orientation, RGB, the resize and the scaling are the model's
+preview, besides Pillow's own); the header is read first (lazily) and, for a model whose reference decodes that
+way (crossprobe's own), reduced decoding asked for (JPEG draft scale, a HEIC's thumbnail); a model whose reference
+decodes the full picture (the exported families) gets the full picture, reduced only as far as the pixel limit
+needs. The pixel limit (max_pixels) is checked on what will really be decoded, before any pixel is: a 200 MP JPEG
+decodes at a reduced scale and is indexed, a PNG or an AVIF over the limit is an "oversized" skip (they decode in
+full). EXIF orientation, RGB, the resize and the scaling are the model's
 (Backend.preprocess; crossprobe's own: crossprobe.core.inputs.load_image).
 
 Reasons a file gives no pixels: empty, missing, unreadable (permission denied), symlink_loop, video (by extension
@@ -103,10 +105,16 @@ def exif_facts(img: Image.Image | Image.Exif) -> dict:
 
 
 def decode_file(
-    path: str, max_pixels: int, preprocess: Preprocess = inputs.load_image, size: int = inputs.IMAGE_SIZE
+    path: str,
+    max_pixels: int,
+    preprocess: Preprocess = inputs.load_image,
+    size: int = inputs.IMAGE_SIZE,
+    reduce: bool = True,
 ) -> tuple[np.ndarray, dict] | Unreadable:
     """A file -> (its pixels, its facts: width, height, format, [taken, camera,] bytes, mtime_ns), or why not.
-    size: the side the model takes, for reduced decoding (draft) and the pixel limit after it."""
+    size: the side the model takes, for reduced decoding (draft) and the pixel limit after it. reduce=False
+    (Backend.reduced_decoding, for a model whose reference decodes the full picture): the full picture, reduced
+    only as far as max_pixels needs."""
     ext = os.path.splitext(path)[1].lower()
     if ext in image_formats.VIDEO_EXTS:
         return Unreadable("video", f"a {ext} file is a video: only still images are indexed")
@@ -118,7 +126,7 @@ def decode_file(
                 return Unreadable("empty", "zero-byte file")
             f.seek(0)
             try:
-                pic = image_formats.open_picture(f, path, size)  # lazy: only the header so far
+                pic = image_formats.open_picture(f, path, size, reduce)  # lazy: only the header so far
             except (image_formats.NotAnImage, UnidentifiedImageError) as e:
                 if head[4:8] == b"ftyp" and head[8:12] in VIDEO_BRANDS:
                     return Unreadable("video", f"an MP4 / QuickTime video ({head[8:12].decode()})")
@@ -127,6 +135,8 @@ def decode_file(
                 return Unreadable("not_image", str(e)[:200])
             with pic:
                 w, h = pic.width, pic.height
+                if not reduce:
+                    pic.fit(max_pixels)
                 dw, dh = pic.image.size  # after draft: what decoding will really produce
                 if dw * dh > max_pixels:
                     return Unreadable(

@@ -72,6 +72,7 @@ class HeadsBackend(Backend):
         self.fingerprint = self.meta["fingerprint"]
         self.dims = heads_dims(backbone.dims.d, self.meta["model"])
         self.image_size = backbone.image_size
+        self.reduced_decoding = backbone.reduced_decoding
         self.spec = f"crossprobe:{self.ckpt}"
 
     # ---- parts -----------------------------------------------------------------------------------------

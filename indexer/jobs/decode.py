@@ -26,9 +26,13 @@ class Decoded:
 
 
 def decode_one(
-    item: Item, max_pixels: int, preprocess: Preprocess = inputs.load_image, size: int = inputs.IMAGE_SIZE
+    item: Item,
+    max_pixels: int,
+    preprocess: Preprocess = inputs.load_image,
+    size: int = inputs.IMAGE_SIZE,
+    reduce: bool = True,
 ) -> tuple[np.ndarray, dict] | Skip:
-    r = decode_file(item.uri, max_pixels, preprocess, size)
+    r = decode_file(item.uri, max_pixels, preprocess, size, reduce)
     return Skip(item.id, item.uri, r.reason, r.error) if isinstance(r, Unreadable) else r
 
 
@@ -38,11 +42,12 @@ def decode_batch(
     max_pixels: int,
     preprocess: Preprocess = inputs.load_image,
     size: int = inputs.IMAGE_SIZE,
+    reduce: bool = True,
 ) -> Decoded:
-    """Decode items (which sit at positions start.. in the build's list)."""
+    """Decode items (which sit at positions start.. in the build's list); reduce: IndexerSettings.reduce_for."""
     rows, pix, meta, skips = [], [], [], []
     for i, it in enumerate(items):
-        r = decode_one(it, max_pixels, preprocess, size)
+        r = decode_one(it, max_pixels, preprocess, size, reduce)
         if isinstance(r, Skip):
             skips.append((start + i, r))
         else:

@@ -62,7 +62,12 @@ def encode(
 
     def produce(b: int) -> Decoded:
         return decode_batch(
-            items[b * bs : (b + 1) * bs], b * bs, settings.max_pixels, model.preprocess, model.image_size
+            items[b * bs : (b + 1) * bs],
+            b * bs,
+            settings.max_pixels,
+            model.preprocess,
+            model.image_size,
+            settings.reduce_for(model.reduced_decoding),
         )
 
     def consume(b: int, dec: Decoded) -> None:

@@ -181,7 +181,16 @@ def encode(
             f"{res['threads'] or 'default'} ONNX threads each)"
         )
         ds = _dataset(
-            items, todo, layout, settings, res, identity, backend.preprocessor(), backend.image_size, spec, model, bert
+            items,
+            todo,
+            layout,
+            settings,
+            res,
+            identity,
+            (backend.preprocessor(), backend.image_size, settings.reduce_for(backend.reduced_decoding)),
+            spec,
+            model,
+            bert,
         )
         d = identity[1].d
         t = time.perf_counter()
@@ -218,8 +227,7 @@ def _dataset(
     settings: IndexerSettings,
     res: dict,
     identity: tuple[str, FeatureDims],
-    preprocess,
-    size: int,
+    pixels: tuple,  # (preprocess, size, reduce): how the model's pixels are made (decode.decode_file)
     spec,
     model,
     bert,
@@ -236,11 +244,12 @@ def _dataset(
         {"b": b, "items": json.dumps([asdict(it) for it in items[b * bs : (b + 1) * bs]], ensure_ascii=False)}
         for b in todo
     ]
-    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    ds: ray.data.Dataset = ray.data.from_items(rows, override_num_blocks=len(rows))
     ds = ds.map_batches(
-        _decode,
+        # Ray types a function map as batch -> batch: it has no place for the parameters fn_kwargs fills
+        _decode,  # type: ignore[arg-type]
         batch_size=1,
-        fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels, "preprocess": preprocess, "size": size},
+        fn_kwargs={"bs": bs, "max_pixels": settings.max_pixels, "pixels": pixels},
         compute=TaskPoolStrategy(size=res["decoders"]),
         num_cpus=res["decode_cpus"],
         # Ray Data retries a task whose worker died for ever by default; a file that crashes
@@ -269,18 +278,19 @@ def _dataset(
     )
 
 
-def _decode(batch: dict, bs: int, max_pixels: int, preprocess, size: int) -> dict:
+def _decode(batch: dict, bs: int, max_pixels: int, pixels: tuple) -> dict:
     """Ray task: journal batches -> pixels padded to (bs, 3, 224, 224) (one shape for every row, so Ray keeps
     them as one tensor column) + a JSON column with the decoded rows, their metadata and the skips."""
     out: dict[str, list] = {"b": [], "pixels": [], "info": []}
     for b, items_json in zip(batch["b"], batch["items"]):
         t = time.perf_counter()
         its = [Item(**d) for d in json.loads(items_json)]
-        dec = decode_batch(its, int(b) * bs, max_pixels, preprocess, size)
-        pixels = np.zeros((bs, 3, size, size), np.float32)
-        pixels[: len(dec.rows)] = dec.pixels
+        preprocess, size, reduce = pixels
+        dec = decode_batch(its, int(b) * bs, max_pixels, preprocess, size, reduce)
+        padded = np.zeros((bs, 3, size, size), np.float32)
+        padded[: len(dec.rows)] = dec.pixels
         out["b"].append(int(b))
-        out["pixels"].append(pixels)
+        out["pixels"].append(padded)
         out["info"].append(
             json.dumps(
                 {

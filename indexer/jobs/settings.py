@@ -30,11 +30,20 @@ class IndexerSettings(StorageSettings):
     # a HEIC with a thumbnail pass; PNG, TIFF, WebP, AVIF and HEIC without thumbnail decode in full (a 48-50 MP
     # phone HEIC: ~150 MB while it decodes). Over it: an "oversized" skip
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
+    # how photos are decoded for the model. reference: as its reference decodes them (crossprobe's own checkpoint:
+    # reduced, JPEG draft; every exported family: the full picture, reduced only as far as max_pixels needs), so the
+    # index holds the reference's embeddings. reduced: JPEG draft and HEIC thumbnails for every model, faster on
+    # large JPEGs, at the cost of that parity (both measured: docs/research/decode.md)
+    decode: Literal["reference", "reduced"] = "reference"
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
     # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (as before OCR moved out of the decode
     # threads; with OCR one and two are about level on two cores: docs/research/text_search.md)
     workers: int | None = Field(None, ge=1, le=8)
+
+    def reduce_for(self, reduced_decoding: bool) -> bool:
+        """Whether to decode reduced for a model whose reference does so or not (Backend.reduced_decoding)."""
+        return self.decode == "reduced" or reduced_decoding
 
     @property
     def decode_workers(self) -> int:

@@ -90,7 +90,8 @@ class Searcher:
             else:
                 vector = await vec_job
                 q = QueryVectors(vector, None, None, None)
-        else:
+        else:  # no vector part: a text alone (every request model and route asks for at least one)
+            assert text_job is not None, "a plan with neither a text nor a vector part"
             q, info = await text_job
         if info is not None:
             clock.add("queue", info.queue_ms / 1000)
@@ -109,6 +110,7 @@ class Searcher:
                     self.settings.query_image_max_pixels,
                     preprocess=self.models.preprocessor(),
                     size=self.models.image_size,
+                    reduce=self.models.reduced_decoding,
                 )
             self.models.warm("image")  # loaded by the warm-up; the first call otherwise
             with clock.stage("encode_image"):

@@ -62,6 +62,34 @@ def test_parity_on_real_photos(family, refs, exported):
     assert p.ids_equal and p.pixels == 0.0 and p.max_abs_diff <= TOLERANCE, p
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_index_path_decodes_the_references_pixels(family, refs, exported, tmp_path):
+    """issue 53: the indexer's decode stage, at its default settings, gives exactly the pixels the reference's own
+    processor makes, on photos that reduced (draft) decoding shrinks: coco-mini-dev's 80 where the shared data is
+    here, and a 12 MP and a 24 MP JPEG made here (always)."""
+    from benchmarks import library_files
+    from crossprobe.core import image_formats
+    from crossprobe.indexer.jobs.decode import decode_one
+    from crossprobe.indexer.jobs.settings import IndexerSettings
+    from crossprobe.indexer.jobs.sources import Item
+
+    made = []
+    for name, (w, h) in {"12mp": (4000, 3000), "24mp": (4000, 6000)}.items():
+        made.append(tmp_path / f"{name}.jpg")
+        library_files.picture(w, h, seed=len(made), grain=8).save(made[-1], quality=90)
+    photos = made + real_photos(80)
+    b, settings = _backend(exported, family), IndexerSettings()
+    reduce = settings.reduce_for(b.reduced_decoding)
+    got = [decode_one(Item(p.name, str(p)), settings.max_pixels, b.preprocess, b.image_size, reduce) for p in photos]
+    want = rm.reference_embeddings(refs[family], photos, CAPTIONS[:1]).pixel_values
+    assert np.array_equal(np.stack([g[0] for g in got]), want)
+    shrunk = 0
+    for p in photos:
+        with image_formats.open_path(p, b.image_size) as pic:
+            shrunk += pic.image.size != (pic.width, pic.height)
+    assert shrunk >= len(made), shrunk  # draft would have reduced these (every coco photo of 640 px too)
+
+
 def test_batches_and_single_queries_agree(exported):
     """Padding to the batch's longest text changes nothing: one query alone gives its vector in a batch."""
     b = _backend(exported, "hf_clip")
