@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -79,7 +80,9 @@ def serve(
     from crossprobe.service.server import serve as run_server
     from crossprobe.service.settings import Settings
 
-    over = {k: v for k, v in {"host": host, "port": port, "indexes": index, "device": device}.items() if v is not None}
+    over: dict[str, Any] = {
+        k: v for k, v in {"host": host, "port": port, "indexes": index, "device": device}.items() if v is not None
+    }
     if model is not None or ckpt is not None:  # a flag names the model: the environment's model variables do not
         over.update(model=model, ckpt=ckpt)
     try:

@@ -10,7 +10,7 @@ Heavy imports stay inside the commands so `crossprobe --help` stays instant.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -120,7 +120,7 @@ def _settings(**overrides):
         _fail("; ".join(f"{'.'.join(map(str, er['loc'])) or 'settings'}: {er['msg']}" for er in e.errors()), 2)
 
 
-def _fail(e: Exception | str, code: int = 1) -> None:
+def _fail(e: Exception | str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(code)
 
@@ -337,6 +337,7 @@ def _served(settings, names: list[str] | None, all_: bool) -> list[str]:
         names = served
         if not names:
             _fail(f"no index with an active version under {settings.index_root.resolve()}", 2)
+    assert names is not None  # given when not --all (reindex checked)
     for n in names:
         try:
             check_name(n)
@@ -426,7 +427,12 @@ def watch_cmd(
     stop = threading.Event()
     try:
         w = Watcher(name, images, settings, say=typer.echo)
-        signal.signal(signal.SIGTERM, lambda *_: (stop.set(), w.wake.set()))  # finish the batch in hand, exit 0
+
+        def on_term(*_) -> None:  # finish the batch in hand, exit 0
+            stop.set()
+            w.wake.set()
+
+        signal.signal(signal.SIGTERM, on_term)
         w.run(stop)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

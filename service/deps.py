@@ -16,7 +16,7 @@ FastAPI validates the route's own parameters, and answer 503 to bad input.)
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -25,9 +25,10 @@ from crossprobe.service.pipeline import Outcome, Plan
 from crossprobe.service.scope import Scope
 from crossprobe.service.state import ServiceState
 
-QUERY = dict(dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
-SEARCH = dict(dependencies=security.SEARCH, responses=security.SEARCH_RESPONSES)
-ADMIN = dict(dependencies=security.ADMIN, responses=security.ADMIN_RESPONSES)
+# APIRouter's keywords for each group (APIRouter(**QUERY)): Any, since the values are of different types
+QUERY: dict[str, Any] = dict(dependencies=security.QUERY, responses=security.QUERY_RESPONSES)
+SEARCH: dict[str, Any] = dict(dependencies=security.SEARCH, responses=security.SEARCH_RESPONSES)
+ADMIN: dict[str, Any] = dict(dependencies=security.ADMIN, responses=security.ADMIN_RESPONSES)
 
 
 def service_state(request: Request) -> ServiceState:
@@ -70,7 +71,7 @@ async def run_search(state: ServiceState, plan: Plan) -> Outcome:
     """Admission control around one search: 429 overloaded at once when the queue is full. Readiness was checked
     once, by the dependency that made the plan (only a ready service's searcher makes one)."""
     with state.limiter.admit():
-        out = await state.searcher.search(plan)
+        out = await state.loaded_searcher.search(plan)
     ran = out.plan or plan
     # labelled by the mode the search ran with (crossprobe_search_*{rerank}); warm-up searches never come here
     metrics.observe_stages(out.timings_ms, rerank=ran.rerank, degraded=tuple(out.degraded_codes))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
@@ -99,9 +99,9 @@ def answer(
     code: str,
     message: str,
     details: Any = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     status: int | None = None,
-    scope: dict | None = None,
+    scope: Mapping[str, Any] | None = None,
 ) -> JSONResponse:
     """The JSON error answer for `code` (counted in crossprobe_errors_total). scope: the request's ASGI scope;
     a request of clip-retrieval's front-end gets the error as a notice result (clip_front_notice)."""
@@ -122,7 +122,7 @@ def answer(
 CLIP_FRONT_ROUTE = "/knn-service"
 
 
-def from_clip_front(scope: dict) -> bool:
+def from_clip_front(scope: Mapping[str, Any]) -> bool:
     """A POST to /knn-service with a text/plain body: what clip-retrieval's front-end sends (its fetch() of a
     string; no JSON client does)."""
     if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != CLIP_FRONT_ROUTE:
@@ -165,12 +165,13 @@ def _headers(exc: CrossprobeError) -> dict[str, str] | None:
     h = {}
     if exc.retry_after_s is not None:
         h["Retry-After"] = str(exc.retry_after_s)
-    if getattr(exc, "scheme", None):
-        h["WWW-Authenticate"] = exc.scheme
+    scheme = getattr(exc, "scheme", None)  # Unauthorized's challenge
+    if scheme:
+        h["WWW-Authenticate"] = scheme
     return h or None
 
 
-def validation_error(errors: Iterable[dict], drop_prefix: tuple[str, ...] = ("body",)) -> InvalidRequest:
+def validation_error(errors: Iterable[Mapping[str, Any]], drop_prefix: tuple[str, ...] = ("body",)) -> InvalidRequest:
     """pydantic/FastAPI error list -> one 422 whose message names every bad field."""
     details = []
     for e in errors:

@@ -82,10 +82,12 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
 
 
 def keyword_stage(
-    index: keyword.KeywordIndex, text: str, limit: int, allow: Callable[[str], bool] | None, required: bool
+    index: keyword.KeywordIndex | None, text: str, limit: int, allow: Callable[[str], bool] | None, required: bool
 ) -> KeywordOutcome:
     """BM25's best `limit` items for the query text. required (mode keyword): a query that keeps no word after
-    stop words and punctuation are dropped is 422; in hybrid it only leaves the vector side alone."""
+    stop words and punctuation are dropped is 422; in hybrid it only leaves the vector side alone. index None (a
+    search retried on a newer version that was built without one): 422 in mode keyword, the vectors alone in
+    hybrid, saying so."""
     q = keyword.parse(text)
     if q.empty:
         if required:
@@ -94,6 +96,13 @@ def keyword_stage(
                 "words or punctuation); search with mode vector or hybrid"
             )
         return KeywordOutcome(q)
+    if index is None:
+        if required:
+            raise InvalidRequest(
+                "invalid request: mode keyword: this index's active version has no keyword index; search with "
+                "mode vector, or rebuild it with keywords"
+            )
+        return KeywordOutcome(q, error="the index's active version has no keyword index")
     try:
         hits = index.search(q, limit, allow)
         ids = [i for i, _ in hits]

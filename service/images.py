@@ -27,7 +27,7 @@ def resized_jpeg(path: str, max_side: int, quality: int, max_pixels: int) -> byt
                     "limit (CROSSPROBE_IMAGE_MAX_PIXELS)"
                 )
             out = ImageOps.exif_transpose(pic.image).convert("RGB")  # first frame of a GIF / page of a TIFF
-        out.thumbnail((max_side, max_side), Image.BILINEAR)
+        out.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
         buf = io.BytesIO()
         out.save(buf, "JPEG", quality=quality, optimize=False)
         return buf.getvalue()

@@ -187,7 +187,9 @@ class Registry:
                 try:
                     h = self.load(name, active)
                 except FingerprintMismatch:
-                    why = other_model(name, active, self.store.read_manifest(name, active), self.spec, self.fingerprint)
+                    manifest = self.store.read_manifest(name, active)
+                    assert manifest is not None, "open_index read this manifest to find the mismatch"
+                    why = other_model(name, active, manifest, self.spec, self.fingerprint)
                     out[name] = self._failed(name, cur, active, why, "fingerprint_mismatch")
                     continue
                 except AnnUnavailable as e:  # the vector engine is down or starting: retried at the next poll

@@ -251,7 +251,7 @@ class Caller:
     """Who sent a search-group request: its rate-limit identity (the key's position when keys are set, else the
     client address) and the indexes it may read."""
 
-    who: Hashable
+    who: tuple[str, str | int]  # ("address", the client's host) or ("key", the key's position)
     scope: Scope
 
 

@@ -5,7 +5,7 @@ server's own knobs. Environment prefix CROSSPROBE_; docs/configuration.md lists 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -114,7 +114,7 @@ class Settings(StorageSettings):
     # -- request defaults --------------------------------------------------------
     # for requests without "rerank": cp | temde | none. T-EMDE with region labels: the best out of domain on the dev
     # sets, and faster than CP (docs/research/region_labels.md)
-    default_rerank: Rerank = SERVED_RERANK
+    default_rerank: Rerank = cast(Rerank, SERVED_RERANK)
     default_shortlist: int = Field(100, ge=1, le=MAX_SHORTLIST)  # raised to k when a request asks for more
     # hybrid search (hybrid.py): the keyword index's best this many join the vector shortlist before the rerank;
     # the two orders are then fused by weighted reciprocal rank fusion, 1/(K + vector rank) + w c^p/(K + keyword

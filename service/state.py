@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from crossprobe.core import inference
 from crossprobe.core.inference import Backend
@@ -25,6 +26,8 @@ from crossprobe.service.registry import Registry
 from crossprobe.service.settings import Settings
 
 log = logging.getLogger("crossprobe.service")
+
+T = TypeVar("T")
 
 
 def _warmup_image() -> bytes:
@@ -100,21 +103,46 @@ class ServiceState:
         if not self.ready:
             raise NotReady(self.why_not_ready())
 
+    # ---- the parts start() loads -------------------------------------------------------
+    # A ready service has them all (start() sets them before the warm-up that makes it ready): the routes check
+    # readiness first (deps.ready), then read them here. Before they are loaded: 503 not_ready, as require_ready.
+    def _loaded(self, part: T | None) -> T:
+        if part is None:
+            raise NotReady(self.why_not_ready())
+        return part
+
+    @property
+    def loaded_models(self) -> Backend:
+        return self._loaded(self.models)
+
+    @property
+    def loaded_registry(self) -> Registry:
+        return self._loaded(self.registry)
+
+    @property
+    def loaded_batcher(self) -> QueryBatcher:
+        return self._loaded(self.batcher)
+
+    @property
+    def loaded_searcher(self) -> Searcher:
+        return self._loaded(self.searcher)
+
     # ---- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
         self._reload_lock = asyncio.Lock()
         try:
-            self.models, self.registry = await asyncio.to_thread(self._load)
+            models, registry = await asyncio.to_thread(self._load)
+            self.models, self.registry = models, registry
             settings = self.settings
-            self.batcher = QueryBatcher(
-                lambda texts: self.models.encode_texts(texts),
+            self.batcher = batcher = QueryBatcher(
+                lambda texts: self.loaded_models.encode_texts(texts),
                 settings.batch_max,
                 settings.batch_wait_ms / 1000,
                 settings.batching,
                 busy=lambda n: self.limiter.in_flight > n,
             )
-            self.batcher.start()
-            self.searcher = Searcher(settings, self.models, self.registry, self.batcher, self.pool, self.feature_store)
+            batcher.start()
+            self.searcher = Searcher(settings, models, registry, batcher, self.pool, self.feature_store)
             await self.warmup()
         except Exception as e:  # noqa: BLE001 - readyz reports it; the process stays up for inspection
             log.exception("start-up failed")
@@ -127,9 +155,9 @@ class ServiceState:
             self._tasks.append(asyncio.create_task(self._probe_redis(), name="redis-probe"))
         log.info(
             "ready: model %s, indexes %s, providers %s",
-            self.models.fingerprint,
-            {n: h.version for n, h in self.registry.handles.items()},
-            self.models.providers,
+            models.fingerprint,
+            {n: h.version for n, h in registry.handles.items()},
+            models.providers,
         )
 
     def _load(self) -> tuple[Backend, Registry]:
@@ -152,7 +180,7 @@ class ServiceState:
         """The explain maps' parts, loaded (exported first if missing) on the first call; thread-safe."""
         with self._explainer_lock:
             if self._explainer is None:
-                self._explainer = Explainer(self.settings, self.models)
+                self._explainer = Explainer(self.settings, self.loaded_models)
             return self._explainer
 
     async def warmup(self) -> None:
@@ -160,17 +188,20 @@ class ServiceState:
         image query (loads the image backbone and tower: query by image's first request pays no load)."""
         name = self.registry.default_name() if self.registry else None
         if self.settings.warmup and name in (self.registry.handles if self.registry else {}):
-            for rerank in self.models.rerankers or ("none",):
-                await self.searcher.search(self.searcher.plan(query="a photo", k=1, rerank=rerank, index=name))
-            await self.searcher.search(self.searcher.plan(k=1, rerank="none", index=name, image=_warmup_image()))
+            searcher = self.loaded_searcher
+            for rerank in self.loaded_models.rerankers or ("none",):
+                await searcher.search(searcher.plan(query="a photo", k=1, rerank=rerank, index=name))
+            await searcher.search(searcher.plan(k=1, rerank="none", index=name, image=_warmup_image()))
         self.warmed = True
 
     async def reload(self, force: bool = False) -> dict[str, dict]:
         """Check every index's active version now; load and swap changed ones (poller and /admin/reload)."""
-        if self.registry is None:
+        registry, lock = self.registry, self._reload_lock
+        if registry is None:
             raise NotReady(self.why_not_ready())
-        async with self._reload_lock:
-            return await asyncio.to_thread(self.registry.refresh, force)
+        assert lock is not None, "start() makes the reload lock before it loads the registry"
+        async with lock:
+            return await asyncio.to_thread(registry.refresh, force)
 
     async def _poll(self) -> None:
         while True:
@@ -183,7 +214,7 @@ class ServiceState:
     async def _probe_redis(self) -> None:
         """PING Redis every redis_probe_interval_s through the breaker: recovery within one interval of Redis
         coming back, whether or not searches arrive; a Redis that dies while idle is noticed too (/readyz)."""
-        store = self.registry.store  # the client (and pool) every reader of the registry uses
+        store = self.loaded_registry.store  # the client (and pool) every reader of the registry uses
         while True:
             await asyncio.sleep(self.settings.redis_probe_interval_s)
             try:

@@ -24,8 +24,11 @@ the old master answers again) are left to redis-py's mget_nonatomic, which follo
 from __future__ import annotations
 
 import logging
+from typing import TypeGuard
 
+from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -41,7 +44,7 @@ class ClusterUnavailable(RedisConnectionError):
     A ConnectionError, so the service's breaker counts it like a node that does not answer."""
 
 
-def is_cluster(r) -> bool:
+def is_cluster(r: object) -> TypeGuard[RedisCluster]:
     return isinstance(r, RedisCluster)
 
 
@@ -89,7 +92,7 @@ def fetch(rc: RedisCluster, keys: list) -> list[bytes | None]:
     trip per master, overlapped. A master that does not answer within the socket timeout fails the whole call
     (after a slot table refresh): never a wait for the failover."""
     plan = _by_node(rc, keys)
-    sent: list[tuple[ClusterNode, object, object, list[list]]] = []  # node, its client, connection, key groups
+    sent: list[tuple[ClusterNode, Redis, Connection, list[list]]] = []  # node, its client, connection, key groups
     clean = set()  # connections whose replies were all read (the others are dropped: a late reply must not
     got: dict = {}  # reach the next user of the connection)
     failed = None

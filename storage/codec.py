@@ -18,6 +18,7 @@ in any language, decode without this module. Format 1 (no labels) still decodes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +65,11 @@ class Layout:
 
     def header(self) -> dict:
         dt = self.dtype()
+        dt_fields = dt.fields
+        assert dt.names is not None and dt_fields is not None  # a structured dtype, empty or not
         fields = []
         for name in dt.names:
-            sub, offset = dt.fields[name][:2]
+            sub, offset = dt_fields[name][:2]
             base, shape = sub.subdtype if sub.subdtype else (sub, ())
             fields.append({"name": name, "dtype": base.str, "shape": list(shape), "offset": offset})
         i = self.item
@@ -130,16 +133,18 @@ def encode(
     return [arr[i].tobytes() for i in range(B)]
 
 
-def decode(layout: Layout, values: list[bytes]) -> dict[str, np.ndarray]:
+def decode(layout: Layout, values: Sequence[bytes | None]) -> dict[str, np.ndarray]:
     """K values (e.g. one MGET) -> {"p_v": (K, n, dc), "b_bar": (K, dc), "s_i": (K, nk)} float32
     [+ "labels": (K, cells) int64 with region labels]."""
     size = layout.itemsize
     if layout.empty:  # nothing stored: K items of empty fields
         return {f: np.zeros((len(values), *shape), np.float32) for f, shape in layout.item.shapes().items()}
+    present: list[bytes] = []
     for i, v in enumerate(values):
         if v is None or len(v) != size:
             raise ValueError(f"value {i}: {None if v is None else len(v)} bytes, layout expects {size}")
-    arr = np.frombuffer(b"".join(values), layout.dtype(), count=len(values))
+        present.append(v)
+    arr = np.frombuffer(b"".join(present), layout.dtype(), count=len(values))
     out = {}
     for f in FIELDS:
         x = arr[f].astype(np.float32)

@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Protocol
 
 import faiss
 import numpy as np
 
 from crossprobe.core.atomic import atomic_path
 from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
-from crossprobe.storage.settings import StorageSettings
 
 
-def choose_factory(n: int, d: int, settings: StorageSettings) -> str:
+class FactorySettings(Protocol):
+    """What choose_factory reads: the indexer's settings (indexer/jobs/settings.py, IndexerSettings)."""
+
+    @property
+    def factory(self) -> str | None: ...
+    @property
+    def flat_max(self) -> int: ...
+    @property
+    def hnsw_max(self) -> int: ...
+
+
+def choose_factory(n: int, d: int, settings: FactorySettings) -> str:
     if settings.factory:
         return settings.factory
     if n < settings.flat_max:

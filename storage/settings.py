@@ -141,7 +141,7 @@ def check_redis_secrets(s: "StorageSettings") -> None:
     if bool(s.redis_cert_file) != bool(s.redis_key_file):
         raise ValueError("mutual TLS needs both CROSSPROBE_REDIS_CERT_FILE and CROSSPROBE_REDIS_KEY_FILE")
     if s.redis_password_file:
-        if first is None:
+        if not url:  # (first is None exactly then)
             raise ValueError("CROSSPROBE_REDIS_PASSWORD_FILE needs REDIS_URL (the embedded Redis has no password)")
         if any(split_url(p).password for p in redis_url_parts(url)):
             raise ValueError(

@@ -35,12 +35,23 @@ import zlib
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import redis
 
 from crossprobe.storage import layout
 from crossprobe.storage.settings import StorageSettings
+
+if TYPE_CHECKING:
+    from crossprobe.storage.redis_conn import RedisClient
+
+
+def _values(vals: list[Any]) -> list[bytes | None]:
+    """Replies of MGET: bytes (None where missing). redis-py types a reply bytes | str (decode_responses would
+    make it str); the store's clients never decode (redis_conn.connect)."""
+    return cast("list[bytes | None]", vals)
+
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # no glob characters: key patterns stay exact
 
@@ -126,7 +137,7 @@ class VersionInfo:
 
 
 class Store:
-    def __init__(self, settings: StorageSettings, r: redis.Redis):
+    def __init__(self, settings: StorageSettings, r: RedisClient):
         self.settings, self.r = settings, r
         self.root = Path(settings.index_root)
         self.prefix = settings.index_key_prefix
@@ -172,24 +183,30 @@ class Store:
     def mget(self, keys: list[str]) -> list[bytes | None]:
         """MGET for batch jobs: on a cluster redis-py's mget_nonatomic (one MGET per slot, pipelined per
         node; it rides through a failover by re-sending)."""
+        from crossprobe.storage.cluster import is_cluster
+
         if not keys:
             return []
-        return self.r.mget_nonatomic(keys) if self.cluster else self.r.mget(keys)
+        return _values(self.r.mget_nonatomic(keys) if is_cluster(self.r) else self.r.mget(keys))
 
     def fetch(self, keys: list[str]) -> list[bytes | None]:
         """MGET for the request path: on a cluster one round trip per master that fails fast when a master
         does not answer (storage/cluster.py says why it is not mget_nonatomic)."""
+        from crossprobe.storage.cluster import is_cluster
+
         if not keys:
             return []
-        if self.cluster:
+        if is_cluster(self.r):
             from crossprobe.storage.cluster import fetch
 
             return fetch(self.r, keys)
-        return self.r.mget(keys)
+        return _values(self.r.mget(keys))
 
     def ping(self) -> bool:
         """The service's health check: PING the Redis, or every master of the cluster."""
-        if self.cluster:
+        from crossprobe.storage.cluster import is_cluster
+
+        if is_cluster(self.r):
             from crossprobe.storage.cluster import ping
 
             return ping(self.r)
@@ -249,13 +266,13 @@ class Store:
         return sorted(disk)
 
     def active(self, name: str) -> str | None:
-        v = self.r.get(self.active_key(check_name(name)))
+        v = cast("bytes | None", self.r.get(self.active_key(check_name(name))))  # bytes: see _values
         return v.decode() if v else None
 
     def versions(self, name: str) -> list[VersionInfo]:
         d = self.root / check_name(name)
         on_disk = {p.name for p in d.iterdir() if p.is_dir() and p.name.startswith("v")} if d.is_dir() else set()
-        in_redis = {v.decode() for v in self.r.smembers(self.versions_key(name))}
+        in_redis = {v.decode() for v in cast("set[bytes]", self.r.smembers(self.versions_key(name)))}
         active = self.active(name)
         out = []
         for v in sorted(on_disk | in_redis):
@@ -272,10 +289,10 @@ class Store:
                     name,
                     v,
                     state,
-                    m and m["count"],
-                    m and m["fingerprint"],
-                    m and m["factory"],
-                    m and m["created"],
+                    m["count"] if m else None,
+                    m["fingerprint"] if m else None,
+                    m["factory"] if m else None,
+                    m["created"] if m else None,
                     words,
                 )
             )
@@ -301,8 +318,8 @@ class Store:
         with self.r.pipeline(transaction=True) as p:
             try:
                 p.watch(key)
-                cur = p.get(key)
-                cur = cur.decode() if cur else None
+                got = cast("bytes | None", p.get(key))  # watching: run at once, a reply (bytes: see _values)
+                cur = got.decode() if got else None
                 if cur != expect:
                     raise RuntimeError(
                         f"{name}: active version changed from {expect} to {cur} during this job; run it again"

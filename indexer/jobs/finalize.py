@@ -46,7 +46,7 @@ class TextChanges:
 
 
 def encoded_rows(job: JobContext) -> Rows:
-    rows, g, skips = job.journal.load(job.items, job.dims.d)
+    rows, g, skips = job.build_journal.load(job.items, job.model_dims.d)
     return Rows([job.items[int(i)].id for i in rows], g, skips)
 
 
@@ -64,7 +64,7 @@ def fresh_version(job: JobContext, new: Rows, what: str, extra: dict | None = No
 def derive_version(job: JobContext, deleted: list[str], counts: tuple[str, ...]) -> dict:
     """add, delete, sync: the base version's items less `deleted`, with the encoded ones added (an encoded id
     already there replaces it). counts: which of replaced / added / deleted / not_found the report carries."""
-    store, name, base, version = job.store, job.name, job.base, job.version
+    store, name, base, version = job.store, job.name, job.base_version, job.version
     new = encoded_rows(job)
     base_ids, base_vecs = store.read_ids(name, base), store.read_vectors(name, base)
     gone = set(deleted) & set(base_ids)
@@ -143,7 +143,7 @@ def _write_vectors(job: JobContext, ids: list[str], vectors: np.ndarray):
     store, name, version, vdir = job.store, job.name, job.version, job.vdir
     backend = ann.backend(job.settings)
     with job.times.stage(f"write_{backend.name}"):
-        writer = backend.writer(name, version, job.dims.d, vdir)
+        writer = backend.writer(name, version, job.model_dims.d, vdir)
         metas = (
             [json.loads(m) if m else None for m in store.metadata(name, version, ids)]
             if writer.wants_metadata
@@ -167,24 +167,26 @@ def _write_text(job: JobContext, ids: list[str], text: TextChanges | None) -> di
         return [json.loads(m) if m else None for m in store.metadata(name, version, part)]
 
     base_dir = store.version_dir(name, job.base) if job.base else None
-    erases = text is not None and bool(text.removed - set(text.inserted))
-    based = text is not None and not erases and (base_dir / keyword.DIR).exists()
+    inserted, removed = (text.inserted, text.removed) if text is not None else ([], set())
+    erases = text is not None and bool(removed - set(inserted))
+    # text given: a derived version, which has a base
+    based = text is not None and not erases and base_dir is not None and (base_dir / keyword.DIR).exists()
     with job.times.stage("write_text"):
         words = keyword.write(
             job.vdir,
-            text.inserted if based else ids,
+            inserted if based else ids,
             metas,
             job.settings.redis_batch,
             base_dir if based else None,
-            text.removed if based else (),
+            removed if based else (),
         )
     if erases:  # ocr_failed counts this job's items, as when derived, not every item the rewrite read
-        words["ocr_failed"] = sum(bool(isinstance(m, dict) and m.get("text_error")) for m in metas(text.inserted))
+        words["ocr_failed"] = sum(bool(isinstance(m, dict) and m.get("text_error")) for m in metas(inserted))
     return words
 
 
 def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, done: dict) -> dict:
-    d = job.dims
+    d = job.model_dims
     return {
         "format": layout.FORMAT,  # the version folder's layout (storage/layout.py)
         "name": job.name,

@@ -125,8 +125,8 @@ def sync(
 def delete(name: str, ids: list[str], settings: IndexerSettings | None = None, log: Log = print) -> Result:
     """A new version = the active one minus `ids` (nothing is encoded)."""
     job = open_job("delete", name, settings, log, needs_base=True)
-    job.fingerprint, job.dims = job.base_manifest["fingerprint"], FeatureDims.from_manifest(job.base_manifest["dims"])
-    job.quantization = job.base_manifest["layout"]["quantization"]
+    job.fingerprint, job.dims = job.based_on["fingerprint"], FeatureDims.from_manifest(job.based_on["dims"])
+    job.quantization = job.based_on["layout"]["quantization"]
     job.copies_base, job.reads_photos = True, False
     job.spec = {
         "kind": "delete",
@@ -138,7 +138,7 @@ def delete(name: str, ids: list[str], settings: IndexerSettings | None = None, l
     settle(job)
     if (done := finish_activated(job)) is not None:
         return done
-    if not set(ids) & set(job.store.read_ids(name, job.base)):
+    if not set(ids) & set(job.store.read_ids(name, job.base_version)):
         raise ValueError(f"none of the {len(ids)} ids is in {name}/{job.base}; nothing to delete")
     return execute(job, None, lambda j: finalize.derive_version(j, ids, ("deleted", "not_found")))
 
@@ -157,22 +157,22 @@ def reindex(
     quantization: the feature layout of the new version (default: the old version's)."""
     job = open_job("reindex", name, settings, log, needs_base=True, ckpt=ckpt, model=model, bert=bert)
     use_checkpoint(job)  # another fingerprint than the base's is the point (or the same: a re-encode)
-    job.quantization = quantization or job.base_manifest["layout"]["quantization"]
+    job.quantization = quantization or job.based_on["layout"]["quantization"]
     job.spec = encode_spec(job)  # no source: the items are the base version's, which `base` names exactly
     settle(job)
     if (done := finish_activated(job)) is not None:
         return done
 
     def read() -> tuple[list[Item], list[Skip]]:
-        base_ids = job.store.read_ids(name, job.base)
-        return recorded_items(base_ids, job.store.metadata(name, job.base, base_ids))
+        base_ids = job.store.read_ids(name, job.base_version)
+        return recorded_items(base_ids, job.store.metadata(name, job.base_version, base_ids))
 
     return execute(
         job,
         read,
         _finalize_reindex,
         check=check_lost,
-        note=f" from version {job.base} (model {job.base_manifest['fingerprint']} -> {job.fingerprint})",
+        note=f" from version {job.base} (model {job.based_on['fingerprint']} -> {job.fingerprint})",
     )
 
 
@@ -181,14 +181,14 @@ def _derived(kind: str, name: str, settings, log: Log, ckpt, model, bert) -> Job
     job = open_job(kind, name, settings, log, needs_base=True, ckpt=ckpt, model=model, bert=bert)
     use_checkpoint(job)
     same_model_as_base(job)
-    job.quantization = job.base_manifest["layout"]["quantization"]  # add keeps the layout
+    job.quantization = job.based_on["layout"]["quantization"]  # add keeps the layout
     job.copies_base = True
     return job
 
 
 def _finalize_reindex(job: JobContext) -> dict:
     new = finalize.encoded_rows(job)
-    base_count = len(job.store.read_ids(job.name, job.base))
+    base_count = len(job.store.read_ids(job.name, job.base_version))
     # every item of the old version is either in the new one or reported as a skip, exactly once
     if len(new.ids) != base_count - len(job.reader_skips) - len(new.skips):
         raise RuntimeError(
@@ -207,7 +207,10 @@ def _finalize_reindex(job: JobContext) -> dict:
 def source_desc(images: Path | None, manifest: Path | None) -> dict:
     if (images is None) == (manifest is None):
         raise ValueError("give exactly one of --images DIR or --manifest FILE.jsonl")
-    return {"images": str(Path(images).resolve())} if images else {"manifest": str(Path(manifest).resolve())}
+    if images:
+        return {"images": str(Path(images).resolve())}
+    assert manifest is not None  # exactly one of the two, checked above
+    return {"manifest": str(Path(manifest).resolve())}
 
 
 def _read(job: JobContext, images: Path | None, manifest: Path | None, dates_from: str | None):

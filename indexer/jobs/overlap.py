@@ -40,13 +40,12 @@ def run_overlapped(
 
     depth = workers + 1  # one ready while the encoder runs, `workers` more being decoded
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=produce_name) as pool:
-        pending: list[Future] = [pool.submit(timed, j) for j in jobs[:depth]]
+        pending: dict[int, Future[P]] = {i: pool.submit(timed, j) for i, j in enumerate(jobs[:depth])}
         for i, job in enumerate(jobs):
             with times.stage(produce_name + "_wait"):
-                product = pending[i].result()
-            pending[i] = None  # let the pixels go as soon as they are consumed
+                product = pending.pop(i).result()  # popped: the pixels go as soon as they are consumed
             if i + depth < len(jobs):
-                pending.append(pool.submit(timed, jobs[i + depth]))
+                pending[i + depth] = pool.submit(timed, jobs[i + depth])
             consume(job, product)
 
 

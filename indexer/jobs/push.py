@@ -137,12 +137,14 @@ class JobMetrics:
         self._push()  # the final values set by finish()
 
     def _push(self) -> None:
+        url = self.url
+        assert url, "pushes only when enabled"  # the thread runs only then (start)
         self._refresh()
         with self._lock:
             self.pushes += 1
         try:
             pushadd_to_gateway(
-                self.url, job=self.job, registry=self.registry, grouping_key=self.grouping, timeout=self.timeout
+                url, job=self.job, registry=self.registry, grouping_key=self.grouping, timeout=self.timeout
             )
         except Exception as e:  # noqa: BLE001 - refused, timed out, HTTP 4xx/5xx: never the job's problem
             with self._lock:

@@ -129,9 +129,34 @@ class JobContext:
     def vdir(self) -> Path:
         return self.store.version_dir(self.name, self.version)
 
+    # the fields above that a step fills in, for the steps after it (an AssertionError: a step out of order)
+    @property
+    def base_version(self) -> str:
+        """The base version (add, delete, reindex, sync: open_job with needs_base)."""
+        assert self.base is not None, f"{self.kind}: no base version"
+        return self.base
+
+    @property
+    def based_on(self) -> dict:
+        """The base version's manifest (open_job with needs_base)."""
+        assert self.base_manifest is not None, f"{self.kind}: no base version"
+        return self.base_manifest
+
+    @property
+    def model_dims(self) -> FeatureDims:
+        """The model's feature dims (use_checkpoint, or the base's: delete)."""
+        assert self.dims is not None, f"{self.kind}: no model dims yet"
+        return self.dims
+
+    @property
+    def build_journal(self) -> Journal:
+        """The journal of the version being written (execute: open_journal)."""
+        assert self.journal is not None, f"{self.kind}: no journal yet"
+        return self.journal
+
     @property
     def layout(self) -> codec.Layout:
-        return codec.Layout(self.quantization, self.dims.item)
+        return codec.Layout(self.quantization, self.model_dims.item)
 
     @property
     def source(self) -> dict | None:
@@ -177,16 +202,17 @@ def recorded_spec(job: JobContext) -> str | None:
     """The model spec the new version records beside its fingerprint: the base's where the job keeps the index's
     model (add, delete, sync: the same fingerprint), else the spec the job encoded with; None for an in-memory
     model (its spec names no files)."""
-    if job.copies_base and (job.base_manifest or {}).get("model_spec"):
-        return job.base_manifest["model_spec"]
+    base_spec = (job.base_manifest or {}).get("model_spec")
+    if job.copies_base and base_spec:
+        return base_spec
     return str(job.model_spec) if job.model is None and job.model_spec is not None else None
 
 
 def same_model_as_base(job: JobContext) -> None:
     """add and sync put new items beside the base's: both must come from one model."""
-    was = job.base_manifest["fingerprint"]
+    was = job.based_on["fingerprint"]
     if was != job.fingerprint:
-        built = job.base_manifest.get("model_spec")
+        built = job.based_on.get("model_spec")
         raise FingerprintMismatch(
             f"index {job.name!r} (version {job.base}) was built with model {built or 'a crossprobe checkpoint'} "
             f"({was}); this job's model {job.model_spec} is {job.fingerprint}. Move the index to this model first: "
@@ -232,7 +258,7 @@ def key_buckets(job: JobContext) -> int:
     needs both keys in one slot: the same tag). In the spec, so a resumed job keeps the layout it began
     with, and a journal from before the tag (no key_buckets in its spec) is not resumed but started afresh."""
     store = job.store
-    buckets = KeyLayout.of(store.prefix, job.base_manifest).buckets if job.copies_base else job.settings.key_buckets
+    buckets = KeyLayout.of(store.prefix, job.based_on).buckets if job.copies_base else job.settings.key_buckets
     if store.cluster and not buckets:
         if not job.copies_base:
             raise ValueError(
@@ -331,9 +357,9 @@ def execute(
     no items (delete). finalize: committed batches (+ base) -> the complete version, returning its report
     (finalize.py). check: may refuse the finished version before its activation (reindex's loss check)."""
     store = job.store
-    job.version = find_resumable(job)
-    resumed = job.version is not None
-    job.version = job.version or new_version()
+    found = find_resumable(job)
+    resumed = found is not None
+    job.version = found or new_version()
     job.log(
         f"{'resuming' if resumed else 'starting'} {job.kind} of {job.name!r} as version {job.version} "
         f"({job.vdir}){note}"
@@ -351,7 +377,7 @@ def execute(
         finally:
             if job.metrics:
                 job.metrics.finish(ok)
-        job.journal.remove()
+        job.build_journal.remove()
     return result(job, finished)
 
 
@@ -375,7 +401,7 @@ def complete_version(job: JobContext, finalize: Callable[[JobContext], dict]) ->
     version was complete (manifest written) and before its activation only reads the report again."""
     if job.store.read_manifest(job.name, job.version) is None:
         if job.metrics:
-            done, skipped = job.journal.progress(job.items, job.settings.batch_size)
+            done, skipped = job.build_journal.progress(job.items, job.settings.batch_size)
             job.metrics.start(len(job.items), done, skipped + len(job.reader_skips))
         job.encoded = encode(job)
         return finalize(job)
@@ -389,7 +415,7 @@ def encode(job: JobContext) -> int:
     """decode -> backbone -> head -> write_redis -> commit, for every batch not yet committed -> items encoded.
     settings.engine "ray" hands decode and encode to Ray Data (ray_engine.py); the writes are the same (sink.py: one
     pipeline per batch, on a cluster one round trip per master)."""
-    settings, times, items, journal = job.settings, job.times, job.items, job.journal
+    settings, times, items, journal = job.settings, job.times, job.items, job.build_journal
     keys = job.store.layout(job.name, job.version, job.spec["key_buckets"])
     bs = settings.batch_size
     committed = journal.committed()
@@ -421,10 +447,15 @@ def check_lost(job: JobContext, finished: dict) -> None:
     still accepts the version."""
     try:
         report.check_lost(
-            job.name, job.version, job.base, finished["counts"], job.settings.reindex_max_lost, job.vdir / layout.REPORT
+            job.name,
+            job.version,
+            job.base_version,
+            finished["counts"],
+            job.settings.reindex_max_lost,
+            job.vdir / layout.REPORT,
         )
     except report.TooManyLost:
-        job.journal.remove()
+        job.build_journal.remove()
         raise
 
 

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -230,13 +231,14 @@ def read_source(images: Path | None, manifest: Path | None) -> tuple[list[Item],
         items, bad = scan_folder(images)
         desc = {"images": str(Path(images).resolve())}
     else:
+        assert manifest is not None  # exactly one of the two, checked above
         items, bad = read_manifest(manifest)
         desc = {"manifest": str(Path(manifest).resolve())}
     items, dups = dedupe(items)
     return items, bad + dups, desc
 
 
-def recorded_items(ids: list[str], metadata: list[bytes | str | None]) -> tuple[list[Item], list[Skip]]:
+def recorded_items(ids: list[str], metadata: Sequence[bytes | str | None]) -> tuple[list[Item], list[Skip]]:
     """An index version's items from their metadata values (same order as ids), in the version's row order.
     An item without a value (or without a uri in it) cannot be re-read: a `no_source` skip, not an error,
     so one lost key does not block a reindex; the reindex's loss check bounds how many may be lost."""

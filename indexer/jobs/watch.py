@@ -30,10 +30,11 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from redis.exceptions import RedisError
@@ -43,6 +44,9 @@ from crossprobe.indexer.jobs.settings import IndexerSettings
 from crossprobe.indexer.jobs.sources import Item, scan_folder
 from crossprobe.storage.redis_conn import connect
 from crossprobe.storage.store import Store
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("crossprobe.watch")
 
@@ -74,7 +78,7 @@ def changed(sig: Sig, known: Known | None) -> bool:
 
 def plan(
     files: dict[str, tuple[str, Sig]],
-    indexed: dict[str, Known],
+    indexed: Mapping[str, Known | None],
     failed: dict[str, Sig],
     protected: list[str],
     now_ns: int,
@@ -198,7 +202,7 @@ class Watcher:
         self.ckpt, self.model, self.bert, self.say = ckpt, model, bert, say
         self.store = Store(self.settings, connect(self.settings))
         self.metrics = WatchMetrics(name)
-        self.indexed: dict[str, Known] = {}
+        self.indexed: dict[str, Known | None] = {}  # None: a value _known cannot read (re-read when seen)
         self.version: str | None = None  # the active version `indexed` describes
         self.failed: dict[str, Sig] = {}  # id -> the Sig at which its file was skipped
         self.first_seen: dict[str, tuple[Sig | None, float]] = {}  # id -> (Sig, or None for a deletion; when)
@@ -384,7 +388,7 @@ class Watcher:
             self.replaced.pop(v, None)
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    def _observe(self) -> object | None:
+    def _observe(self) -> BaseObserver | None:
         """Start a watchdog observer that sets self.wake on any event under the folder; None where it cannot."""
         if not self.settings.watch_events:
             return None

@@ -75,7 +75,7 @@ class Run:
     ids: list[str] = field(default_factory=list)
     ann: np.ndarray = field(default_factory=_empty)
     kw: hybrid.KeywordOutcome | None = None  # modes hybrid and keyword (stage keyword)
-    features: object | None = None  # the shortlist's stored features (stage fetch; None: not fetched)
+    features: dict[str, np.ndarray] | None = None  # the shortlist's stored features (stage fetch; None: not fetched)
     logits: np.ndarray | None = None
     # the ranking: the scores it is by, positions into ids (best first), which are keyword hits, relevance
     final: np.ndarray = field(default_factory=_empty)

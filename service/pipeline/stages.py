@@ -15,7 +15,7 @@ searcher answers from the newer version.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from redis.exceptions import RedisError
@@ -30,6 +30,7 @@ from crossprobe.storage import filter_columns
 from crossprobe.storage.ann.base import UnsupportedFilter
 
 if TYPE_CHECKING:
+    from crossprobe.core.calibration import Calibration
     from crossprobe.service.pipeline.searcher import Searcher
 
 
@@ -84,10 +85,14 @@ def keyword(sr: Searcher, r: Run) -> None:
     if plan.mode not in ("hybrid", "keyword"):
         return
     alone = plan.mode == "keyword"
+    index, text = r.handle.keywords, plan.query
+    # Plan.on_index gives these modes only to a text query (a retry on a newer version may find no keyword index:
+    # keyword_stage answers that)
+    assert text is not None, f"mode {plan.mode} without a text"
     with r.clock.stage("keyword"):
         r.kw = kw = hybrid.keyword_stage(
-            r.handle.keywords,
-            plan.query,
+            index,
+            text,
             plan.shortlist if alone else sr.settings.hybrid_candidates,
             _allow(reader, _row_mask(sr, r), r.exclude),
             required=alone,
@@ -146,6 +151,7 @@ def order(sr: Searcher, r: Run) -> None:
     r.order = np.argsort(-r.final, kind="stable") if r.logits is not None or r.kw is not None else np.arange(len(r.ids))
     r.is_kw = np.zeros(len(r.ids), bool)
     if r.plan.mode == "keyword":  # BM25 order; the score is BM25's
+        assert r.kw is not None, "stage keyword runs in mode keyword"
         r.final, r.order = np.asarray([s for _, s in r.kw.hits], np.float32), np.arange(len(r.ids))
         r.is_kw[:] = True
     elif r.kw is not None and r.kw.hits:
@@ -158,7 +164,7 @@ def order(sr: Searcher, r: Run) -> None:
 def relevance(sr: Searcher, r: Run) -> None:
     """Each candidate's calibrated relevance under the mode that ranked it (a degraded search that kept the ANN
     order: "none"'s curve on the ANN cosine); none for queries that are not a text alone, nor in mode keyword."""
-    cal = sr.models.calibration
+    cal = cast("Calibration | None", sr.models.calibration)  # Backend declares it an object
     if cal is None or r.plan.kind != "text" or not len(r.final) or r.plan.mode == "keyword":
         return
     r.relevance = cal.relevance("none" if r.logits is None else r.plan.rerank, r.final)
@@ -300,7 +306,9 @@ def public_metadata(meta: dict | None, expose_uri: bool) -> dict | None:
 def _row_mask(sr: Searcher, r: Run) -> np.ndarray | None:
     """The filter as a mask over the version's rows: FAISS's prepared filter is one; a Milvus version's is an
     expression, so the mask comes from the metadata columns (as facets do)."""
-    if r.plan.filter is None or isinstance(r.prepared, np.ndarray):
+    if r.plan.filter is None:
+        return None  # no filter: stage filter prepared none
+    if isinstance(r.prepared, np.ndarray):
         return r.prepared
     return columns(sr, r.handle).mask(r.plan.filter)
 

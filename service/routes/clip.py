@@ -150,7 +150,7 @@ async def knn_search(request: Request, state: Service, scope: KeyScope) -> KnnSe
         text = req.text
     else:  # no query, or text of only whitespace / NUL / zero-width characters: nothing to search
         raise InvalidRequest('invalid request: text: send a non-blank "text", an "image" or an "embedding_input"')
-    searcher = ready(state).searcher
+    searcher = ready(state).loaded_searcher
     k = min(req.num_images, MAX_K)
     total = min(max(req.num_result_ids or k, k), MAX_SHORTLIST)
     # shortlist: max(server default, total), so the reranker sees at least as many candidates as returned
@@ -232,7 +232,7 @@ async def metadata_lookup(request: Request, state: Service, scope: KeyScope) -> 
     """The body parsed (422), then the service ready, then the version (404 index_not_found, within the key's
     scope)."""
     req = await _parse(request, MetadataRequest)
-    handle = ready(state).registry.get(req.indice_name, scope=scope)
+    handle = ready(state).loaded_registry.get(req.indice_name, scope=scope)
     return MetadataLookup([str(i) for i in req.ids], handle)
 
 

@@ -22,10 +22,11 @@ async def explain_request(body: ExplainRequest, state: Service) -> ExplainReques
     """The body validated, then the service ready (bad input is a 422 even while it loads)."""
     ready(state)
     if not state.explain_offered:  # before any work: the query tower, the metadata
+        models = state.loaded_models
         raise NoExplainMaps(
-            f"this server's model ({state.settings.model_spec} {state.models.fingerprint}) has no "
+            f"this server's model ({state.settings.model_spec} {models.fingerprint}) has no "
             f"explain maps: they show where crossprobe's own Cross-probe reranker looks, and this "
-            f"model has {', '.join(state.models.rerankers) or 'no trained reranker'}",
+            f"model has {', '.join(models.rerankers) or 'no trained reranker'}",
             {"model": str(state.settings.model_spec)},
         )
     return body
@@ -52,7 +53,7 @@ async def explain(
     the graphs load on the first call). Unknown index or id: 404; more than MAX_EXPLAIN_IDS ids: 422; a model
     without explain maps (a family model): 422 explain_unavailable. An id whose
     file is gone gets no map and a reason under `unavailable`, so one missing file does not hide the others."""
-    handle = state.registry.get(body.index, scope=scope)
+    handle = state.loaded_registry.get(body.index, scope=scope)
     ids = list(dict.fromkeys(body.ids))
     unknown = [i for i in ids if i not in handle.ids]
     if unknown:
@@ -63,7 +64,9 @@ async def explain(
     loop = asyncio.get_running_loop()
     # the same admission queue as searches: an explain costs more CPU than a search (a backbone run per id)
     with state.limiter.admit():
-        q, info = await state.batcher.submit(body.query)
+        q, info = await state.loaded_batcher.submit(body.query)
+        # a model with explain maps (explain_request checked) is a Cross-probe one: its queries have text probes
+        assert q.p_t is not None, "a model with explain maps encodes text probes"
         t = time.perf_counter()
         metas = await read_metadata(state, handle, ids, "explain")
         metadata_ms = (time.perf_counter() - t) * 1000

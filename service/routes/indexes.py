@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -17,6 +19,10 @@ from crossprobe.service.schemas import (
     ServedModel,
     error_responses,
 )
+
+if TYPE_CHECKING:
+    from crossprobe.core.inference import Backend
+    from crossprobe.core.int8 import Int8Check
 
 router = APIRouter(**SEARCH)  # a search key when keys are set: the index list
 admin = APIRouter(**ADMIN)  # X-Admin-Key: /admin/*
@@ -104,7 +110,8 @@ async def readyz(request: Request, state: Service) -> JSONResponse:
             503,
             headers={"Retry-After": str(state.feature_store.retry_after_s)},
         )
-    served, refused = state.registry.handles, state.registry.problems
+    reg, models = state.loaded_registry, state.loaded_models  # loaded: the service is ready
+    served, refused = reg.handles, reg.problems
     # behind search keys, an open route must not name the indexes: a key scoped to one library would learn the
     # others' names here (docs/security.md). GET /v1/indexes gives each key the versions it may read
     indexes = (
@@ -115,16 +122,22 @@ async def readyz(request: Request, state: Service) -> JSONResponse:
     return JSONResponse(
         {
             "status": "ready" if fs["up"] else "degraded",
-            "model": state.models.fingerprint,
+            "model": models.fingerprint,
             "model_spec": str(state.settings.model_spec),
-            "rerankers": list(state.models.rerankers),
-            "query_precision": state.models.query_precision,
-            "device": device_of(state.models),
-            **({"int8": c.as_dict()} if (c := state.models.int8_check) is not None else {}),
+            "rerankers": list(models.rerankers),
+            "query_precision": models.query_precision,
+            "device": device_of(models),
+            **({"int8": c.as_dict()} if (c := int8_check(models)) is not None else {}),
             **indexes,
             "feature_store": fs,
         }
     )
+
+
+def int8_check(models: Backend) -> Int8Check | None:
+    """The load-time check of an int8 query graph (None: not int8). Backend declares it an object: cast to what
+    core.int8.check makes."""
+    return cast("Int8Check | None", models.int8_check)
 
 
 def device_of(models) -> str:

@@ -37,7 +37,7 @@ class Item:
 def _item(state: ServiceState, scope: Scope, item_id: str, index: str | None, size: int | None = None) -> Item:
     """The parameters validated, then the service ready (503), then the version (404, within the key's scope)
     and the id in it (404)."""
-    handle = ready(state).registry.get(index, scope=scope)
+    handle = ready(state).loaded_registry.get(index, scope=scope)
     if item_id not in handle.ids:
         raise ItemNotFound(f"no item {item_id!r} in {handle.name}/{handle.version}")
     return Item(item_id, handle, size)

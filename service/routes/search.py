@@ -32,7 +32,7 @@ router = APIRouter(**QUERY)
 
 async def search_plan(body: SearchRequest, state: Service, scope: KeyScope) -> Plan:
     """/v1/search's plan: the body validated, then the service ready (bad input is a 422 even while it loads)."""
-    return ready(state).searcher.plan(body, scope=scope)
+    return ready(state).loaded_searcher.plan(body, scope=scope)
 
 
 @router.post(
@@ -67,6 +67,7 @@ async def _answer(state: ServiceState, plan: Plan, response: Response) -> Search
 
 
 def search_response(state: ServiceState, plan: Plan, out: Outcome) -> SearchResponse:
+    models = state.loaded_models
     return SearchResponse(
         results=[
             Hit(
@@ -84,7 +85,7 @@ def search_response(state: ServiceState, plan: Plan, out: Outcome) -> SearchResp
         next_offset=plan.offset + plan.k if plan.offset + plan.k < out.total else None,
         sort=plan.sort,
         index=IndexRef(name=out.handle.name, version=out.handle.version),
-        model=ModelRef(fingerprint=state.models.fingerprint, query_precision=state.models.query_precision),
+        model=ModelRef(fingerprint=models.fingerprint, query_precision=models.query_precision),
         query_kind=plan.kind,
         rerank=plan.rerank,
         rerank_skipped=plan.rerank_skipped,
@@ -141,7 +142,7 @@ async def upload_plan(
 ) -> Plan:
     """/v1/search/image's plan: the parameters validated, the service ready, then the filter parsed and the
     image read (the body, or the form's file)."""
-    searcher = ready(state).searcher
+    searcher = ready(state).loaded_searcher
     flt = parse_filter(params.filter)
     data = await query_image.upload_bytes(request, state.settings.query_image_max_bytes)
     return searcher.plan(params, filter=flt, image=data, scope=scope)

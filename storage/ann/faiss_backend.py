@@ -97,11 +97,13 @@ def bitmap_search(
 
 
 def _params(index, sel) -> Any:
-    if hasattr(index, "hnsw"):
-        return faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)  # FaissIndex set them (Settings)
+    # faiss's stubs (faiss/__init__.pyi) lack SearchParametersHNSW and give the SearchParameters classes an
+    # __init__ without arguments; faiss's class_wrappers (handle_SearchParameters) take the fields as keywords.
+    if hasattr(index, "hnsw"):  # FaissIndex set efSearch (Settings)
+        return faiss.SearchParametersHNSW(sel=sel, efSearch=index.hnsw.efSearch)  # type: ignore[attr-defined]
     if hasattr(index, "nprobe"):
-        return faiss.SearchParametersIVF(sel=sel, nprobe=index.nprobe)
-    return faiss.SearchParameters(sel=sel)
+        return faiss.SearchParametersIVF(sel=sel, nprobe=index.nprobe)  # type: ignore[call-arg]  # stubs: see above
+    return faiss.SearchParameters(sel=sel)  # type: ignore[call-arg]  # stubs: see above
 
 
 class FaissWriter(AnnWriter):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import faiss
 import numpy as np
@@ -35,6 +35,9 @@ import numpy as np
 from crossprobe.storage import layout
 from crossprobe.storage.ann.base import AnnIndex, Filtered
 from crossprobe.storage.ann.faiss_backend import FaissIndex, row_mask
+
+if TYPE_CHECKING:  # for annotations only: the CPU path never imports torch
+    import torch
 
 log = logging.getLogger("crossprobe.indexer")
 
@@ -123,25 +126,30 @@ class TorchExactIndex(AnnIndex):
         self.device = torch.device(device)
         self.dtype = torch.float32 if precision == "fp32" else torch.float16
         n, self.d = vectors.shape
-        self.v = torch.empty((n, self.d), dtype=self.dtype, device=self.device)  # (N, d)
+        v = torch.empty((n, self.d), dtype=self.dtype, device=self.device)  # (N, d)
         for i in range(0, n, UPLOAD_ROWS):
             part = np.array(vectors[i : i + UPLOAD_ROWS], np.float32)  # a writable copy: torch takes no read-only array
-            self.v[i : i + len(part)] = torch.from_numpy(part).to(self.device, self.dtype)
+            v[i : i + len(part)] = torch.from_numpy(part).to(self.device, self.dtype)
+        self.v: torch.Tensor | None = v  # None once closed
+
+    def _vectors(self) -> torch.Tensor:
+        assert self.v is not None, "searched after close()"
+        return self.v
 
     def count(self) -> int:
-        return int(self.v.shape[0])
+        return int(self._vectors().shape[0])
 
     def _scores(self, q: np.ndarray):
         """(B, d) queries -> (B, N) inner products on the device, in the vectors' precision."""
-        q = self._torch.from_numpy(np.array(np.atleast_2d(q), np.float32))
-        return q.to(self.device, self.dtype) @ self.v.T
+        t = self._torch.from_numpy(np.array(np.atleast_2d(q), np.float32))
+        return t.to(self.device, self.dtype) @ self._vectors().T
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """As FAISS answers: (B, k) scores and rows, best first; rows past the end -1 with score -inf."""
         n = self.count()
         with self._torch.inference_mode():
-            vals, rows = self._torch.topk(self._scores(q), min(k, n), dim=1)
-            scores, rows = vals.float().cpu().numpy(), rows.cpu().numpy().astype(np.int64)
+            vals, top = self._torch.topk(self._scores(q), min(k, n), dim=1)
+            scores, rows = vals.float().cpu().numpy(), top.cpu().numpy().astype(np.int64)
         if k > n:
             pad = k - n
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)

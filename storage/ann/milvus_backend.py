@@ -154,8 +154,8 @@ def _scalars(meta: dict | None) -> dict:
         out[f], out[f"has_{f}"] = ("" if v is None else v), v is not None
     for f in milvus_filter.NUMERIC:
         v = m.get(f)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        out[f], out[f"has_{f}"] = (float(v) if ok else 0.0), ok
+        num = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        out[f], out[f"has_{f}"] = (0.0 if num is None else num), num is not None
     return out
 
 

@@ -62,9 +62,11 @@ def _condition(c) -> str:
     f = c.field
     values = [c.eq] if c.eq is not None else list(c.in_) if c.in_ is not None else None
     if f == "tags":
+        assert values is not None  # strings are compared with eq or in (Condition's validator: no ranges)
         tags = [literal(str(t)) for t in values]
         return f"ARRAY_CONTAINS(tags, {tags[0]})" if len(tags) == 1 else f"ARRAY_CONTAINS_ANY(tags, {_list(tags)})"
     if f in ("format", "caption"):
+        assert values is not None  # as tags
         vals = [str(v).lower() if f == "format" else str(v) for v in values]
         return f"{f} in {_list([literal(v) for v in dict.fromkeys(vals)])}"
     if f not in NUMERIC:  # camera, taken and manifest fields live only in Redis metadata, not in the collection
@@ -83,7 +85,7 @@ def _condition(c) -> str:
     return "(" + " and ".join(parts) + ")"
 
 
-def exclude(expr: str | None, rows: list[int]) -> str | None:
+def exclude(expr: str, rows: list[int]) -> str:
     """expr and not one of these rows (the "like" items, never results)."""
     if not rows:
         return expr
