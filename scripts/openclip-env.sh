@@ -38,13 +38,13 @@ PINS="$VENV/torch-pins.txt"
 printf '%s\n' "${TORCH_PINS[@]}" > "$PINS"
 "${PIP[@]}" -c "$PINS" "${REFERENCE_PKGS[@]}"
 # crossprobe's runtime dependencies, less torch (read from pyproject.toml, so the list lives in one place)
-mapfile -t DEPS < <("$VENV/bin/python" - <<'EOF'
+# (through a file, not mapfile: macOS's bash 3.2 has none)
+"$VENV/bin/python" - > "$VENV/crossprobe-deps.txt" <<'EOF'
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 print("\n".join(d for d in deps if re.split(r"[<>=!~ ;\[]", d, maxsplit=1)[0].lower() != "torch"))
 EOF
-)
-"${PIP[@]}" -c "$PINS" "${DEPS[@]}"
+"${PIP[@]}" -c "$PINS" -r "$VENV/crossprobe-deps.txt"
 "${PIP[@]}" --no-deps -e .
 
 "$VENV/bin/python" - <<'EOF'
