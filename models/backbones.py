@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, cast
 
 import torch
 
@@ -39,8 +40,10 @@ class MiniLMBottom(torch.nn.Module):
 
     def __init__(self, bert: torch.nn.Module, n_layers: int):
         super().__init__()
-        self.embeddings = bert.embeddings
-        self.layers = torch.nn.ModuleList(bert.encoder.layer[:n_layers])
+        # nn.Module attribute access is typed `Tensor | Module`; these are BertModel submodules.
+        encoder = cast(torch.nn.Module, bert.encoder)
+        self.embeddings = cast(torch.nn.Module, bert.embeddings)
+        self.layers = torch.nn.ModuleList(cast(torch.nn.ModuleList, encoder.layer)[:n_layers])
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -60,20 +63,36 @@ def bert_attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def bert_layer(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Run one HF BertLayer with an explicit additive mask, independent of the
     transformers version's attention dispatch (and ONNX-exportable)."""
-    att = layer.attention
-    sa = att.self
+    # nn.Module attribute access is typed `Tensor | Module`; name the BertLayer parts' real types.
+    att = cast(torch.nn.Module, layer.attention)
+    sa = cast(torch.nn.Module, att.self)
+    att_out = cast(torch.nn.Module, att.output)
+    intermediate = cast(torch.nn.Module, layer.intermediate)
+    out = cast(torch.nn.Module, layer.output)
+    sa_query = cast(torch.nn.Module, sa.query)
+    sa_key = cast(torch.nn.Module, sa.key)
+    sa_value = cast(torch.nn.Module, sa.value)
+    sa_dropout = cast(torch.nn.Dropout, sa.dropout)
     B, T, D = x.shape
-    H = sa.num_attention_heads
+    H = cast(int, sa.num_attention_heads)
     hd = D // H
-    q = sa.query(x).view(B, T, H, hd).transpose(1, 2)
-    k = sa.key(x).view(B, T, H, hd).transpose(1, 2)
-    v = sa.value(x).view(B, T, H, hd).transpose(1, 2)
+    q = sa_query(x).view(B, T, H, hd).transpose(1, 2)
+    k = sa_key(x).view(B, T, H, hd).transpose(1, 2)
+    v = sa_value(x).view(B, T, H, hd).transpose(1, 2)
     a = (q @ k.transpose(-1, -2)) / (hd**0.5) + bias
-    a = torch.nn.functional.dropout(a.softmax(-1), sa.dropout.p, layer.training)
+    a = torch.nn.functional.dropout(a.softmax(-1), sa_dropout.p, layer.training)
     ctx = (a @ v).transpose(1, 2).reshape(B, T, D)
-    h = att.output.LayerNorm(att.output.dropout(att.output.dense(ctx)) + x)
-    inter = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(h))
-    return layer.output.LayerNorm(layer.output.dropout(layer.output.dense(inter)) + h)
+    att_ln = cast(torch.nn.Module, att_out.LayerNorm)
+    att_drop = cast(torch.nn.Module, att_out.dropout)
+    att_dense = cast(torch.nn.Module, att_out.dense)
+    h = att_ln(att_drop(att_dense(ctx)) + x)
+    act = cast(Callable[[torch.Tensor], torch.Tensor], intermediate.intermediate_act_fn)
+    inter_dense = cast(torch.nn.Module, intermediate.dense)
+    inter = act(inter_dense(h))
+    out_ln = cast(torch.nn.Module, out.LayerNorm)
+    out_drop = cast(torch.nn.Module, out.dropout)
+    out_dense = cast(torch.nn.Module, out.dense)
+    return out_ln(out_drop(out_dense(inter)) + h)
 
 
 @dataclass

@@ -97,6 +97,11 @@ def _lite0_head() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class LabelBridge(nn.Module):
+    # Registered in __init__ (buffers, or a Parameter for class_emb in "trained" mode) when the bridge is enabled.
+    head_w: torch.Tensor
+    head_b: torch.Tensor
+    class_emb: torch.Tensor
+
     def __init__(self, cfg: BridgeConfig, d: int):
         super().__init__()
         self.cfg = cfg
@@ -134,7 +139,7 @@ class LabelBridge(nn.Module):
         probabilities from elsewhere (a mirrored image, another backbone: research/bridge/variants.py) go
         through the same formula."""
         top, c = self._label(p)  # (B, T), (B, d)
-        beta = self.cfg.beta
+        beta: float | torch.Tensor = self.cfg.beta
         if self.cfg.mode == "trained":
             evidence = torch.stack([top[:, 0], top.sum(-1)], -1)  # (B, 2)
             beta = beta * 2 * torch.sigmoid(self.gate(evidence))  # (B, 1)

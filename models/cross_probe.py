@@ -62,6 +62,8 @@ class CrossProbeConfig:
 
 
 class CrossProbe(nn.Module):
+    pos: torch.Tensor | None  # buffer registered in __init__ when cfg.uses_backbone
+
     def __init__(
         self,
         cfg: CrossProbeConfig,

@@ -120,6 +120,7 @@ def export_heads_graphs(root: Path, ckpt: Path | None = None, *, model=None, fin
         _torch_for_export(f"graphs {missing} of the reranker heads {fingerprint}", final)
         from crossprobe.models import heads
 
+        assert ckpt is not None, "export_heads_graphs needs the in-memory model or its checkpoint"
         model, meta = heads.load(ckpt)
         if meta["fingerprint"] != fingerprint:
             raise ValueError(f"heads checkpoint {ckpt} has fingerprint {meta['fingerprint']}, not {fingerprint}")

@@ -21,6 +21,8 @@ models/export.py writes them to files; this module only says what they are.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, cast
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,6 +30,10 @@ import torch.nn.functional as F
 from crossprobe.core import inputs
 from crossprobe.models.model import SearchModel
 from crossprobe.models.region_labels import SCALE, add_region
+
+if TYPE_CHECKING:  # for casts only: zodiac is imported only where a config asks for it (layers.Block)
+    from crossprobe.models.layers import Attention
+    from crossprobe.models.research.zodiac import ZodiacAttention
 
 
 class QueryGraph(nn.Module):
@@ -98,13 +104,16 @@ def attention_probs(attn: nn.Module, x: torch.Tensor, ctx: torch.Tensor) -> torc
     scaled_dot_product_attention kernel, which never materialises them."""
     B, Tq, _ = x.shape
     Tk = ctx.shape[1]
-    scale = attn.hd**-0.5
+    # attn is typed nn.Module (Block.attn); both kinds carry the same int `h` / `hd` and Linear `q` / `kv`.
+    scale = cast(int, attn.hd) ** -0.5
     if hasattr(attn, "q2"):  # ZoDIAC: GELU on the inputs, on q / k and on the logits (zodiac.py)
-        q = attn._heads(attn.q(F.gelu(x)))
-        k = attn._heads(attn.kv(F.gelu(ctx)).chunk(2, dim=-1)[0])
+        z = cast("ZodiacAttention", attn)
+        q = z._heads(z.q(F.gelu(x)))
+        k = z._heads(z.kv(F.gelu(ctx)).chunk(2, dim=-1)[0])
         return F.gelu(q @ k.transpose(-1, -2) * scale).softmax(-1)
-    q = attn.q(x).view(B, Tq, attn.h, attn.hd).transpose(1, 2)
-    k = attn.kv(ctx).view(B, Tk, 2, attn.h, attn.hd)[:, :, 0].transpose(1, 2)
+    a = cast("Attention", attn)
+    q = a.q(x).view(B, Tq, a.h, a.hd).transpose(1, 2)
+    k = a.kv(ctx).view(B, Tk, 2, a.h, a.hd)[:, :, 0].transpose(1, 2)
     return (q @ k.transpose(-1, -2) * scale).softmax(-1)
 
 
@@ -322,7 +331,9 @@ class HeadsTextGraph(nn.Module):
         return self.m.encode_text(tokens, attention_mask)
 
 
-HEADS_GRAPHS = {
+# the modules are built over a HeadsModel here (the scorers' classes are annotated with SearchModel, whose cp, temde and
+# cfg.region names heads share)
+HEADS_GRAPHS: dict[str, tuple[Callable[..., nn.Module], list[str], list[str], dict]] = {
     "image_head": (
         HeadsImageGraph,
         ["tokens"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -28,7 +29,7 @@ TOWER_PREFIXES = ("text.", "vision.", "logit_scale")  # state-dict keys of stage
 # What a key missing from an older config.json meant: the sub-configs' defaults when it was saved, where they
 # differ from today's (today's are the served model's). ModelConfig.from_dict fills them in, so such a
 # checkpoint loads, and fingerprints in memory, exactly as it was trained.
-SAVED_DEFAULTS = {
+SAVED_DEFAULTS: dict[str, dict[str, Any]] = {
     "cp": {"n": 15, "layers": 2, "inputs": "tower"},
     "temde": {"inputs": "tower"},
     "bridge": {"beta": BridgeConfig.off().beta, "top_t": BridgeConfig.off().top_t},  # a config.json without

@@ -3,15 +3,13 @@ pooling ("sap", multi-hop when hops > 1) or T-EMDE sketch pooling ("temde")."""
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from crossprobe.models.layers import SelfAttentivePooling
 from crossprobe.models.temde import TemdePool
 
 POOLS = ("sap", "temde")
 
 
-def make_pool(kind: str, d: int, hops: int = 1) -> nn.Module:
+def make_pool(kind: str, d: int, hops: int = 1) -> SelfAttentivePooling | TemdePool:
     """-> a module mapping (B, T, d), (B, T) mask to (B, d), with a `.penalty` attribute."""
     if kind == "sap":
         return SelfAttentivePooling(d, hops)

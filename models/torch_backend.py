@@ -136,10 +136,16 @@ class TorchCrossprobeBackend(CrossprobeBackend):
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:
         m = self._modules()
         region = m[kind].on
-        extra = (q.q_cls[None], feats["labels"]) if region else (None, None)
+        extra: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+        if region:
+            assert q.q_cls is not None, "a query tower with region labels gives q_cls"
+            extra = (q.q_cls[None], feats["labels"])
+        args: tuple[np.ndarray | None, ...]
         if kind == "cp":
+            assert q.p_t is not None and q.w_bar is not None, "the query tower gives Cross-probe's p_t and w_bar"
             args = (q.p_t[None], q.w_bar[None], feats["p_v"], feats["b_bar"], np.asarray(s_tt, np.float32), *extra)
         elif kind == "temde":
+            assert q.s_q is not None, "the query tower gives T-EMDE's s_q"
             args = (q.s_q[None], feats["s_i"], np.asarray(s_tt, np.float32), *extra)
         else:
             raise ValueError(f"unknown reranker {kind!r}")

@@ -80,6 +80,7 @@ def cache_images(
     ):
         nxt = pool.submit(decode, starts[0]) if starts else None
         for i, s in enumerate(starts):
+            assert nxt is not None  # the next start's decode is always in flight inside the loop
             pixels = nxt.result()
             nxt = pool.submit(decode, starts[i + 1]) if i + 1 < len(starts) else None
             grid = sess.run(None, {"pixels": pixels})[0]  # (B, 49, 1280)

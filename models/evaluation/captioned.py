@@ -28,10 +28,12 @@ from crossprobe.models.evaluation import metrics as M
 
 def encode_images(
     backend: Backend, folder: CaptionedFolder, rows: list[int], batch: int = 32
-) -> tuple[ImageFeatures, list[int], Counter]:
+) -> tuple[ImageFeatures | None, list[int], Counter[str]]:
     """The images of `rows` -> (their features, the rows that decoded, the others' reasons)."""
     prep, size = backend.preprocessor(), backend.image_size
-    parts, kept, skipped = [], [], Counter()
+    parts: list[ImageFeatures] = []
+    kept: list[int] = []
+    skipped: Counter[str] = Counter()
     for s in tqdm(range(0, len(rows), batch), desc="images", leave=False):
         pixels = []
         for r in rows[s : s + batch]:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
 from crossprobe.models.model import SearchModel
 from crossprobe.models.region_labels import add_region
+
+if TYPE_CHECKING:  # heads.py is imported where reranker heads are used, not by every evaluation
+    from crossprobe.models.heads import HeadsModel
 
 
 @contextmanager
@@ -93,7 +97,7 @@ class PairScorer:
 
     def __init__(
         self,
-        model: SearchModel,
+        model: SearchModel | HeadsModel,  # heads (models/heads.py) have cp, temde and cfg.region under these names
         method: str,
         text: TextBank,
         images: ImageBank,
@@ -136,16 +140,18 @@ class PairScorer:
             tokens = None if m.temde.cfg.uses_backbone else _rows(t.tokens, q)
             return (m.temde.sketch_text(tokens, t.mask[q], states),)  # s_q
         # joint scorers: trim padding to this batch's longest query (they pay per token per pair)
+        ref = cast(SearchModel, m)  # sm / tv: only a SearchModel has the joint references
         mask = t.mask[q]
         T = int(mask.sum(1).max())
         if self.method == "sm":
-            return m.sm.embed_text(t.tokens[q][:, :T].float()), mask[:, :T]
-        return m.tv.embed_text(t.states[q][:, :T].float()), mask[:, :T]
+            return ref.sm.embed_text(t.tokens[q][:, :T].float()), mask[:, :T]
+        return ref.tv.embed_text(t.states[q][:, :T].float()), mask[:, :T]
 
     def item_parts(self, c: torch.Tensor) -> tuple:
         """Per-image inputs for item rows c (any shape; parts get c's shape prefix)."""
         m, im = self.model, self.images
         flat = c.reshape(-1)
+        parts: tuple[torch.Tensor, ...]
         if self.method == "cp":
             grid = _rows(im.grids, flat) if m.cp.cfg.uses_backbone else None
             parts = m.cp.encode_image(_rows(im.tokens, flat) if m.cp.cfg.uses_tower else None, grid)  # P_v, b_bar
@@ -153,10 +159,10 @@ class PairScorer:
             grid = _rows(im.grids, flat) if m.temde.cfg.uses_backbone else None
             tokens = None if m.temde.cfg.uses_backbone else _rows(im.tokens, flat)
             parts = (m.temde.sketch_image(tokens, grid),)  # s_I
-        elif self.method == "sm":
-            parts = (m.sm.embed_image(im.tokens[flat].float()),)
+        elif self.method == "sm":  # sm / tv: only a SearchModel has the joint references
+            parts = (cast(SearchModel, m).sm.embed_image(im.tokens[flat].float()),)
         else:
-            parts = (m.tv.embed_image(im.grids[flat].float()),)
+            parts = (cast(SearchModel, m).tv.embed_image(im.grids[flat].float()),)
         return tuple(p.reshape(*c.shape, *p.shape[1:]) for p in parts)
 
     def tt(self, q_rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
@@ -182,4 +188,7 @@ class PairScorer:
         logits = getattr(m, self.method).rerank(*qp, *ip, s_tt)
         if not self.region:
             return logits
-        return add_region(logits, m.cfg.region, self.method, m.bridge.class_sims(self.text.g[q]), self.images.labels[c])
+        labels = self.images.labels
+        assert labels is not None  # __init__ refuses the region term without the bank's cell labels
+        bridge = cast(SearchModel, m).bridge  # heads have no region term (HeadsConfig.region is off)
+        return add_region(logits, m.cfg.region, self.method, bridge.class_sims(self.text.g[q]), labels[c])

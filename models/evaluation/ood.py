@@ -46,7 +46,10 @@ class OodFeatures:
 
 
 def _cat(a: ImageBank, b: ImageBank) -> ImageBank:
-    labels = None if a.labels is None else torch.cat([a.labels, b.labels])
+    labels = None
+    if a.labels is not None:
+        assert b.labels is not None  # both banks come from one model: both have cell labels or neither has
+        labels = torch.cat([a.labels, b.labels])
     return ImageBank(torch.cat([a.tokens, b.tokens]), torch.cat([a.g, b.g]), torch.cat([a.grids, b.grids]), labels)
 
 
@@ -81,7 +84,9 @@ def gallery_top1(demo: dict[str, list[str]], expected: dict[str, str]) -> int:
 def to_json(
     baseline: dict, default: dict, served: str, gallery: dict, command: str, machine: str, fingerprints: dict
 ) -> dict:
-    j = {name: {"baseline": baseline[name], "default": default[name], "served": served} for name in (MIXED, ALONE)}
+    j: dict = {
+        name: {"baseline": baseline[name], "default": default[name], "served": served} for name in (MIXED, ALONE)
+    }
     j.update({"gallery": gallery, "command": command, "machine": machine, "fingerprints": fingerprints})
     return j
 

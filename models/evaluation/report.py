@@ -63,7 +63,7 @@ def evaluate(
     t0 = time.time()
     text, images, gold = split_banks(model, data, split)
     S = tt_scores(text, images)
-    res = {"t2i": {}, "i2t": {}, "rsum": {}, "shortlist_recall_t2i": {}, "seconds": {}}
+    res: dict = {"t2i": {}, "i2t": {}, "rsum": {}, "shortlist_recall_t2i": {}, "seconds": {}}
 
     def put(name, r):
         for d in ("t2i", "i2t"):

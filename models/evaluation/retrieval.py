@@ -8,6 +8,8 @@ order, so the first stage's recall@K is the ceiling of any reranker at K.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -64,16 +66,19 @@ def reranked(
     s = scores[rows]
     cand = M.topk(s, k_max)  # (R, k_max) image columns
     fused = scorer.fused(torch.from_numpy(rows), torch.from_numpy(cand)).numpy()
-    fused_i2t = caps_of = None
+    fused_i2t: np.ndarray | None = None
+    caps_of: np.ndarray | None = None
     if i2t:  # each image's top k_max captions, scored by the same pair scorer
         caps_of = M.topk(scores.T, k_max)  # (I, k_max) caption rows
         img_cols = np.repeat(np.arange(scores.shape[1])[:, None], k_max, 1)
-        fused_i2t = scorer.fused(torch.from_numpy(caps_of.reshape(-1)), torch.from_numpy(img_cols.reshape(-1, 1)))
-        fused_i2t = fused_i2t.numpy().reshape(caps_of.shape)
+        pair = scorer.fused(torch.from_numpy(caps_of.reshape(-1)), torch.from_numpy(img_cols.reshape(-1, 1)))
+        fused_i2t = pair.numpy().reshape(caps_of.shape)
     out = {}
     for k in ks:
-        res = {"t2i": M.summarize(M.t2i_ranks(M.apply_rerank(s, cand[:, :k], fused[:, :k]), gold[rows]))}
-        if i2t:
+        res: dict[str, Any] = {
+            "t2i": M.summarize(M.t2i_ranks(M.apply_rerank(s, cand[:, :k], fused[:, :k]), gold[rows]))
+        }
+        if caps_of is not None and fused_i2t is not None:  # both set exactly when i2t
             st = M.apply_rerank(scores.T, caps_of[:, :k], fused_i2t[:, :k]).T
             res["i2t"] = M.summarize(M.i2t_ranks(st, gold))
             res["rsum"] = M.rsum(res["t2i"], res["i2t"])

@@ -18,14 +18,17 @@ image) imports it; inference.exported_folder imports it only to export a spec th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from crossprobe.core.inference.spec import BadSpec, ModelSpec, parse
+
+if TYPE_CHECKING:  # base imports torch: only for the annotation here, imported lazily at run time
+    from crossprobe.models.families.base import FamilyModel
 
 __all__ = ["export", "load"]
 
 
-def load(spec: str | ModelSpec) -> "FamilyModel":  # noqa: F821 (base.FamilyModel: imported with torch, lazily)
+def load(spec: str | ModelSpec) -> FamilyModel:
     """The spec's model, loaded with its family's library, ready to export."""
     spec = spec if isinstance(spec, ModelSpec) else parse(spec)
     if spec.family == "hf":

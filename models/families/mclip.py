@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -47,7 +48,7 @@ def load(spec: ModelSpec, folder: Path, source: dict) -> FamilyModel:
     text_cfg, tokenizer_json, reference_ids = _text_settings(tok, base)
     state = {
         **{f"text.{k}": v for k, v in text.state_dict().items()},
-        **{f"image.{k}": v for k, v in towers.model.visual.state_dict().items()},
+        **{f"image.{k}": v for k, v in cast(torch.nn.Module, towers.model.visual).state_dict().items()},
     }
     identity = {
         "text": {k: v for k, v in cfg.items() if k not in ("modelBase", "transformers_version", "dtype")},

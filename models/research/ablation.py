@@ -330,28 +330,32 @@ class Runner:
         if self.short_budget:
             plan.append((base_tt, lambda: self.towers_row(base_tt, None)))
         stages = {c.options[n].stage for n in names}
+        # named functions, not lambdas with bound defaults: mypy cannot infer those against Callable[[], dict]
         for m in RERANKERS:
             if m in stages:
-                plan.append(
-                    (f"default {m.upper()}@{c.k}", lambda m=m: self.reranker_row(f"default {m.upper()}@{c.k}", m, None))
-                )
+
+                def default_reranker(m: str = m) -> dict:
+                    return self.reranker_row(f"default {m.upper()}@{c.k}", m, None)
+
+                plan.append((f"default {m.upper()}@{c.k}", default_reranker))
         for n in names:
             opt, row = c.options[n], self.row_name(n)
             if opt.stage == "towers":
-                plan.append(
-                    (row, lambda row=row, opt=opt: {**self.towers_row(row, opt), "baseline": base_tt, "what": opt.what})
-                )
+
+                def towers(row: str = row, opt: Option = opt) -> dict:
+                    return {**self.towers_row(row, opt), "baseline": base_tt, "what": opt.what}
+
+                plan.append((row, towers))
             else:
-                plan.append(
-                    (
-                        row,
-                        lambda n=n, opt=opt: {
-                            **self.reranker_row(n, opt.stage, opt),
-                            "what": opt.what,
-                            "baseline": f"default {opt.stage.upper()}@{c.k}",
-                        },
-                    )
-                )
+
+                def reranker(n: str = n, opt: Option = opt) -> dict:
+                    return {
+                        **self.reranker_row(n, opt.stage, opt),
+                        "what": opt.what,
+                        "baseline": f"default {opt.stage.upper()}@{c.k}",
+                    }
+
+                plan.append((row, reranker))
         return plan
 
     def run(self, retime: bool = False) -> dict:

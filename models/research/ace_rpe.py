@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -57,6 +57,11 @@ class AceRpeConfig:
 
 class AceRpeField:
     """For a reranker config with an `ace: AceRpeConfig` field: to_dict / from_dict in the flat saved form."""
+
+    if TYPE_CHECKING:  # for mypy only: what the dataclasses this is mixed into have (nothing added at run time)
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+        def __init__(self, **kwargs: Any) -> None: ...
 
     def to_dict(self) -> dict:
         out: dict = {}

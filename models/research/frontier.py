@@ -23,13 +23,16 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from crossprobe.models.evaluation.timing import rerank_ms
 from crossprobe.models.training.rerankers import RerankTrainConfig, fresh_cp, train_reranker
 from crossprobe.models.training.state import atomic_save
+
+if TYPE_CHECKING:
+    from crossprobe.models.training.stacking import Banks
 
 # not d128-n15-l2: its in-batch pretraining (64 x 64 pairs per step) alone takes about 30 min on 2 cores,
 # and it reranks 100 candidates in more than the 10 ms budget
@@ -69,7 +72,7 @@ def finished_row(run_dir, name: str, budget: dict) -> dict | None:
 
 def run_frontier(
     model,
-    banks: Callable[[], tuple],
+    banks: Callable[[], tuple[Banks, Banks]],
     rcfg: RerankTrainConfig,
     run_dir,
     seed: int,
@@ -83,7 +86,8 @@ def run_frontier(
     model.cp is left as it was."""
     base, keep = model.cfg.cp, model.cp
     budget = recipe_budget(rcfg)
-    rows, got = [], None
+    rows: list[dict] = []
+    got: tuple[Banks, Banks] | None = None
     for setting in settings:
         name = name_of(setting)
         done = Path(run_dir) / f"frontier_{name}.done.pt"

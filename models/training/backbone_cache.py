@@ -22,14 +22,17 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
 
-from crossprobe.core.inference.base import Backend
 from crossprobe.core.inference.decode import DEFAULT_MAX_PIXELS, Unreadable, decode_file
 from crossprobe.models.data.captioned import CaptionedFolder
 from crossprobe.models.data.features import ChunkedCache
+
+if TYPE_CHECKING:  # the backends with tokenize / text_tokens (backbone_heads.backbone refuses the others)
+    from crossprobe.core.inference.exported import ExportedBackend
 
 
 class NoTokenStates(ValueError):
@@ -47,7 +50,7 @@ class BackboneOutputs:
     skipped: dict[str, int] = field(default_factory=dict)  # images that did not decode, by reason
 
 
-def shapes(backend: Backend) -> tuple[int, int, int, int]:
+def shapes(backend: ExportedBackend) -> tuple[int, int, int, int]:
     """(P, W, W_t, d) of the backbone, from one probe run (refusing a backbone without token states)."""
     grid = backend.image_grid(np.zeros((1, 3, backend.image_size, backend.image_size), np.float32))
     emb, tokens, _ = backend.text_tokens(["a photo"])
@@ -66,7 +69,11 @@ def digest(folder: CaptionedFolder) -> str:
 
 
 def cache_outputs(
-    backend: Backend, folder: CaptionedFolder, cache_root: Path, batch: int = 32, max_pixels: int = DEFAULT_MAX_PIXELS
+    backend: ExportedBackend,
+    folder: CaptionedFolder,
+    cache_root: Path,
+    batch: int = 32,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> BackboneOutputs:
     """The backbone's outputs for every image and caption of `folder` (module docstring), computed where missing."""
     P, W, W_t, d = shapes(backend)
@@ -106,7 +113,7 @@ def cache_outputs(
 
 
 def _images(
-    backend: Backend, folder: CaptionedFolder, caches: list[ChunkedCache], batch: int, max_pixels: int
+    backend: ExportedBackend, folder: CaptionedFolder, caches: list[ChunkedCache], batch: int, max_pixels: int
 ) -> dict[str, int]:
     """Fill the image caches from where they stopped; decode of the next batch overlaps the backbone."""
     cells, pooled, readable = caches
@@ -124,6 +131,7 @@ def _images(
     ):
         nxt = pool.submit(decode, starts[0]) if starts else None
         for k, s in enumerate(starts):
+            assert nxt is not None  # the next start's decode is always in flight inside the loop
             got = nxt.result()
             nxt = pool.submit(decode, starts[k + 1]) if k + 1 < len(starts) else None
             ok = np.array([not isinstance(g, Unreadable) for g in got])
@@ -134,12 +142,14 @@ def _images(
             if ok.any():
                 grid = backend.image_grid(np.stack([g[0] for g, good in zip(got, ok) if good]))
                 c[ok], p[ok] = grid.cells.astype(np.float16), grid.pooled
-            cells.commit(s, c), pooled.commit(s, p), readable.commit(s, ok.astype(np.uint8))
+            cells.commit(s, c)
+            pooled.commit(s, p)
+            readable.commit(s, ok.astype(np.uint8))
             bar.update(B)
     return dict(skipped)
 
 
-def _texts(backend: Backend, captions: list[str], caches: list[ChunkedCache], T: int, batch: int) -> None:
+def _texts(backend: ExportedBackend, captions: list[str], caches: list[ChunkedCache], T: int, batch: int) -> None:
     tokens, mask, text = caches
     start = min(x.done for x in caches)
     for s in tqdm(range(start, len(captions), batch), desc="backbone captions", leave=False):
@@ -148,4 +158,6 @@ def _texts(backend: Backend, captions: list[str], caches: list[ChunkedCache], T:
         tk = np.zeros((len(emb), T, tok.shape[2]), np.float16)
         mk = np.zeros((len(emb), T), np.uint8)
         tk[:, :t], mk[:, :t] = tok[:, :t], m[:, :t]
-        tokens.commit(s, tk), mask.commit(s, mk), text.commit(s, np.asarray(emb, np.float32))
+        tokens.commit(s, tk)
+        mask.commit(s, mk)
+        text.commit(s, np.asarray(emb, np.float32))

@@ -125,7 +125,7 @@ def index_name(set_name: str) -> str:
 def collect(client, index: str, pairs: list, mode: str) -> dict:
     """Every caption's whole ranked shortlist (k = shortlist = 100) from a server (an httpx client on its URL)
     -> rows {"score", "label", "rank", "query"}."""
-    rows = {"score": [], "label": [], "rank": [], "query": []}
+    rows: dict[str, list] = {"score": [], "label": [], "rank": [], "query": []}
     for q, (text, gold) in enumerate(pairs):
         r = client.post(
             "/v1/search", json={"query": text, "mode": "vector", "k": K, "rerank": mode, "shortlist": K, "index": index}

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from crossprobe.models import checkpoint
 from crossprobe.models.cross_probe import CrossProbe
@@ -71,7 +72,7 @@ def promote(option: str, cfg: AblationConfig, out: Path | None = None, log=print
     assert isinstance(model.cp, CrossProbe)
     text, images, gold = split_banks(model, runner.data(mc.text.frozen_layers), "test")
     S = tt_scores(text, images)
-    results = {
+    results: dict[str, Any] = {
         "t2i": {},
         "i2t": {},
         "command": cfg.command,

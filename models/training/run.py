@@ -226,6 +226,7 @@ def train(cfg: TrainConfig, log=print, data: CachedData | None = None) -> str:
                 report[method] = {**st["report"], "refit_fusion": {"w": w, "dev_R@1": round(r1, 2)}}
                 log(f"{method}: fusion weight refit on this run's dev banks: w {w}, dev R@1 {r1:.2f}")
             continue
+        assert train_banks is not None and dev_banks is not None  # built above: this method is pending
         rcfg = reranker_config(cfg, method)
         seed_everything(cfg.seed)
         if method == "cp":  # initialised as the frontier initialises each setting: the default is its chosen run

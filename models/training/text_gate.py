@@ -41,7 +41,7 @@ class GateFitConfig:
     seed: int = 0
 
 
-def cell_cover(box: list[int]) -> np.ndarray:
+def cell_cover(box: list[float]) -> np.ndarray:
     """[x, y, w, h, W, H] -> (49,) the share of each grid cell the box covers (the grid is the squashed photo)."""
     x, y, w, h, W, H = box
     cover = np.zeros((G, G))

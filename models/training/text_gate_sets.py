@@ -155,7 +155,7 @@ def missing_fonts() -> list[str]:
     return [f for f in FONTS if not Path(f).exists()]
 
 
-def font(rng: random.Random, size: int) -> ImageFont.FreeTypeFont:
+def font(rng: random.Random, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     have = [f for f in FONTS if Path(f).exists()]
     return ImageFont.truetype(rng.choice(have), size) if have else ImageFont.load_default(size=size)
 
@@ -167,9 +167,10 @@ def patch(words: list[str], style: str, rng: random.Random) -> Image.Image:
     boxes = [f.getbbox(line) for line in lines]
     w = max(b[2] - b[0] for b in boxes) + 48
     h = sum(b[3] - b[1] + 16 for b in boxes) + 32
-    im = Image.new("RGB", (w, h), bg)
+    # int(): Pillow types bounding boxes as floats; a font's are whole pixels (ints) at an int size
+    im = Image.new("RGB", (int(w), int(h)), bg)
     d = ImageDraw.Draw(im)
-    y = 16
+    y: float = 16
     for line, b in zip(lines, boxes):
         d.text((24 - b[0], y - b[1]), line, font=f, fill=fg)
         y += b[3] - b[1] + 16
@@ -234,7 +235,7 @@ def _lines(rng: random.Random, vocab: list[str], n: int, lo: int, hi: int) -> li
     return [" ".join(rng.choice(vocab) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
 
 
-def document(kind: str, vocab: list[str], rng: random.Random) -> tuple[Image.Image, list[list[int]], list[str]]:
+def document(kind: str, vocab: list[str], rng: random.Random) -> tuple[Image.Image, list[list[float]], list[str]]:
     """One picture of a kind -> (image, line boxes, words)."""
     if kind == "page":
         size, bg, fg, px, cols = (
@@ -268,7 +269,9 @@ def document(kind: str, vocab: list[str], rng: random.Random) -> tuple[Image.Ima
         )
     img = Image.new("RGB", size, bg)
     d = ImageDraw.Draw(img)
-    boxes, words = [], []
+    boxes: list[list[float]] = []
+    words: list[str] = []
+    y: float
     x, y = int(size[0] * 0.06), int(size[1] * 0.05)
     if kind == "screenshot":  # a side bar and a title bar, as an app window
         d.rectangle((0, 0, size[0], 40), fill=(60, 60, 70))

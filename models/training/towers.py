@@ -124,6 +124,7 @@ def train_towers(model: SearchModel, data: CachedData, cfg: TowerTrainConfig, st
             states, mask = data.text_batch(caps)
             grid = torch.from_numpy(data.grids[imgs]).float()
             if cfg.gray > 0:  # drawn only when on, so runs without it keep their random stream
+                assert data.gray_grids is not None  # loaded by run.train (CachedData.with_gray) when gray > 0
                 g = (torch.rand(len(imgs)) < cfg.gray).numpy()
                 grid[g] = torch.from_numpy(data.gray_grids[imgs[g]]).float()
             flip = torch.rand(len(imgs)) < cfg.hflip
