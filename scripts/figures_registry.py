@@ -238,6 +238,21 @@ FIGURES: dict[str, Fig | Block] = {
     **{f"parity.{c}": num(MC, f"parity/{c}/max_abs_diff", "{:.1e}") for c in ("open_clip", "hf_clip", "hf_siglip", "mclip")},
     "e2e.agree": calc(MC, ("end_to_end/agree", "end_to_end/queries"), lambda a, q: f"{a} of {q}"),
     "e2e.max_score_diff": num(MC, "end_to_end/max_score_diff", "{:.1e}"),
+    # the index path on coco-mini-dev (benchmarks/index_path.py), at the default decoding and decoded reduced
+    **{f"ip.{f}.agree": calc(MC, (f"index_path/families/{f}/agree", f"index_path/families/{f}/queries"),
+                             lambda a, q: f"{a} of {q}") for f in ("hf_clip", "immich")},
+    **{f"ip.{f}.max_score_diff": num(MC, f"index_path/families/{f}/max_score_diff", "{:.1e}")
+       for f in ("hf_clip", "immich")},
+    "ip.reduced.agree": calc(MC, ("index_path/reduced_for_comparison/hf_clip/agree",
+                                  "index_path/reduced_for_comparison/hf_clip/queries"), lambda a, q: f"{a} of {q}"),
+    "ip.reduced.max_score_diff": num(MC, "index_path/reduced_for_comparison/hf_clip/max_score_diff", "{:.1e}"),
+    "ip.reduced_photos": calc(MC, ("index_path/families/hf_clip/photos_reduced_by_draft",
+                                   "index_path/families/hf_clip/photos"), lambda a, n: f"{a} of {n}"),
+    # decoding both ways (benchmarks/decode_cost.py)
+    **{f"dec.{r}.{k}": num("decode.json", f"rows/jpeg_{r}/{k}", fmt)
+       for r in ("640px", "12mp") for k, fmt in (("full_ms_median", "{:.1f}"), ("reduced_ms_median", "{:.1f}"),
+                                                  ("embedding_max_abs_diff", "{:.1e}"))},
+    "host.decode": host("decode.json"),
 
     # Flickr8k test, the served checkpoint (crossprobe eval --no-ood ...)
     **{f"f8k.{m}.r{k}": num("region_served_test.json", f"t2i/{src}/R@{k}")

@@ -37,7 +37,8 @@ def encode_images(
     for s in tqdm(range(0, len(rows), batch), desc="images", leave=False):
         pixels = []
         for r in rows[s : s + batch]:
-            got = decode_file(str(folder.image_path(r)), DEFAULT_MAX_PIXELS, prep, size)
+            # decoded as the indexer decodes for this model (its reference's way: core/inference/decode.py)
+            got = decode_file(str(folder.image_path(r)), DEFAULT_MAX_PIXELS, prep, size, backend.reduced_decoding)
             if isinstance(got, Unreadable):
                 skipped[got.reason] += 1
             else:

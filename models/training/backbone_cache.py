@@ -119,10 +119,13 @@ def _images(
     cells, pooled, readable = caches
     start, n = min(x.done for x in caches), len(folder.images)
     prep, size = backend.preprocessor(), backend.image_size
+    reduce = backend.reduced_decoding  # the heads train on the pixels the indexer will give them
     skipped: Counter = Counter()
 
     def decode(s: int) -> list:
-        return [decode_file(str(folder.image_path(i)), max_pixels, prep, size) for i in range(s, min(n, s + batch))]
+        return [
+            decode_file(str(folder.image_path(i)), max_pixels, prep, size, reduce) for i in range(s, min(n, s + batch))
+        ]
 
     starts = list(range(start, n, batch))
     with (
