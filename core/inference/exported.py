@@ -163,8 +163,8 @@ class ExportedBackend(Backend):
         q8 = runtime.session(int8_graph(fp32, weights), self.opts.threads, self.opts.spinning, self.opts.device)
         ref = runtime.session(fp32, self.opts.threads, self.opts.spinning, self.opts.device)
         self.int8_check = int8.check(
-            lambda ts: self._run_text(ref, ts)[0],
-            lambda t: self._run_text(q8, [t])[0],
+            lambda ts: self._run_text(ref, ts, True)[0],  # as encode_texts runs them
+            lambda t: self._run_text(q8, [t], True)[0],
             self.opts.int8_min_cosine,
             weights,
             f"model {self.spec or self.fingerprint}",
@@ -215,22 +215,39 @@ class ExportedBackend(Backend):
         """-> input_ids, attention_mask (B, T) int64, as the family's tokenizer gives them."""
         return tokenize(self._tokenizer(), self.meta["text"], texts)
 
-    def text_tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """-> embedding (B, d) (not unit norm), tokens (B, T, W_t), attention_mask (B, T): what heads read."""
-        emb, tokens, mask = self._run_text(self._session("text"), texts)
+    def text_tokens(self, texts: list[str], own_length: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """-> embedding (B, d) (not unit norm), tokens (B, T, W_t), attention_mask (B, T): what heads read (at the
+        tokenizer's length; own_length: cut to the longest text where the tower allows it, for the embedding)."""
+        emb, tokens, mask = self._run_text(self._session("text"), texts, own_length)
         return emb, tokens, mask
 
-    def _run_text(self, session, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _run_text(
+        self, session, texts: list[str], own_length: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ids, mask = self.tokenize(texts)
+        if own_length and self._trims(session):  # the padding past the longest text changes no embedding: cut it
+            T = int(mask.sum(1).max())
+            ids, mask = ids[:, :T], mask[:, :T]
         feed = {"input_ids": ids, "attention_mask": mask}
         emb, tokens = session.run(["embedding", "tokens"], {i.name: feed[i.name] for i in session.get_inputs()})
         return emb, tokens, mask
 
+    def _trims(self, session) -> bool:
+        """Whether queries run at their own length: the export says the tower allows it (model.json
+        "trims_padding": a causal tower pooling at its end token) and its text graph has a free token axis (a folder
+        exported before that keeps its fixed one, and its padding)."""
+        return bool(self.meta.get("trims_padding")) and not isinstance(session.get_inputs()[0].shape[1], int)
+
     def encode_texts(self, texts: list[str]) -> list[QueryVectors]:
         """fp32: one run for the batch. int8: one run per text, because dynamic quantization scales activations by
-        the whole input tensor's range, so batch-mates and padding would change a query's vector."""
+        the whole input tensor's range, so batch-mates and padding would change a query's vector. Each run cut to
+        its longest text where the tower allows it (_trims)."""
         groups = [texts] if self.query_precision != "int8" else [[t] for t in texts]
-        return [QueryVectors(g, None, None, None) for group in groups for g in unit(self.text_tokens(group)[0])]
+        return [
+            QueryVectors(g, None, None, None)
+            for group in groups
+            for g in unit(self.text_tokens(group, own_length=True)[0])
+        ]
 
     # ---- scoring ---------------------------------------------------------------------------------------
     def rerank(self, kind: str, q: QueryVectors, feats: dict[str, np.ndarray], s_tt: np.ndarray) -> np.ndarray:

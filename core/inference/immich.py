@@ -75,8 +75,10 @@ class ImmichBackend(ExportedBackend):
         mean, std = (np.asarray(self.meta["image"][k], np.float32)[:, None, None] for k in ("mean", "std"))
         return np.clip(np.rint((pixels * std + mean) * 255), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
 
-    def text_tokens(self, texts: list[str]):
-        """-> embedding (B, d) (unit norm, as the graph gives it), tokens None (Immich's graphs give none), mask."""
+    def text_tokens(self, texts: list[str], own_length: bool = False):
+        """-> embedding (B, d) (unit norm, as the graph gives it), tokens None (Immich's graphs give none), mask.
+        Immich's graphs run at the full context their config names: whether a tower may be cut short is not known
+        from Immich's files, so own_length changes nothing here."""
         ids, mask = self.tokenize(texts)
         session = self._session("text")
         names = [i.name for i in session.get_inputs()]

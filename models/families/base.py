@@ -37,6 +37,10 @@ class FamilyModel:
     tokenizer_json: str  # the `tokenizers` file
     reference_ids: Callable[[str], list[int]]  # one text -> the family tokenizer's own ids, padded as it pads one text
     versions: dict = field(default_factory=dict)  # the libraries it was exported with
+    # the text embedding does not depend on padding past a batch's longest text (a causal tower pooling at its end
+    # token): the text graph is exported with a free token axis and queries run at their own length
+    # (model.json "trims_padding"; not in the fingerprint: the same weights give the same vectors either way)
+    trims_padding: bool = False
 
 
 @contextmanager

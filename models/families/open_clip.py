@@ -41,6 +41,7 @@ def load(spec: ModelSpec) -> FamilyModel:
 
     t = load_towers(spec)
     text_cfg, tokenizer_json, reference_ids = simple_tokenizer_text(open_clip.get_tokenizer(t.name), spec)
+    text = Text(t.model)
     return FamilyModel(
         family="open_clip",
         spec=str(spec),
@@ -49,12 +50,13 @@ def load(spec: ModelSpec) -> FamilyModel:
         identity={"architecture": t.config},
         state=dict(t.model.state_dict()),
         image=Image(t.model),
-        text=Text(t.model),
+        text=text,
         image_cfg=t.image_cfg,
         text_cfg=text_cfg,
         tokenizer_json=tokenizer_json,
         reference_ids=reference_ids,
         versions=versions(open_clip),
+        trims_padding=text.at_own_length,
     )
 
 
@@ -201,16 +203,74 @@ class Image(torch.nn.Module):
             self.model.visual.output_tokens = False
 
 
+class _FreeLengthAttention(torch.nn.Module):
+    """nn.MultiheadAttention's self-attention from its own weights, with reshapes that keep the token axis free:
+    torch's own bakes the traced length into its reshapes, so its graph would take 77 tokens only."""
+
+    def __init__(self, mha: torch.nn.MultiheadAttention):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, q, k=None, v=None, need_weights=False, attn_mask=None):
+        import torch.nn.functional as F
+
+        m = self.mha
+        x = q if m.batch_first else q.transpose(0, 1)  # (B, T, D)
+        qkv = F.linear(x, m.in_proj_weight, m.in_proj_bias).unflatten(-1, (3, m.num_heads, m.head_dim))
+        q_, k_, v_ = qkv.permute(2, 0, 3, 1, 4)  # each (B, h, T, hd)
+        out = m.out_proj(F.scaled_dot_product_attention(q_, k_, v_, attn_mask=attn_mask).transpose(1, 2).flatten(2))
+        return (out if m.batch_first else out.transpose(0, 1)), None
+
+
 class Text(torch.nn.Module):
-    """input_ids -> encode_text, and the final token states (ln_final's output, read while encode_text runs)."""
+    """input_ids -> encode_text, and the final token states (ln_final's output, read while encode_text runs).
+
+    encode_text adds all 77 positions and the 77 x 77 causal mask, so it takes only full-context inputs. Where the
+    tower is causal and pools at the end token (CLIP's argmax / eos pooling), the padding after that token never
+    reaches it: forward then runs encode_text's own steps on the first T positions and the T x T mask (each block's
+    attention as _FreeLengthAttention), and a query of 10 tokens costs 10, not 77 (the same embedding:
+    tests/models/families/test_open_clip.py checks it against encode_text at full context)."""
 
     def __init__(self, model):
         super().__init__()
         if not hasattr(model, "ln_final"):
             raise BadSpec(f"open_clip's {type(model).__name__} (a custom text tower) is not exported by this version")
         self.model = model
+        blocks = list(getattr(getattr(model, "transformer", None), "resblocks", []))
+        self.at_own_length = (
+            type(model).__name__ == "CLIP"
+            and getattr(model, "attn_mask", None) is not None
+            and getattr(model, "text_pool_type", "argmax") in ("argmax", "eos")
+            and bool(blocks)
+            and all(
+                isinstance(getattr(b, "attn", None), torch.nn.MultiheadAttention)
+                and b.attn._qkv_same_embed_dim
+                and b.attn.bias_k is None
+                for b in blocks
+            )
+        )
 
     def forward(self, input_ids):
-        with captured(self.model.ln_final) as box:
-            emb = self.model.encode_text(input_ids)
-        return emb, box["out"]
+        if not self.at_own_length:
+            with captured(self.model.ln_final) as box:
+                emb = self.model.encode_text(input_ids)
+            return emb, box["out"]
+        from open_clip.transformer import text_global_pool
+
+        m, T = self.model, input_ids.shape[1]
+        blocks = list(m.transformer.resblocks)
+        own = [b.attn for b in blocks]
+        try:
+            for b in blocks:
+                b.attn = _FreeLengthAttention(b.attn)
+            cast = m.transformer.get_cast_dtype()
+            x = m.token_embedding(input_ids).to(cast) + m.positional_embedding[:T].to(cast)
+            x = m.ln_final(m.transformer(x, attn_mask=m.attn_mask[:T, :T]))
+        finally:
+            for b, a in zip(blocks, own):
+                b.attn = a
+        pooled = text_global_pool(x, input_ids, m.text_pool_type, eos_token_id=getattr(m, "text_eos_id", None))
+        if m.text_projection is not None:
+            proj = m.text_projection
+            pooled = proj(pooled) if isinstance(proj, torch.nn.Linear) else pooled @ proj
+        return pooled, x

@@ -111,7 +111,8 @@ def _export_graphs(m: FamilyModel, folder: Path, say: Callable[[str], None]) -> 
     ids, mask = tokenize(text_tokenizer(m.tokenizer_json, m.text_cfg), m.text_cfg, PROBE[:8])
     feed = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
     text_args = tuple(feed[n] for n in m.text_cfg["inputs"])
-    fixed_t = bool(m.text_cfg.get("pad_to_context"))  # a tower with a fixed context (open_clip, SigLIP)
+    # a tower with a fixed context (SigLIP; open_clip where its tower is not causal)
+    fixed_t = bool(m.text_cfg.get("pad_to_context")) and not m.trims_padding
     text_axes = {n: {0: "batch"} if fixed_t else {0: "batch", 1: "tokens"} for n in m.text_cfg["inputs"]}
     with torch.inference_mode():
         img_emb, img_tok = m.image(pixels)
@@ -210,6 +211,7 @@ def model_json(m: FamilyModel, fp: str, dims: dict) -> dict:
         "image": m.image_cfg,
         "text": m.text_cfg,
         "graphs": {"image": "image.onnx", "text": "text.onnx"},
+        "trims_padding": m.trims_padding,
         "exported_with": m.versions,
     }
 

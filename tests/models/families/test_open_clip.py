@@ -60,6 +60,26 @@ def test_multilingual_queries_reach_mclip_untouched(refs, tmp_path):
     assert np.abs(batch - want.text).max() <= TOLERANCE and np.abs(alone - want.text).max() <= TOLERANCE
 
 
+def test_queries_run_at_their_own_length_with_the_full_contexts_embedding(refs, tmp_path):
+    """issue 54: the causal tower's padding never reaches its end token, so the text graph has a free token axis and
+    a query runs at its own length: each query's embedding equals the graph's at the full 77 (within 1e-6), and
+    open_clip's own encode_text at 77 (within the parity tolerance)."""
+    backend = inference.load(_spec(refs["open_clip"]), RuntimeOptions(graphs=tmp_path, threads=1))
+    session = backend._session("text")
+    assert backend.meta["trims_padding"] is True and not isinstance(session.get_inputs()[0].shape[1], int)
+    texts = CAPTIONS[:16]
+    ids, mask = backend.tokenize(texts)
+    assert ids.shape[1] == 77  # tokenized as open_clip pads
+    full = session.run(["embedding"], {"input_ids": ids})[0]
+    full /= np.linalg.norm(full, axis=1, keepdims=True)
+    for t, want in zip(texts, full):
+        _, _, cut = backend._run_text(session, [t], own_length=True)
+        assert cut.shape == (1, int(backend.tokenize([t])[1].sum()))  # its own tokens, no padding
+        np.testing.assert_allclose(backend.encode_texts([t])[0].g_q, want, atol=1e-6)
+    ref = rm.reference_embeddings(refs["open_clip"], _one_photo(tmp_path), texts)
+    assert np.abs(np.stack([v.g_q for v in backend.encode_texts(texts)]) - ref.text).max() <= TOLERANCE
+
+
 def _one_photo(tmp_path):
     return rm.sample_photos(tmp_path / "one")[:1]
 
