@@ -253,6 +253,9 @@ FIGURES: dict[str, Fig | Block] = {
        for r in ("640px", "12mp") for k, fmt in (("full_ms_median", "{:.1f}"), ("reduced_ms_median", "{:.1f}"),
                                                   ("embedding_max_abs_diff", "{:.1e}"))},
     "host.decode": host("decode.json"),
+    # the query-vector cache (benchmarks/query_cache_bench.py)
+    **{f"qc.{p}.encode.p50": num("query_cache.json", f"passes/{p}/encode/p50_ms", "{:.3f}") for p in ("hit", "miss")},
+    "host.query_cache": host("query_cache.json"),
 
     # Flickr8k test, the served checkpoint (crossprobe eval --no-ood ...)
     **{f"f8k.{m}.r{k}": num("region_served_test.json", f"t2i/{src}/R@{k}")

@@ -57,8 +57,9 @@ class Limiter:
 @dataclass
 class EncodeInfo:
     queue_ms: float  # waiting for a batch to start
-    encode_ms: float  # the batch's query-tower run (tokenize + ONNX Runtime)
+    encode_ms: float  # the batch's query-tower run (tokenize + ONNX Runtime); a cache hit's lookup
     batch_size: int
+    cached: bool = False  # answered by the query-vector cache (query_cache.py), without the query tower
 
 
 @dataclass

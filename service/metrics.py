@@ -61,6 +61,17 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     registry=REGISTRY,
 )
+QUERY_CACHE = Counter(
+    "crossprobe_query_cache_total",
+    "Text queries answered from the query-vector cache (hit) or by the query tower (miss)",
+    ["result"],
+    registry=REGISTRY,
+)
+for _result in ("hit", "miss"):  # both series exist from the start (a dashboard's ratio has a denominator)
+    QUERY_CACHE.labels(_result)
+QUERY_CACHE_BYTES = Gauge(
+    "crossprobe_query_cache_bytes", "Bytes of query vectors the query-vector cache holds", registry=REGISTRY
+)
 IN_FLIGHT = Gauge("crossprobe_searches_in_flight", "Searches admitted and not yet answered", registry=REGISTRY)
 RELOADS = Counter(
     "crossprobe_reloads", "Index version switches and failed attempts", ["index", "outcome"], registry=REGISTRY

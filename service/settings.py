@@ -126,6 +126,9 @@ class Settings(StorageSettings):
     hybrid_coverage_power: float = Field(2.0, ge=0)  # p: a keyword match counts w * coverage ** p
 
     # -- batching and overload ---------------------------------------------------
+    # the query-vector cache (query_cache.py): at most this many MiB of the vectors of texts already searched, per
+    # process; a repeated text skips the queue and the query tower. 0: off
+    query_cache_mb: float = Field(32.0, ge=0, le=4096)
     batching: bool = True  # group concurrent queries into one query-tower run
     batch_max: int = Field(16, ge=1, le=256)  # the most queries in one query-tower run
     batch_wait_ms: float = Field(2.0, ge=0, le=1000)  # how long a lone query waits for company (bounded)

@@ -16,12 +16,13 @@ from pydantic import BaseModel
 from crossprobe.core.inference import Backend, QueryVectors
 from crossprobe.core.runtime import StageTimer
 from crossprobe.service import metrics, query_image
-from crossprobe.service.batcher import QueryBatcher
+from crossprobe.service.batcher import EncodeInfo, QueryBatcher
 from crossprobe.service.breaker import FeatureStore
 from crossprobe.service.exceptions import InvalidRequest, ItemNotFound
 from crossprobe.service.pipeline import stages
 from crossprobe.service.pipeline.plan import Plan
 from crossprobe.service.pipeline.run import Outcome, Run
+from crossprobe.service.query_cache import QueryCache
 from crossprobe.service.registry import IndexHandle, Registry
 from crossprobe.service.settings import Settings
 from crossprobe.storage.ann import AnnUnavailable
@@ -39,6 +40,7 @@ class Searcher:
     ):
         self.settings, self.models, self.registry, self.batcher, self.pool = settings, models, registry, batcher, pool
         self.fs = feature_store
+        self.cache = QueryCache(int(settings.query_cache_mb * 2**20))
 
     def plan(self, req: BaseModel | None = None, **given: Any) -> Plan:
         """The plan of a request model (SearchRequest, ImageSearchParams) and a route's translations: Plan.from_request
@@ -82,7 +84,7 @@ class Searcher:
         are given, and the batcher's info (None without a text)."""
         loop = asyncio.get_running_loop()
         vector = info = None
-        text_job = self.batcher.submit(plan.query) if plan.query is not None else None
+        text_job = self._text(plan.query) if plan.query is not None else None
         if plan.image is not None or plan.like or plan.embedding is not None:
             vec_job = loop.run_in_executor(self.pool, self._query_vector, plan, handle, clock)
             if text_job is not None:  # the text's query tower and the image's towers run at the same time
@@ -99,6 +101,17 @@ class Searcher:
         if text_job is not None and vector is not None:
             mixed = (1.0 - plan.weight) * q.g_q.astype(np.float32) + plan.weight * vector
             q = replace(q, g_q=_unit(mixed, q.g_q))
+        return q, info
+
+    async def _text(self, text: str) -> tuple[QueryVectors, EncodeInfo]:
+        """The text's query vectors: from the cache (its lookup is the encode time), else through the batcher."""
+        start = time.perf_counter()
+        key = (self.models.fingerprint, self.models.query_precision, text)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached, EncodeInfo(0.0, (time.perf_counter() - start) * 1000, 1, cached=True)
+        q, info = await self.batcher.submit(text)
+        self.cache.put(key, q)
         return q, info
 
     def _query_vector(self, plan: Plan, handle: IndexHandle, clock: StageTimer) -> np.ndarray:

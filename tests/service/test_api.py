@@ -159,6 +159,7 @@ def test_concurrent_queries_are_batched_without_changing_results(client, monkeyp
     svc = client.app.state.svc
     queries = ["a cat", "a very long query about a red house next to a green tree", "snow", "two dogs playing"]
     alone = {q: _search(client, query=q, k=5).json()["results"] for q in queries}
+    monkeypatch.setattr(svc.searcher.cache, "max_bytes", 0)  # the second round through the tower, not the cache
     monkeypatch.setattr(svc.batcher, "batch_wait", 0.5)  # long enough for all four to meet
     monkeypatch.setattr(svc.batcher, "busy", lambda n: True)  # wait even if the others are not admitted yet
     monkeypatch.setattr(svc.batcher, "largest_batch", 0)
