@@ -25,6 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from crossprobe.service import errors, security, urls
 from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.deps import DEGRADED_HEADER
+from crossprobe.service.host_guard import HostGuard
 from crossprobe.service.metrics import MetricsMiddleware
 from crossprobe.service.routes import clip, explain, indexes, items, page, search
 from crossprobe.service.settings import Settings
@@ -89,6 +90,8 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     if hint:
         log.log(hint[0], "%s", hint[1])
     app.add_middleware(MetricsMiddleware)
+    # outermost: a foreign Host is refused before anything else runs (still counted: errors.answer)
+    app.add_middleware(HostGuard, allowed=settings.allowed_host_list)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=page.STATIC_DIR), name="static")

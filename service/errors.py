@@ -20,6 +20,7 @@ Clients branch on `code`, never on the message. Codes:
                         CROSSPROBE_QUERY_IMAGE_MAX_BYTES or CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)
   request_timeout 408   the request's head or body did not arrive in time (http_timeouts.py; written by the
                         HTTP protocol layer, then the connection is closed)
+  invalid_host 400      the Host header names none of CROSSPROBE_ALLOWED_HOSTS (host_guard.py)
   unauthorized 401      the route's key header is missing (X-API-Key, X-Admin-Key, Authorization: Bearer
                         for /metrics); forbidden 403: it holds no key of that route's group (security.py)
   admin_disabled 403    /admin/* while no CROSSPROBE_ADMIN_KEY is set
@@ -77,6 +78,7 @@ STATUS = {
     "request_timeout": 408,
     "too_large": 413,
     "bad_request": 400,
+    "invalid_host": 400,
     "overloaded": 429,
     "rate_limited": 429,
     "not_ready": 503,

@@ -21,6 +21,12 @@ hmac.compare_digest and without stopping at a match. Equal-length digests, all c
 tells neither which key matched, nor whether one did, nor how long the keys are. Keys are never logged nor
 echoed: error messages name the header, never a value; uvicorn's access log has no headers.
 
+Keys fail closed: a key shorter than MIN_KEY_LENGTH, CROSSPROBE_API_KEYS set to nothing but commas, or a keys file
+with none stops the start; so does serving without search keys on an address other than loopback, unless
+CROSSPROBE_ALLOW_OPEN_NETWORK says so. A wrong key (403) counts against the client address: after
+auth_failures_burst of them, refilled at auth_failures_per_minute, the next attempt is 429 `rate_limited` before its
+key is compared (a missing key, 401, is no guess and does not count).
+
 Rate limit (Settings.rate_limit_rps > 0): a token bucket per search key, or per client address when no
 search keys are set, over the routes that run the query tower or the image towers (/v1/search[/image],
 /v1/explain, /knn-service: the
@@ -48,7 +54,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import SecretStr
 
 from crossprobe.service import metrics
-from crossprobe.service.exceptions import AdminDisabled, Forbidden, RateLimited, Unauthorized
+from crossprobe.service.exceptions import AdminDisabled, CrossprobeError, Forbidden, RateLimited, Unauthorized
 from crossprobe.service.schemas import ErrorResponse
 from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
@@ -77,6 +83,7 @@ _metrics_scheme = HTTPBearer(
     description="The metrics key; needed only when the server sets CROSSPROBE_METRICS_KEY",
 )
 
+MIN_KEY_LENGTH = 16  # characters of a key (any group): a short key is guessed; `openssl rand -hex 32` gives 64
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")  # what an HTTP header value can carry as sent, no spaces or commas
 # between a key and its index names: ASCII spaces and tabs only (a no-break space inside a key stays an error)
 _BLANKS = re.compile(r"[ \t]+")
@@ -112,6 +119,8 @@ def _check(key: str, what: str) -> str:
     # the message names the key by its place, never by its value (start-up errors are logged)
     if not _VISIBLE_ASCII.fullmatch(key) or "," in key:
         raise ValueError(f"{what}: only visible ASCII characters, no spaces or commas, can be sent in a header")
+    if len(key) < MIN_KEY_LENGTH:
+        raise ValueError(f"{what}: shorter than {MIN_KEY_LENGTH} characters (make one: openssl rand -hex 32)")
     return key
 
 
@@ -139,6 +148,8 @@ def load_search_keys(settings: Settings) -> dict[str, Scope]:
         for n, e in enumerate((e for e in env.split(",") if e.strip()), 1):
             what = f"CROSSPROBE_API_KEYS: key {n}"
             entries.append((*_entry(e, what), what))
+        if not entries:  # "," or ", ,": set, yet no key; open routes would be the opposite of what was meant
+            raise ValueError("CROSSPROBE_API_KEYS is set but holds no key (only commas and spaces)")
     if settings.api_keys_file is not None:
         path = settings.api_keys_file
         try:
@@ -198,6 +209,16 @@ class RateLimiter:
             self._buckets[who] = (tokens, now)
             return (1 - tokens) / self.rate
 
+    def peek(self, who: Hashable) -> float:
+        """0.0 when `who` has a token left, else the seconds until it has one: nothing taken."""
+        now = self.clock()
+        with self._lock:
+            old = self._buckets.get(who)
+        if old is None:
+            return 0.0
+        tokens = min(self.burst, old[0] + (now - old[1]) * self.rate)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+
 
 class Access:
     """One app's access control: the search keys (digests), the metrics key, the rate limiter.
@@ -226,6 +247,30 @@ class Access:
             if settings.rate_limit_rps > 0
             else None
         )
+        # failed key attempts per client address, every group: guessing a key costs time
+        self.failures = RateLimiter(
+            settings.auth_failures_per_minute / 60, settings.auth_failures_burst, settings.rate_limit_max_clients
+        )
+        if not self._search and not settings.allow_open_network and not is_loopback(settings.host):
+            raise ValueError(
+                f"serving on {settings.host} without search keys would open every photo and its metadata to the "
+                "network: set CROSSPROBE_API_KEYS (or CROSSPROBE_API_KEYS_FILE), bind 127.0.0.1, or set "
+                "CROSSPROBE_ALLOW_OPEN_NETWORK=true where the port is reachable only by whom it should be"
+            )
+
+    def check_failures(self, request: Request) -> None:
+        """Before a key is compared: 429 for a client address whose failed attempts are used up."""
+        wait_s = self.failures.peek(_address(request))
+        if wait_s > 0:
+            retry = max(1, math.ceil(wait_s))
+            raise RateLimited(
+                f"too many failed key attempts from this address; retry after {retry} s", retry_after_s=retry
+            )
+
+    def failed(self, request: Request, error: CrossprobeError) -> CrossprobeError:
+        """Count one failed attempt of this client address, and give the error back to raise."""
+        self.failures.take(_address(request))
+        return error
 
     @property
     def search_keys_on(self) -> bool:
@@ -234,6 +279,21 @@ class Access:
     @property
     def metrics_key_on(self) -> bool:
         return bool(self._metrics)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else ""
 
 
 def access(request: Request) -> Access:
@@ -263,9 +323,10 @@ async def search_client(request: Request, key: Annotated[str | None, Security(_s
         return Caller(("address", request.client.host if request.client else ""), EVERY)
     if not key:
         raise _unauthorized(f"this route needs a search key in the {API_KEY_HEADER} header")
+    acc.check_failures(request)
     i = matching(key, acc._search)
     if i is None:
-        raise Forbidden(f"the {API_KEY_HEADER} header does not hold a search key of this service")
+        raise acc.failed(request, Forbidden(f"the {API_KEY_HEADER} header does not hold a search key of this service"))
     return Caller(("key", i), acc._scopes[i])
 
 
@@ -288,13 +349,15 @@ async def rate_limit(request: Request, caller: Annotated[Caller, Depends(search_
 
 async def admin_client(request: Request, key: Annotated[str | None, Security(_admin_scheme)]) -> None:
     """Every /admin/* route: X-Admin-Key must be CROSSPROBE_ADMIN_KEY (search keys never open these)."""
-    admin = _secret(access(request).settings.admin_key)
+    acc = access(request)
+    admin = _secret(acc.settings.admin_key)
     if admin is None:
         raise AdminDisabled("admin endpoints are off (set CROSSPROBE_ADMIN_KEY)")
     if not key:
         raise _unauthorized(f"admin routes need the admin key in the {ADMIN_KEY_HEADER} header")
+    acc.check_failures(request)
     if matching(key, [_digest(admin)]) is None:
-        raise Forbidden(f"the {ADMIN_KEY_HEADER} header does not hold the admin key")
+        raise acc.failed(request, Forbidden(f"the {ADMIN_KEY_HEADER} header does not hold the admin key"))
 
 
 async def metrics_client(
@@ -306,8 +369,9 @@ async def metrics_client(
         return
     if cred is None:
         raise _unauthorized("/metrics needs the metrics key as `Authorization: Bearer <key>`", scheme="Bearer")
+    acc.check_failures(request)
     if matching(cred.credentials, acc._metrics) is None:
-        raise Forbidden("the Authorization header does not hold the metrics key")
+        raise acc.failed(request, Forbidden("the Authorization header does not hold the metrics key"))
 
 
 # ---- OpenAPI: the answers each group adds to its routes ------------------------------------------------

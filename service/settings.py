@@ -50,6 +50,14 @@ class Settings(StorageSettings):
     # another host, which also needs public_base_url); "*" = any origin. "" (default): no CORS headers at all,
     # so browsers let only pages served by this service read its answers
     cors_origins: str = ""
+    # the names clients reach this service by (the Host header; ports ignored), comma separated: any other Host is
+    # refused 400 invalid_host (a web page rebinding its name to this address cannot read the photos: host_guard.py).
+    # Behind a proxy or in a compose network add the names it is reached by (api, search.example.org); "*": any
+    allowed_hosts: str = "localhost,127.0.0.1,::1"
+    # serve without any search key on an address other than loopback: refused at start-up unless this is true
+    # (every photo and its metadata would be open to the network); a compose stack that publishes the port on
+    # 127.0.0.1 only sets it
+    allow_open_network: bool = False
 
     # -- access control (docs/security.md; service/security.py) -----------------------------------------------
     # search keys, comma separated: when set (here or in api_keys_file) every search, item and index route
@@ -73,6 +81,10 @@ class Settings(StorageSettings):
     rate_limit_burst: int = Field(20, ge=1, le=100_000)  # the bucket's size: requests at once after an idle spell
     # buckets kept at most (least recently used forgotten first: a forgotten client starts with a full bucket)
     rate_limit_max_clients: int = Field(10_000, ge=1, le=10_000_000)
+    # failed key attempts (401 / 403 on any key group) per client address: this many at once, refilled at
+    # auth_failures_per_minute; beyond: 429 rate_limited before the key is even compared (guessing keys is slow)
+    auth_failures_burst: int = Field(10, ge=1, le=100_000)
+    auth_failures_per_minute: float = Field(6.0, gt=0, le=100_000)
 
     # -- model -----------------------------------------------------------------
     # which model: CROSSPROBE_MODEL (or the older CROSSPROBE_CKPT), StorageSettings' (the batch jobs read the same)
@@ -198,6 +210,10 @@ class Settings(StorageSettings):
     @property
     def index_names(self) -> list[str]:
         return [n.strip() for n in self.indexes.split(",") if n.strip()]
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
 
     @property
     def cors_list(self) -> list[str]:

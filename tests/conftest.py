@@ -7,6 +7,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(2)
 
+# The service answers only the Hosts in CROSSPROBE_ALLOWED_HOSTS (the loopback names by default:
+# service/host_guard.py). An in-process TestClient names itself "testserver"; here it is localhost, as a local
+# client would be (tests/service/test_host_guard.py sends other names on purpose).
+from starlette import testclient as _testclient  # noqa: E402
+
+_client_init = _testclient.TestClient.__init__
+
+
+def _localhost_client(self, app, base_url="http://localhost", *args, **kwargs):
+    _client_init(self, app, base_url, *args, **kwargs)
+
+
+_testclient.TestClient.__init__ = _localhost_client
+
 
 @pytest.fixture(scope="session")
 def milvus_server():

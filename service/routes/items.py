@@ -89,7 +89,11 @@ async def item_image(request: Request, item: Annotated[Item, Depends(item_image_
         raise ImageUnavailable(f"{item_id!r}: {e}") from None
     # behind search keys: private, or a shared cache (CDN, proxy) would hand it to callers without a key
     cache = "private" if security.access(request).search_keys_on else "public"
-    return Response(data, media_type="image/jpeg", headers={"Cache-Control": f"{cache}, max-age=300"})
+    # CORP: no other site's page may embed the photos (with no keys, a page elsewhere could otherwise show them);
+    # where CROSSPROBE_CORS_ORIGINS lets pages elsewhere in (clip-retrieval's front-end), they may
+    corp = "cross-origin" if settings.cors_list else "same-origin"
+    headers = {"Cache-Control": f"{cache}, max-age=300", "Cross-Origin-Resource-Policy": corp}
+    return Response(data, media_type="image/jpeg", headers=headers)
 
 
 @router.get(

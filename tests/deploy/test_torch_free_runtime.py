@@ -60,7 +60,7 @@ def test_index_and_serve_without_torch(no_torch, graphs, svc_ckpt, redis_server,
         from crossprobe.service.app import create_app
         from crossprobe.service.server import wait_ready
         from crossprobe.service.settings import Settings
-        with TestClient(create_app(Settings(reload_interval_s=0, access_log=False))) as c:
+        with TestClient(create_app(Settings(reload_interval_s=0, access_log=False)), base_url="http://localhost") as c:
             wait_ready(c)
             hits = c.post("/v1/search", json={{"index": "photos", "query": "a photo", "k": 3}}).json()["results"]
             assert len(hits) == 3, hits

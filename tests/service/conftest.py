@@ -73,7 +73,7 @@ def service_settings(built: Built, ckpt: Path, artifacts: Path, **over):
     from crossprobe.service.settings import Settings
 
     base = dict(redis_url=built.ixs.redis_url, index_root=built.ixs.index_root, ckpt=ckpt, artifacts_dir=artifacts,
-                threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret", batch_wait_ms=1.0)
+                threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     return Settings(**{**base, **over})
 
 

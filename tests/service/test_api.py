@@ -515,7 +515,7 @@ def test_body_limit_and_public_urls(built, svc_ckpt, artifacts):
         big = json.dumps({"query": "a" * 10, "pad": "x" * 4000})
         for path in ("/v1/search", "/knn-service", "/metadata", "/admin/reload", "/v1/indexes"):
             r = c.request("GET" if path == "/v1/indexes" else "POST", path, content=big.encode(),
-                          headers={"Content-Type": "application/json", "X-Admin-Key": "s3cret"})
+                          headers={"Content-Type": "application/json", "X-Admin-Key": "s3cret-admin-key-0123"})
             assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", (path, r.text)
 
         def chunks():  # no Content-Length: counted while it arrives
@@ -542,7 +542,8 @@ def test_urls_never_come_from_the_host_header_by_default(client, built):
 
 
 # what a client (or a cache poisoner) may claim about the address it reached
-FORGED = {"Host": "evil.example.net", "X-Forwarded-Host": "evil2.example.net", "X-Forwarded-Proto": "gopher",
+# (a forged Host itself is refused before any route: tests/service/test_host_guard.py)
+FORGED = {"X-Forwarded-Host": "evil2.example.net", "X-Forwarded-Proto": "gopher",
           "X-Forwarded-Prefix": "/evil3", "Forwarded": "host=evil4.example.net;proto=gopher"}
 
 

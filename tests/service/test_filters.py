@@ -16,7 +16,7 @@ from PIL import Image
 from crossprobe.indexer import open_index
 from crossprobe.service.scope import EVERY
 
-ADMIN = {"X-Admin-Key": "s3cret"}
+ADMIN = {"X-Admin-Key": "s3cret-admin-key-0123"}
 CAMERAS = [("Canon", "Canon EOS 80D"), ("NIKON CORPORATION", "NIKON D750"), ("Apple", "iPhone 12"), None]
 
 

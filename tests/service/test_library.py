@@ -17,7 +17,7 @@ from PIL import Image
 from benchmarks import library_files
 from crossprobe.indexer import open_index
 
-ADMIN = {"X-Admin-Key": "s3cret"}
+ADMIN = {"X-Admin-Key": "s3cret-admin-key-0123"}
 
 
 def _search(client, **body):

@@ -65,7 +65,7 @@ def _settings(ixs: IndexerSettings, graphs: Path, **over):
     from crossprobe.service.settings import Settings
 
     base = dict(redis_url=ixs.redis_url, index_root=ixs.index_root, model=ixs.model, artifacts_dir=graphs,
-                threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret", batch_wait_ms=1.0)
+                threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     return Settings(**{**base, **over})
 
 

@@ -76,7 +76,7 @@ def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
         ("/healthz", "GET", "/healthz", {}),
         ("/readyz", "GET", "/readyz", {}),
         ("/metrics", "GET", "/metrics", {}),
-        ("/admin/reload", "POST", "/admin/reload", {"headers": {"X-Admin-Key": "s3cret"}}),  # 200
+        ("/admin/reload", "POST", "/admin/reload", {"headers": {"X-Admin-Key": "s3cret-admin-key-0123"}}),  # 200
         ("/knn-service", "POST", "/knn-service", _json(knn)),
         ("/knn-service", "POST", "/knn-service", _json({**knn, "indice_name": "nope"})),
         ("/knn-service", "POST", "/knn-service", _json({**knn, "modality": "text"})),  # 422 unsupported
@@ -93,10 +93,10 @@ def _requests(ids: list[str]) -> list[tuple[str, str, str, dict]]:
     for path, method in sorted(operations):  # BodyGuard's answers, on every route
         url = next(u for p, m, u, _ in cases if (p, m) == (path, method))
         cases.append((path, method, url, {"content": BIG, "headers": {"Content-Type": "application/json",
-                                                                        "X-Admin-Key": "s3cret"}}))  # 413
+                                                                        "X-Admin-Key": "s3cret-admin-key-0123"}}))  # 413
         if method == "POST":
             cases.append((path, method, url, {"content": DEEP, "headers": {"Content-Type": "application/json",
-                                                                             "X-Admin-Key": "s3cret"}}))  # 422
+                                                                             "X-Admin-Key": "s3cret-admin-key-0123"}}))  # 422
     return cases
 
 
@@ -128,7 +128,7 @@ def observed(client, built, svc_ckpt, artifacts, tmp_path_factory) -> dict:
                      ("/v1/items/{item_id}", "GET", f"/v1/items/{item}", {}),
                      ("/v1/items/{item_id}/image", "GET", f"/v1/items/{item}/image", {}),
                      ("/readyz", "GET", "/readyz", {}),
-                     ("/admin/reload", "POST", "/admin/reload", {"headers": {"X-Admin-Key": "s3cret"}}),
+                     ("/admin/reload", "POST", "/admin/reload", {"headers": {"X-Admin-Key": "s3cret-admin-key-0123"}}),
                      ("/knn-service", "POST", "/knn-service", _json({"text": "a dog"})),
                      ("/metadata", "POST", "/metadata", _json({"ids": [item]}))], seen)
 
@@ -145,7 +145,8 @@ def observed(client, built, svc_ckpt, artifacts, tmp_path_factory) -> dict:
 
     # keys and a rate limit (security.py): 401 without the header, 403 with a wrong key, 429 past the burst
     keyed = service_settings(built, svc_ckpt, artifacts, api_keys=SEARCH_KEY, admin_key=ADMIN_KEY,
-                             metrics_key=METRICS_KEY, rate_limit_rps=0.001, rate_limit_burst=1, warmup=False)
+                             metrics_key=METRICS_KEY, rate_limit_rps=0.001, rate_limit_burst=1, warmup=False,
+                             auth_failures_burst=100_000)  # wrong keys on purpose: their limit is test_security's
     with TestClient(create_app(keyed)) as c:
         wait_ready(c)
         cases = []

@@ -49,14 +49,14 @@ def test_admin_reload_switches_on_demand(versions, built, svc_ckpt, artifacts, m
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
         r = c.post("/admin/reload", headers={"X-Admin-Key": "wrong"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
-        r = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"})
+        r = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"})
         assert r.status_code == 200
         assert r.json()["indexes"]["photos"] == {"version": v2, "changed": True, "previous": v1}
         body = c.post("/v1/search", json={"query": "a photo", "k": 6}).json()
         assert body["index"]["version"] == v2 and all("new_" in h["id"] for h in body["results"])
         assert 'crossprobe_index_items{index="photos"} 6.0' in c.get("/metrics").text
         monkeypatch.setattr(c.app.state.svc.settings, "admin_key", None)
-        r = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"})
+        r = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
     store.activate("photos", v1)
 
@@ -113,7 +113,7 @@ def test_a_version_deleted_under_the_service_degrades_then_retries(versions, bui
         body = c.post("/v1/search", json={"query": "a photo", "k": 3, "rerank": "cp"}).json()
         assert body["degraded"] and "features missing" in body["degraded_reason"]
         assert body["index"]["version"] == v2 and all(h["scores"]["rerank"] is None for h in body["results"])
-        assert c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]["photos"]["version"] == v3
+        assert c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"}).json()["indexes"]["photos"]["version"] == v3
         body = c.post("/v1/search", json={"query": "a photo", "k": 3, "rerank": "cp"}).json()
         assert not body["degraded"] and body["index"]["version"] == v3
         # a request that took the v2 handle before the switch: its fetch fails, it retries on v3
@@ -137,7 +137,7 @@ def test_a_dropped_index_is_no_longer_served(versions, built, svc_ckpt, bert, ar
         assert len(dropped) == 1
         r = c.post("/v1/search", json={"query": "a photo", "k": 2, "index": "gone"})
         assert r.status_code < 500, r.text  # the pinned handle: its values are gone, degraded at worst
-        out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]
+        out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"}).json()["indexes"]
         assert out["gone"]["version"] is None and out["gone"]["changed"] and "photos" in out
         for method, path, body in (("POST", "/v1/search", {"query": "a photo", "k": 2, "index": "gone"}),
                                    ("GET", "/v1/items/gone_000.jpg?index=gone", None)):
@@ -149,5 +149,5 @@ def test_a_dropped_index_is_no_longer_served(versions, built, svc_ckpt, bert, ar
         text = c.get("/metrics").text
         assert 'crossprobe_index_items{index="gone"}' not in text and 'version_info{index="gone"' not in text
         assert 'crossprobe_reloads_total{index="gone",outcome="dropped"} 1.0' in text
-        again = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]
+        again = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"}).json()["indexes"]
         assert "gone" not in again  # looked at once, then forgotten

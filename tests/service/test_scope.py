@@ -44,12 +44,12 @@ def test_keys_scoped_to_indexes(tmp_path):
     Every key that was valid before scopes (visible ASCII, no comma: ':', '=', '|' included) still reads all;
     start-up's refusals (an index name that is not one, a key given two scopes): test_security.py."""
     f = tmp_path / "keys"
-    f.write_text("# key            indexes\nfile-key-aaaa   photos\t archive\nfile-key-bbbb\n"
-                 "old:style=key|cccc\nfile-key-dddd photos photos\n", encoding="utf-8")
-    s = Settings(api_keys="env-key-eeee photos , env-key-ffff,\n file-key-aaaa photos archive", api_keys_file=f)
+    f.write_text("# key            indexes\nfile-key-aaaaaaaaaaaa   photos\t archive\nfile-key-bbbbbbbbbbbb\n"
+                 "old:style=key|cccccccc\nfile-key-dddddddddddd photos photos\n", encoding="utf-8")
+    s = Settings(api_keys="env-key-eeeeeeeeeeee photos , env-key-ffffffffffff,\n file-key-aaaaaaaaaaaa photos archive", api_keys_file=f)
     assert security.load_search_keys(s) == {
-        "env-key-eeee": Scope(("photos",)), "env-key-ffff": EVERY, "file-key-aaaa": Scope(("photos", "archive")),
-        "file-key-bbbb": EVERY, "old:style=key|cccc": EVERY, "file-key-dddd": Scope(("photos",))}
+        "env-key-eeeeeeeeeeee": Scope(("photos",)), "env-key-ffffffffffff": EVERY, "file-key-aaaaaaaaaaaa": Scope(("photos", "archive")),
+        "file-key-bbbbbbbbbbbb": EVERY, "old:style=key|cccccccc": EVERY, "file-key-dddddddddddd": Scope(("photos",))}
     assert Scope(("photos",)).allows("photos") and not Scope(("photos",)).allows("archive")
     assert EVERY.allows("anything") and EVERY.names is None
 
@@ -71,6 +71,7 @@ def archive(built, svc_ckpt, bert, tmp_path_factory) -> list[str]:
 def app(built, archive, svc_ckpt, artifacts):
     """Both indexes served; a key for photos only, a key for every index, the admin key; default index archive."""
     yield from _client(built, svc_ckpt, artifacts, api_keys=f"{SCOPED} {A}, {EVERY_KEY}", admin_key=ADMIN,
+                       auth_failures_burst=100_000,
                        default_index=B, warmup=False)
 
 

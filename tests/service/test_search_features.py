@@ -364,7 +364,7 @@ def tagged(built, client, svc_ckpt, bert, tmp_path_factory):
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     ixs = built.ixs.model_copy(update={"factory": "HNSW32"})
     build("tagged", manifest=manifest, settings=ixs, ckpt=svc_ckpt, bert=bert, log=lambda *_: None)
-    assert client.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).status_code == 200
+    assert client.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"}).status_code == 200
     return lines
 
 

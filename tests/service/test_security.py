@@ -32,7 +32,8 @@ ORIGIN = "https://front.example.org"
 def keyed(built, svc_ckpt, artifacts):
     """An app with two search keys, an admin key, a metrics key and one allowed CORS origin."""
     yield from _client(built, svc_ckpt, artifacts, api_keys=" , ".join(SEARCH_KEYS), admin_key=ADMIN,
-                       metrics_key=METRICS, cors_origins=f"{ORIGIN}, https://other.example.org", warmup=False)
+                       metrics_key=METRICS, cors_origins=f"{ORIGIN}, https://other.example.org", warmup=False,
+                       auth_failures_burst=100_000)  # these tests send wrong keys on purpose: the limit has its own
 
 
 def _routes(built) -> list[tuple[str, str, dict | None]]:
@@ -204,6 +205,12 @@ def test_keys_from_the_environment_and_a_file(tmp_path):
     (dict(admin_key="bad\tadmin-key-4444"), "CROSSPROBE_ADMIN_KEY"),
     (dict(api_keys_file="MISSING"), "cannot read"),
     (dict(api_keys_file="EMPTY"), "holds no keys"),
+    (dict(api_keys=" , ,"), "holds no key"),  # set, yet nothing: never open routes
+    (dict(api_keys="short-key-123"), "key 1: shorter than 16"),
+    (dict(admin_key="tiny"), "CROSSPROBE_ADMIN_KEY: shorter than 16"),
+    (dict(metrics_key="metrics-123"), "CROSSPROBE_METRICS_KEY: shorter than 16"),
+    (dict(host="0.0.0.0"), "CROSSPROBE_ALLOW_OPEN_NETWORK"),  # no keys on the network: say so explicitly
+    (dict(host="192.168.1.20"), "CROSSPROBE_API_KEYS"),
 ])
 def test_start_up_refuses_keys_that_cannot_work(over, says, tmp_path, built, svc_ckpt, artifacts):
     if over.get("api_keys_file") == "MISSING":
@@ -217,7 +224,7 @@ def test_start_up_refuses_keys_that_cannot_work(over, says, tmp_path, built, svc
         create_app(service_settings(built, svc_ckpt, artifacts, **over))  # fails before the server starts
     msg = str(e.value)
     assert says in msg
-    for key in ("same-key", "good-key", "bad-key", "pasted", "caf", "admin-key"):
+    for key in ("same-key", "good-key", "bad-key", "pasted", "caf", "admin-key", "short-key", "tiny", "metrics-123"):
         assert key not in msg, msg  # keys are named by their place, never shown
 
 
@@ -524,3 +531,27 @@ def test_page_works_with_keys_in_a_browser(built, svc_ckpt, artifacts):
         wait_js(tab.value, "() => location.protocol === 'blob:'")
         browser.close()
     assert not errors, errors
+
+
+def test_a_network_address_serves_with_keys_or_when_told(built, svc_ckpt, artifacts):
+    from crossprobe.service.app import create_app
+
+    create_app(service_settings(built, svc_ckpt, artifacts, host="0.0.0.0", api_keys=SEARCH_KEYS[0]))
+    create_app(service_settings(built, svc_ckpt, artifacts, host="0.0.0.0", allow_open_network=True))
+    create_app(service_settings(built, svc_ckpt, artifacts, host="::1"))  # loopback: no keys needed
+
+
+def test_wrong_keys_are_limited_per_address(built, svc_ckpt, artifacts):
+    """After auth_failures_burst wrong keys the address gets 429 before its key is compared, even with the right
+    key, until the bucket refills; a missing key (401) is no guess and does not count."""
+    for c in _client(built, svc_ckpt, artifacts, api_keys=SEARCH_KEYS[0], admin_key=ADMIN, auth_failures_burst=3,
+                     auth_failures_per_minute=0.01, warmup=False):
+        for _ in range(5):
+            assert c.get("/v1/indexes").status_code == 401
+        codes = [c.get("/v1/indexes", headers={"X-API-Key": f"wrong-key-{i:010d}"}).status_code for i in range(3)]
+        assert codes == [403, 403, 403]
+        r = c.get("/v1/indexes", headers={"X-API-Key": SEARCH_KEYS[0]})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited" and "failed key" in r.text
+        assert int(r.headers["retry-after"]) >= 1
+        r = c.post("/admin/reload", headers={"X-Admin-Key": ADMIN})  # every group: the same address
+        assert r.status_code == 429

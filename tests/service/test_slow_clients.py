@@ -69,8 +69,8 @@ def _search_body() -> bytes:
     return json.dumps({"query": "a red square", "k": 2, "rerank": "none"}).encode()
 
 
-@pytest.mark.parametrize("sent", [b"GET /heal", b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Ty",
-                                  b"GET /healthz HTTP/1.1\r\nHost: x\r\n"])
+@pytest.mark.parametrize("sent", [b"GET /heal", b"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Ty",
+                                  b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"])
 def test_half_a_head_then_silence_gets_408(base, sent):
     with _connect(base) as s:
         t0 = time.monotonic()
@@ -82,7 +82,7 @@ def test_half_a_head_then_silence_gets_408(base, sent):
 
 def test_a_trickled_head_is_cut_at_the_deadline(base):
     """One byte every 0.2 s keeps making progress, but the head deadline does not move."""
-    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n"
     with _connect(base) as s:
         t0 = time.monotonic()
         raw, took = _until_closed(s, t0, HEAD_S + SLACK, trickle=head)
@@ -102,10 +102,10 @@ def test_an_idle_new_connection_is_closed_silently(base):
 def test_half_a_body_then_silence_gets_408(base, framing):
     body = _search_body()
     if framing == "content-length":
-        head = f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+        head = f"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
         part = body[: len(body) // 2]
     else:
-        head = "POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked"
+        head = "POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked"
         part = b"%x\r\n%s\r\n" % (len(body) // 2, body[: len(body) // 2])
     with _connect(base) as s:
         s.sendall(head.encode() + b"\r\n\r\n")
@@ -118,7 +118,7 @@ def test_half_a_body_then_silence_gets_408(base, framing):
 
 def test_a_trickled_body_is_cut_at_the_deadline(base):
     body = b" " * 300 + _search_body()  # leading whitespace is valid JSON: only the pace is wrong
-    head = (f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     with _connect(base) as s:
         s.sendall(head)
@@ -132,7 +132,7 @@ def test_a_body_nobody_reads_is_cut_too(base):
     """Content-Length over CROSSPROBE_MAX_BODY_BYTES: 413 at once, before the body. A client that keeps
     trickling that body afterwards is closed at the body deadline (uvicorn alone would hold it: its keep-alive
     timer is cancelled by each byte and never re-armed)."""
-    head = b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    head = b"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
     with _connect(base) as s:
         s.sendall(head)
         t0 = time.monotonic()
@@ -145,7 +145,7 @@ def test_a_slow_client_that_finishes_in_time_is_served(base):
     """Head and body each sent in pieces over ~1 s (half the deadline), then a second request on the same
     kept-alive connection after a pause: both answered 200, nothing cut."""
     body = _search_body()
-    head = (f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     with _connect(base) as s:
         for data in (head, body):
@@ -156,7 +156,7 @@ def test_a_slow_client_that_finishes_in_time_is_served(base):
         assert first.startswith(b"HTTP/1.1 200 "), first[:300]
         assert len(json.loads(first.partition(b"\r\n\r\n")[2])["results"]) == 2
         time.sleep(1.0)  # idle between requests: keep-alive's business (5 s), not the head deadline
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         second = _read_response(s)
         assert second.startswith(b"HTTP/1.1 200 "), second[:300]
 
@@ -181,7 +181,7 @@ def _read_response(s: socket.socket) -> bytes:
 def test_timeouts_are_counted(base):
     body = _search_body()
     with _connect(base) as s:  # one body timeout of its own, so this test stands alone
-        s.sendall(f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+        s.sendall(f"POST /v1/search HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:5])
         _assert_408(_until_closed(s, time.monotonic(), BODY_S + SLACK)[0])
     text = httpx.get(f"{base}/metrics").text
     m = re.search(r'^crossprobe_errors_total\{kind="request_timeout"\} (\d+)', text, re.M)

@@ -282,11 +282,11 @@ def test_a_service_on_the_old_checkpoint_keeps_serving_and_names_reindex(setting
     v1 = build("photos", images=gallery, settings=settings, ckpt=svc_ckpt, bert=bert, **quiet).version
     ss = ServiceSettings(redis_url=settings.redis_url, index_root=settings.index_root, ckpt=svc_ckpt, artifacts_dir=artifacts,
                          query_precision="fp32", threads=2, workers=2, reload_interval_s=0, access_log=False,
-                         admin_key="s3cret", batch_wait_ms=1.0)
+                         admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     with TestClient(create_app(ss)) as c:
         wait_ready(c)
         res = reindex("photos", settings=settings, ckpt=ckpt_b, bert=bert, **quiet)
-        out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret"}).json()["indexes"]["photos"]
+        out = c.post("/admin/reload", headers={"X-Admin-Key": "s3cret-admin-key-0123"}).json()["indexes"]["photos"]
         assert out["version"] == v1 and not out["changed"]
         assert f"crossprobe index reindex photos --model crossprobe:{svc_ckpt}" in out["error"]
         assert f"model crossprobe:{ckpt_b} (fingerprint {_fp(ckpt_b)})" in out["error"]
