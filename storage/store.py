@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -46,6 +47,8 @@ from crossprobe.storage.settings import StorageSettings
 if TYPE_CHECKING:
     from crossprobe.storage.redis_conn import RedisClient
 
+log = logging.getLogger("crossprobe.storage")
+
 
 def _values(vals: list[Any]) -> list[bytes | None]:
     """Replies of MGET: bytes (None where missing). redis-py types a reply bytes | str (decode_responses would
@@ -60,6 +63,18 @@ def check_name(name: str) -> str:
     if not NAME_RE.match(name):
         raise ValueError(f"index name {name!r}: use letters, digits, '_', '.', '-' (max 64, starting alnum)")
     return name
+
+
+# what a version's name may be wherever it is read (Redis, a manifest, a folder): new_version's names and the like;
+# never a path (no "/", not "." or ".."): a name read from a Redis anyone on its network could write must not turn
+# gc or drop into an rmtree outside the index root (issue 55)
+VERSION_RE = re.compile(r"^v[A-Za-z0-9_.-]{1,63}$")
+
+
+def check_version(version: str) -> str:
+    if not VERSION_RE.match(version):
+        raise ValueError(f"{version[:80]!r} is not a version name (v followed by letters, digits, '_', '.', '-')")
+    return version
 
 
 def new_version() -> str:
@@ -214,7 +229,8 @@ class Store:
 
     # ---- disk -------------------------------------------------------------
     def version_dir(self, name: str, version: str) -> Path:
-        return self.root / check_name(name) / version
+        """<root>/<name>/<version>, both names checked (never a path out of the index root)."""
+        return self.root / check_name(name) / check_version(version)
 
     def read_manifest(self, name: str, version: str) -> dict | None:
         p = self.version_dir(name, version) / layout.MANIFEST
@@ -267,12 +283,28 @@ class Store:
 
     def active(self, name: str) -> str | None:
         v = cast("bytes | None", self.r.get(self.active_key(check_name(name))))  # bytes: see _values
-        return v.decode() if v else None
+        if not v:
+            return None
+        version = v.decode(errors="replace")
+        if not VERSION_RE.match(version):  # written by something else than crossprobe: no version is active
+            log.warning("index %s: its active version in Redis, %r, is not a version name: ignored", name, version[:80])
+            return None
+        return version
 
     def versions(self, name: str) -> list[VersionInfo]:
         d = self.root / check_name(name)
         on_disk = {p.name for p in d.iterdir() if p.is_dir() and p.name.startswith("v")} if d.is_dir() else set()
-        in_redis = {v.decode() for v in cast("set[bytes]", self.r.smembers(self.versions_key(name)))}
+        in_redis = {v.decode(errors="replace") for v in cast("set[bytes]", self.r.smembers(self.versions_key(name)))}
+        bad = {v for v in in_redis if not VERSION_RE.match(v)}
+        if bad:  # never a path to read or remove: left alone, and said
+            log.warning(
+                "index %s: %d entries of its versions set are not version names, ignored: %s",
+                name,
+                len(bad),
+                sorted(v[:80] for v in bad)[:5],
+            )
+            in_redis -= bad
+        on_disk = {v for v in on_disk if VERSION_RE.match(v)}
         active = self.active(name)
         out = []
         for v in sorted(on_disk | in_redis):
