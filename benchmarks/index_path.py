@@ -12,10 +12,11 @@ Families (random weights, openai/clip-vit-base-patch32's shape, seed 0, tests/su
   immich   immich:<folder> the same weights written in the layout Immich publishes (tests/core/inference/
                            immich_layout.py); the reference: the same transformers model (Immich's own ML service does
                            not install here; its preprocessing gives the processor's pixels for these photos)
-open_clip needs the export venv (scripts/openclip-env.sh), absent on a machine without its ~6 GB of wheels: --families
-open_clip runs it there when present.
+  open_clip open_clip:ViT-B-32/<file>  exported, and its reference (open_clip's own encode_image / encode_text)
+                           computed, in the export venv (scripts/openclip-env.sh: open_clip needs torchvision);
+                           indexed and served from this venv, torch-free
 
-    .venv/bin/python -m benchmarks.index_path [--families hf_clip,immich] [--no-reduced]
+    .venv/bin/python -m benchmarks.index_path [--families hf_clip,immich,open_clip] [--no-reduced]
         -> docs/research/results/model_choice.json, its "index_path" section (others kept)
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +63,41 @@ def reduced_by_draft(names: list[str], size: int) -> int:
     return n
 
 
+OPENCLIP_SIDE = r"""
+import json, sys
+from pathlib import Path
+import numpy as np
+from tests.support import reference_models as rm
+from crossprobe.models import families
+work, graphs, photos, queries = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+ref_dir = work / "open_clip_base"
+ref = rm.Reference.load(ref_dir) if (ref_dir / rm.META).exists() else rm.build("open_clip", ref_dir, size="base")
+spec = f"open_clip:ViT-B-32/{ref.path / 'open_clip_model.safetensors'}"
+families.export(spec, graphs)
+emb = rm.reference_embeddings(ref, [Path(p) for p in photos], queries)
+np.save(work / "open_clip_ref_image.npy", emb.image)
+np.save(work / "open_clip_ref_text.npy", emb.text)
+print(json.dumps({"spec": spec}))
+"""
+
+
+def open_clip_side(work: Path, graphs: Path, photos: list[Path], queries: list[str]) -> tuple[str, np.ndarray, Any]:
+    """open_clip's reference (a random ViT-B-32) built, exported into `graphs` and its own embeddings of the photos
+    and queries computed, in the export venv (open_clip needs torchvision) -> (spec, image, text embeddings)."""
+    import subprocess
+
+    venv = REPO / "artifacts" / "openclip-venv" / "bin" / "python"
+    if not venv.exists():
+        raise SystemExit("open_clip needs the export venv: scripts/openclip-env.sh")
+    p = subprocess.run([str(venv), "-c", OPENCLIP_SIDE, str(work), str(graphs), json.dumps([str(x) for x in photos]),
+                        json.dumps(queries)], cwd=REPO, capture_output=True, text=True, timeout=3600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    if p.returncode:
+        raise SystemExit(f"the export venv's side failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    spec = json.loads(p.stdout.strip().splitlines()[-1])["spec"]
+    return spec, np.load(work / "open_clip_ref_image.npy"), np.load(work / "open_clip_ref_text.npy")
+
+
 def model_folder(family: str, work: Path):
     """-> (spec, reference) for a family, built once under work."""
     from tests.support import reference_models as rm
@@ -92,10 +129,15 @@ def one(family: str, work: Path, decode: str = "reference") -> dict:
     from tests.support import reference_models as rm
 
     names, queries = coco()
-    spec, ref = model_folder(family, work)
     out = work / f"{family}-{decode}"
     graphs, root, manifest = out / "graphs", out / "indexes", out / "coco.jsonl"
     out.mkdir(parents=True, exist_ok=True)
+    if family == "open_clip":  # exported, and its reference computed, in the export venv; indexed and served here
+        spec, ref_image, ref_text = open_clip_side(work, graphs, [COCO / "images" / n for n in names], queries)
+        reference = "open_clip's own transforms, tokenizer and encode_image / encode_text (open-clip-torch 3.3.0)"
+    else:
+        spec, ref = model_folder(family, work)
+        reference = "transformers CLIPModel.get_image_features / get_text_features with its CLIPProcessor (PIL)"
     manifest.write_text("".join(json.dumps({"id": n, "uri": str(COCO / "images" / n)}) + "\n" for n in names))
     ixs = IndexerSettings(redis_url=None, index_root=root, model=spec, model_dir=graphs, progress=False, decode=decode)
     t = time.monotonic()
@@ -110,8 +152,10 @@ def one(family: str, work: Path, decode: str = "reference") -> dict:
             r = http.post("/v1/search", json={"query": q, "k": K, "rerank": "none", "mode": "vector"})
             r.raise_for_status()
             answers.append([(h["id"], h["score"]) for h in r.json()["results"]])
-    want = rm.reference_embeddings(ref, [COCO / "images" / n for n in names], queries)
-    scores = want.text @ want.image.T
+    if family != "open_clip":
+        want = rm.reference_embeddings(ref, [COCO / "images" / n for n in names], queries)
+        ref_image, ref_text = want.image, want.text
+    scores = ref_text @ ref_image.T
     per = []
     for qi, api in enumerate(answers):
         ref_top = [names[j] for j in np.argsort(-scores[qi], kind="stable")[:K]]
@@ -121,18 +165,19 @@ def one(family: str, work: Path, decode: str = "reference") -> dict:
             "max_score_diff": max(p["score_diff"] for p in per), "photos": len(names), "indexed": res.count,
             "photos_reduced_by_draft": reduced_by_draft(names, 224), "index_s": round(index_s, 1),
             "index_version": ready["indexes"]["coco"], "spec": spec.split(":", 1)[0] + ":<folder>",
-            "reference": "transformers CLIPModel.get_image_features / get_text_features with its CLIPProcessor (PIL)"}
+            "reference": reference}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default="hf_clip,immich")
+    ap.add_argument("--families", default="hf_clip,immich,open_clip")
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--no-reduced", action="store_true", help="skip the run with CROSSPROBE_INDEX_DECODE=reduced")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
-    section = {"model": "random-weight CLIP, openai/clip-vit-base-patch32's config, seed 0",
+    section = {"model": "random-weight CLIP ViT-B/32 of each family's shape (openai/clip-vit-base-patch32's config; "
+                        "open_clip's ViT-B-32), seed 0",
                "photos": "coco-mini-dev's 80 (640 px JPEGs)", "request": {"k": K, "rerank": "none", "mode": "vector"},
                "queries_from": "the first caption of each of the first 45 photos (sorted by name), and 5 in Polish, "
                                "German, Spanish, Russian and Chinese", "score_tolerance": SCORE_TOL,

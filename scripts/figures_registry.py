@@ -240,9 +240,9 @@ FIGURES: dict[str, Fig | Block] = {
     "e2e.max_score_diff": num(MC, "end_to_end/max_score_diff", "{:.1e}"),
     # the index path on coco-mini-dev (benchmarks/index_path.py), at the default decoding and decoded reduced
     **{f"ip.{f}.agree": calc(MC, (f"index_path/families/{f}/agree", f"index_path/families/{f}/queries"),
-                             lambda a, q: f"{a} of {q}") for f in ("hf_clip", "immich")},
+                             lambda a, q: f"{a} of {q}") for f in ("hf_clip", "immich", "open_clip")},
     **{f"ip.{f}.max_score_diff": num(MC, f"index_path/families/{f}/max_score_diff", "{:.1e}")
-       for f in ("hf_clip", "immich")},
+       for f in ("hf_clip", "immich", "open_clip")},
     "ip.reduced.agree": calc(MC, ("index_path/reduced_for_comparison/hf_clip/agree",
                                   "index_path/reduced_for_comparison/hf_clip/queries"), lambda a, q: f"{a} of {q}"),
     "ip.reduced.max_score_diff": num(MC, "index_path/reduced_for_comparison/hf_clip/max_score_diff", "{:.1e}"),
