@@ -3,6 +3,7 @@ place (os.replace), so a reader, or the next run after a kill, sees the old one 
 
     atomic_write(path, "text" | b"bytes")        a file from a value
     durable_write(path, data)                   the same, fsynced before the rename (what the indexer writes)
+    sync_tree(folder)                           every file and folder below it fsynced (before a version's manifest)
     with atomic_path(path) as tmp: write(tmp)   a file written by a library that takes a file name (torch.save,
                                                 faiss.write_index, torch.onnx.export, safetensors...)
     with atomic_dir(path) as tmp: fill(tmp)     a folder, renamed whole (an existing one is swapped out)
@@ -57,8 +58,35 @@ def atomic_write(path: Path, data: str | bytes, *, fsync: bool = False) -> None:
 
 
 def durable_write(path: Path, data: str | bytes) -> None:
-    """atomic_write, fsynced before the rename: after a power cut the file is the old one or the new one whole."""
+    """atomic_write, fsynced before the rename, and the folder after it: after a power cut the file is the old one
+    or the new one whole."""
     atomic_write(path, data, fsync=True)
+    sync_dir(Path(path).parent)
+
+
+def sync_dir(folder: Path) -> None:
+    """fsync a folder: the names it holds (a rename into it, a new file) reach the disk, not only their data."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    """Every regular file below `folder` fsynced, then every folder, deepest first: what must be on the disk before
+    a marker that says the tree is complete (a version's manifest) is written. Links are not followed."""
+    folder = Path(folder)
+    dirs = [folder]
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            dirs.append(p)
+        elif p.is_file():
+            _fsync(p)
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        sync_dir(d)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from crossprobe.core.atomic import atomic_dir
+from crossprobe.core.atomic import atomic_dir, sync_tree
 from crossprobe.storage import layout
 
 log = logging.getLogger("crossprobe.indexer")
@@ -214,15 +214,8 @@ def write(
         writer.wait_merging_threads()
         index.reload()
         indexed = index.searcher().num_docs
-        _fsync_tree(tmp)
+        sync_tree(tmp)
     return {"indexed": indexed, "inserted": inserted, "deleted": deleted, "ocr_failed": ocr_failed}
-
-
-def _fsync_tree(folder: Path) -> None:
-    for p in folder.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
 
 
 @dataclass

@@ -265,6 +265,32 @@ class Store:
         finally:
             os.close(fd)
 
+    @contextmanager
+    def job_lock(self, name: str, what: str):
+        """One job per index at a time (build, add, delete, reindex, each batch of `index watch`): a second one is
+        refused with the holder's description (`what`, its pid, since when) instead of writing a second version and
+        activating it over the first. A flock on <root>/.jobs/<name>.lock (beside the indexes, not in one: an index's
+        folder holds its versions only): the kernel releases it even on SIGKILL."""
+        d = self.root / ".jobs"
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / f"{check_name(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = os.pread(fd, 500, 0).decode(errors="replace").strip() or "another process"
+                raise RuntimeError(
+                    f"index {name!r} is being written by another job ({held}); wait for it to finish or stop it, "
+                    "then run this again"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(
+                fd, f"{what}, pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}".encode(), 0
+            )
+            yield
+        finally:
+            os.close(fd)
+
     def _locked(self, name: str, version: str) -> bool:
         try:
             with self.lock(name, version):

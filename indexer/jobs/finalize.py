@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from crossprobe.core.atomic import durable_write as atomic_write  # fsynced: an index survives a power cut
+from crossprobe.core.atomic import durable_write, sync_tree  # fsynced: an index survives a power cut
 from crossprobe.indexer.jobs import report
 from crossprobe.indexer.jobs.run import JobContext, recorded_spec
 from crossprobe.indexer.jobs.sources import Skip
@@ -132,9 +132,13 @@ def write_version(
         factory,
         extra,
     )
-    atomic_write(
-        job.vdir / layout.MANIFEST, json.dumps(_manifest(job, len(ids), factory, writer, words, done), indent=2)
-    )  # last: the version is now complete
+    # the data files (FAISS index, vectors, ids, keyword index, report) and their folders on the disk before the
+    # manifest that marks the version complete: after a power cut a version is complete with its data, or not at all
+    with job.times.stage("sync"):
+        sync_tree(job.vdir)
+        durable_write(
+            job.vdir / layout.MANIFEST, json.dumps(_manifest(job, len(ids), factory, writer, words, done), indent=2)
+        )  # last: the version is now complete
     return done
 
 

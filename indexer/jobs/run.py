@@ -357,6 +357,18 @@ def execute(
     no items (delete). finalize: committed batches (+ base) -> the complete version, returning its report
     (finalize.py). check: may refuse the finished version before its activation (reindex's loss check)."""
     store = job.store
+    with store.job_lock(job.name, f"crossprobe index {job.kind}"):
+        return _execute(job, read, finalize, check, note)
+
+
+def _execute(
+    job: JobContext,
+    read: Reader | None,
+    finalize: Callable[[JobContext], dict],
+    check: Callable[[JobContext, dict], None] | None,
+    note: str,
+) -> Result:
+    store = job.store
     found = find_resumable(job)
     resumed = found is not None
     job.version = found or new_version()

@@ -50,7 +50,20 @@ def test_mode_and_fsync_are_applied_before_the_rename(tmp_path, monkeypatch):
         tmp.write_bytes(b"graph")
     assert stat.S_IMODE(p.stat().st_mode) == 0o640 and not synced
     atomic.durable_write(tmp_path / "manifest.json", "{}")
-    assert len(synced) == 1
+    assert len(synced) == 2  # the file before its rename, then its folder (the new name)
+
+
+def test_a_tree_is_synced_files_first_then_folders_deepest_first(tmp_path, monkeypatch):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_bytes(b"1")
+    (tmp_path / "g").write_bytes(b"2")
+    (tmp_path / "link").symlink_to(tmp_path / "g")
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
+    atomic.sync_tree(tmp_path)
+    want = [tmp_path / "a" / "b" / "f", tmp_path / "g", tmp_path / "a" / "b", tmp_path / "a", tmp_path]
+    assert synced == [str(p) for p in want]  # the link is not followed (its target is synced as itself)
 
 
 def test_a_folder_is_swapped_whole(tmp_path):

@@ -51,14 +51,14 @@ elif point == "mid_copy":  # half of the kept items' values COPYed into the new 
 elif point in ("write_index", "write_vectors"):  # before index.faiss / after index.faiss and ids
     setattr(faiss_io, point, lambda *a, **k: die())
 elif point == "write_text":  # the keyword index written under its temporary name, not yet renamed
-    keyword._fsync_tree = lambda folder: die()
+    keyword.sync_tree = lambda folder: die()
 elif point == "manifest":  # every file of the version but manifest.json
-    real_jaw = finalize.atomic_write
+    real_jaw = finalize.durable_write
     def finalize_aw(path, data):
         if Path(path).name == "manifest.json":
             die()
         return real_jaw(path, data)
-    finalize.atomic_write = finalize_aw
+    finalize.durable_write = finalize_aw
 elif point in ("before_activate", "after_activate"):  # complete, not active / active, journal still there
     real_activate = store.Store.activate
     def activate(self, *a, **k):
