@@ -56,8 +56,9 @@ CAPTIONS = {"astronaut": "Astronaut Eileen Collins", "camera": "Cameraman with a
             "moon": "Surface of the moon", "rocket": "A rocket on its launch pad", "motorcycle": "A red motorcycle",
             "hubble": "Hubble deep field", "clock": "A wall clock", "page": "A scanned page of text",
             "brick": "A brick wall", "grass": "Grass", "retina": "A retina", "colorwheel": "A colour wheel"}
-# what a client may claim about the address it reached: no URL in any answer may follow it
-FORGED = {"Host": "evil.example.net", "X-Forwarded-Host": "evil2.example.net", "X-Forwarded-Proto": "gopher",
+# what a client may claim about the address it reached: no URL in any answer may follow it (a forged Host itself is
+# refused before any route: below, and tests/service/test_host_guard.py)
+FORGED = {"X-Forwarded-Host": "evil2.example.net", "X-Forwarded-Proto": "gopher",
           "Forwarded": "host=evil3.example.net;proto=gopher"}
 SWITCHES = {  # the front's checkbox label -> (request field, value when ticked, in X-Crossprobe-Ignored)
     "Safe mode": ("use_safety_model", True, True), "Remove violence": ("use_violence_detector", True, True),
@@ -324,4 +325,6 @@ def test_no_header_steers_a_url_on_the_live_server(sites):
             assert urls and all(u.startswith(f"{back}/v1/items/") for u in urls), urls
         r = http.get("/v1/indexes/", headers=FORGED)  # once a redirect to http://<Host>/v1/indexes
         assert r.status_code == 404 and "location" not in r.headers
+        r = http.post("/knn-service", content=query, headers={"Host": "evil.example.net"})  # a rebound name
+        assert r.status_code == 400 and "evil.example.net" in r.text and "/v1/items/" not in r.text
     assert f"clip-retrieval's front-end: image URLs under {back}" in log.read_text()  # the start-up line
