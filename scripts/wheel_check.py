@@ -71,6 +71,10 @@ def model_and_photos(work: Path) -> tuple[str, Path, Path]:
     from crossprobe.models import families
     from tests.support import reference_models as rm
 
+    # from scratch each run: a rebuilt model folder has new file times, which an earlier export's record does not
+    # match (a service would then rightly call it not exported)
+    shutil.rmtree(work / "model", ignore_errors=True)
+    shutil.rmtree(work / "graphs", ignore_errors=True)
     ref = rm.build("hf_clip", work / "model", size="tiny")
     spec = f"hf:{ref.path}"
     families.export(spec, work / "graphs")
@@ -93,8 +97,13 @@ def check_python(python: Path, wheel: Path, spec: str, graphs: Path, photos: Pat
     log = work / f"py{version}.log"
     log.unlink(missing_ok=True)
     t0 = time.monotonic()
-    run([str(python), "-m", "venv", str(venv)], log)
-    run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], log, timeout=1800)
+    # no PYTHONPATH (make sets it to the checkout): pip would see the checkout's crossprobe.egg-info of `pip install
+    # -e .` as crossprobe 0.1.0 installed already and skip the wheel
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run([str(python), "-m", "venv", str(venv)], log, clean)
+    run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], log, clean, timeout=1800)
+    if not (venv / "bin" / "crossprobe").exists():
+        raise RuntimeError(f"{venv}: the wheel did not install (no crossprobe command); its output: {log}")
     installed_s = time.monotonic() - t0
     no_torch = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch"], capture_output=True).returncode != 0
     if not no_torch:

@@ -218,11 +218,19 @@ def model_json(m: FamilyModel, fp: str, dims: dict) -> dict:
 
 def record_alias(folder: Path, m: FamilyModel) -> None:
     """Another spec naming the same weights: model.json's "aliases" gets it, so exported.find_exported finds the
-    folder by either spec (model.json is replaced whole, atomically)."""
+    folder by either spec (model.json is replaced whole, atomically). A spec already recorded gets its source
+    record refreshed: the same weights written again (a new download, a copy) have new file times, and the same
+    fingerprint proves the bytes are the ones exported, so the folder serves them again."""
     meta = json.loads((folder / MODEL_JSON).read_text(encoding="utf-8"))
-    if meta.get("spec") == m.spec or m.spec in (meta.get("aliases") or {}):
-        return
-    meta.setdefault("aliases", {})[m.spec] = m.source
+    aliases = meta.get("aliases") or {}
+    if meta.get("spec") == m.spec:
+        if meta.get("source") == m.source:
+            return
+        meta["source"] = m.source
+    else:
+        if m.spec in aliases and aliases[m.spec] == m.source:
+            return
+        meta.setdefault("aliases", {})[m.spec] = m.source
     _write_json(folder / MODEL_JSON, meta)
 
 

@@ -223,3 +223,24 @@ def test_int8_is_refused_below_the_stated_cosine_naming_the_kernel_path(exported
     q8 = inference.load(spec, RuntimeOptions(graphs=root, threads=1, query_precision="int8", int8_min_cosine=1.0))
     with pytest.raises(int8.Int8Refused, match=re.escape(int8.kernel_path())):
         q8.encode_texts(["a dog"])
+
+
+def test_weights_written_again_serve_again_after_an_export(refs, tmp_path):
+    """The same bytes with new file times (a new download, a copy over): the folder is not trusted until an export
+    has seen them (the fingerprint matches), and then it serves them without exporting the graphs again."""
+    import os
+
+    from crossprobe.core.inference.exported import find_exported
+
+    copy = shutil.copytree(refs["hf_clip"].path, tmp_path / "model")
+    spec = f"hf:{copy}"
+    folder = families.export(spec, tmp_path / "graphs")
+    assert find_exported(tmp_path / "graphs", spec) == folder
+    weights = next(p for p in copy.iterdir() if p.suffix == ".safetensors")
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert find_exported(tmp_path / "graphs", spec) is None  # changed as far as the file times say
+    graph_mtime = (folder / "text.onnx").stat().st_mtime_ns
+    assert families.export(spec, tmp_path / "graphs") == folder
+    assert find_exported(tmp_path / "graphs", spec) == folder
+    assert (folder / "text.onnx").stat().st_mtime_ns == graph_mtime  # not exported again
