@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import redis
 
+from crossprobe.storage import cluster as redis_cluster
 from crossprobe.storage import layout
 from crossprobe.storage.settings import StorageSettings
 
@@ -191,40 +192,28 @@ class Store:
     # ---- reads that differ on a cluster: batch MGET, request-path fetch, health check ----
     @property
     def cluster(self) -> bool:
-        from crossprobe.storage.cluster import is_cluster
-
-        return is_cluster(self.r)
+        return redis_cluster.is_cluster(self.r)
 
     def mget(self, keys: list[str]) -> list[bytes | None]:
         """MGET for batch jobs: on a cluster redis-py's mget_nonatomic (one MGET per slot, pipelined per
         node; it rides through a failover by re-sending)."""
-        from crossprobe.storage.cluster import is_cluster
-
         if not keys:
             return []
-        return _values(self.r.mget_nonatomic(keys) if is_cluster(self.r) else self.r.mget(keys))
+        return _values(self.r.mget_nonatomic(keys) if redis_cluster.is_cluster(self.r) else self.r.mget(keys))
 
     def fetch(self, keys: list[str]) -> list[bytes | None]:
         """MGET for the request path: on a cluster one round trip per master that fails fast when a master
         does not answer (storage/cluster.py says why it is not mget_nonatomic)."""
-        from crossprobe.storage.cluster import is_cluster
-
         if not keys:
             return []
-        if is_cluster(self.r):
-            from crossprobe.storage.cluster import fetch
-
-            return fetch(self.r, keys)
+        if redis_cluster.is_cluster(self.r):
+            return redis_cluster.fetch(self.r, keys)
         return _values(self.r.mget(keys))
 
     def ping(self) -> bool:
         """The service's health check: PING the Redis, or every master of the cluster."""
-        from crossprobe.storage.cluster import is_cluster
-
-        if is_cluster(self.r):
-            from crossprobe.storage.cluster import ping
-
-            return ping(self.r)
+        if redis_cluster.is_cluster(self.r):
+            return redis_cluster.ping(self.r)
         return bool(self.r.ping())
 
     # ---- disk -------------------------------------------------------------
