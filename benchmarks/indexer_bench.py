@@ -61,7 +61,7 @@ def compare_head(ckpt: Path | None, images: list[Path], models: Path, threads: i
     from crossprobe.indexer.jobs.encoder import job_backend
     from crossprobe.core import inputs
 
-    backend = job_backend(IndexerSettings(model_dir=models, threads=threads), ckpt)
+    backend = job_backend(IndexerSettings(models_dir=models, threads=threads), ckpt)
     backend.prepare()  # make sure the head graph is exported
     model, meta = checkpoint.load(ckpt)
     px = np.stack([inputs.load_image(p) for p in images])
@@ -126,7 +126,7 @@ def main() -> None:
         models = tmp / "models"
         runs = [(int(x), ocr) for x in args.workers.split(",") for ocr in ((False, True) if args.ocr else (False,))]
         for w, ocr in runs:
-            s = IndexerSettings(index_root=tmp / f"w{w}{'-ocr' * ocr}", model_dir=models, index_embedded_db=tmp / "redis.db",
+            s = IndexerSettings(index_root=tmp / f"w{w}{'-ocr' * ocr}", models_dir=models, index_embedded_db=tmp / "redis.db",
                                 workers=w, batch_size=args.batch_size, threads=args.threads, ocr=ocr,
                                 index_key_prefix=f"bench{os.getpid()}")
             r = build(f"flickr8k-w{w}", manifest=manifest, settings=s, ckpt=args.ckpt, log=print)

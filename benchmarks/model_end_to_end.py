@@ -86,13 +86,13 @@ def end_to_end(work: Path) -> dict:
     graphs, root = work / "graphs", work / "indexes"
     manifest = work / "dev.jsonl"
     manifest.write_text("".join(json.dumps({"id": n, "uri": str(FLICKR / "images" / n)}) + "\n" for n in names))
-    ixs = IndexerSettings(redis_url=None, index_root=root, model=spec, model_dir=graphs, progress=False)
+    ixs = IndexerSettings(redis_url=None, index_root=root, model=spec, models_dir=graphs, progress=False)
     t = time.monotonic()
     res = build("dev", manifest=manifest, settings=ixs, log=print)
     index_s = time.monotonic() - t
     print(res.summary())
     queries = [caps[n][0] for n in names[:QUERIES]]  # each of the first 50 dev photos' first caption
-    settings = Settings(redis_url=None, index_root=root, model=spec, artifacts_dir=graphs, indexes="dev", port=0,
+    settings = Settings(redis_url=None, index_root=root, model=spec, models_dir=graphs, indexes="dev", port=0,
                         reload_interval_s=0, log_level="warning", access_log=False)
     answers = []
     with running(settings) as url, httpx.Client(base_url=url, timeout=120) as http:

@@ -76,7 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ray-bench-") as tmp:
         tmp = Path(tmp)
         ray_tmp = Path(tempfile.mkdtemp(prefix="cpray", dir="/tmp"))  # short: Ray's socket paths
-        base = IndexerSettings(model_dir=tmp / "models", index_embedded_db=tmp / "redis.db", batch_size=args.batch_size,
+        base = IndexerSettings(models_dir=tmp / "models", index_embedded_db=tmp / "redis.db", batch_size=args.batch_size,
                         progress=False, ray_temp_dir=ray_tmp, ray_num_cpus=len(os.sched_getaffinity(0)))
         manifest, small = tmp / "flickr8k.jsonl", tmp / "one-batch.jsonl"
         manifest.write_text("".join(json.dumps({"id": p.name, "uri": str(p)}) + "\n" for p in paths))

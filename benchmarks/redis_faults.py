@@ -148,7 +148,7 @@ def main() -> None:
         server.save()  # the next run (and the restart below) starts from this data
         port = free_port()
         env = {**os.environ, "REDIS_URL": url, "CROSSPROBE_INDEX_ROOT": str(args.workdir / "indexes"),
-               "CROSSPROBE_ARTIFACTS_DIR": str(args.workdir / "service"), "CROSSPROBE_INDEXES": INDEX,
+               "CROSSPROBE_MODELS_DIR": str(args.workdir / "service"), "CROSSPROBE_INDEXES": INDEX,
                "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0",
                "CROSSPROBE_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
         if args.ckpt:

@@ -17,8 +17,11 @@ from typing import Any
 
 import typer
 
-# `crossprobe models pull` is the one command that downloads; it keeps a user's own HF_HUB_OFFLINE=1
-HF_OFFLINE_ASKED = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+# the libraries crossprobe runs never download by themselves: crossprobe.core.hub does, where a model is named
+# that this machine lacks, and keeps a user's own HF_HUB_OFFLINE=1 (recorded here before it is set for them)
+from crossprobe.core import hub  # noqa: E402 (light: os and socket only)
+
+hub.remember_user_offline()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

@@ -4,8 +4,8 @@
     crossprobe models list [--root DIR]         what is exported there
     crossprobe models pull SPEC                 fetch the weights where a network exists (says what to do where not)
 
-DIR defaults to the service's graphs folder (CROSSPROBE_ARTIFACTS_DIR, else artifacts/service, as the service's
-settings default it). cli/__init__.py adds this group to the command line."""
+DIR defaults to the models folder the service and the index commands read (CROSSPROBE_MODELS_DIR, else
+<index root>/_models). cli/__init__.py adds this group to the command line."""
 
 from __future__ import annotations
 
@@ -14,26 +14,28 @@ from pathlib import Path
 
 import typer
 
+from crossprobe.cli.options import MODELS_HELP, models_folder
+
 models_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="model families: export a model's graphs, list the exported ones, pull weights",
 )
 
-ROOT_HELP = "root folder of exported models, <root>/<fingerprint>/ (env CROSSPROBE_ARTIFACTS_DIR, the service's)"
 
-
-def _root(default: str = "artifacts/service"):
-    return typer.Option(Path(default), envvar="CROSSPROBE_ARTIFACTS_DIR", help=ROOT_HELP)
+def _root():
+    return typer.Option(None, "--root", "--out", help=MODELS_HELP)
 
 
 @models_app.command("export")
 def export(
     spec: str = typer.Argument(..., help="open_clip:<arch>/<tag or file> | hf:<repo id or dir>"), out: Path = _root()
 ):
+    out = models_folder(out)
     """Export SPEC's graphs, tokenizer and model.json into <out>/<fingerprint>/ (kept if it exists), checked against
-    the family's own library. Needs PyTorch and the family's library: Hugging Face models export in the main
-    environment, open_clip ones (and M-CLIP, whose image tower is open_clip's) in scripts/openclip-env.sh's venv."""
+    the family's own library. Needs PyTorch and the family's library (pip install 'crossprobe[torch,export]' for
+    Hugging Face models, 'crossprobe[open_clip]' for open_clip and M-CLIP ones). `crossprobe serve --model SPEC`
+    and the index commands do this themselves on first use."""
     from crossprobe.core.inference.spec import BadSpec
 
     try:
@@ -42,10 +44,9 @@ def export(
         folder = families.export(spec, out, log=typer.echo)
     except ImportError as e:
         typer.echo(
-            f"{spec}: this environment cannot export it ({e}). Hugging Face models export where PyTorch, "
-            f"transformers and crossprobe's export extra are installed (pip install 'crossprobe[export]'); "
-            f"open_clip and M-CLIP models in the venv scripts/openclip-env.sh makes: "
-            f"artifacts/openclip-venv/bin/crossprobe models export {spec}",
+            f"{spec}: this environment cannot export it ({e}). Hugging Face models export where PyTorch and "
+            f"transformers are installed (pip install 'crossprobe[torch,export]'); open_clip and M-CLIP models "
+            f"where open_clip is too (pip install 'crossprobe[open_clip]')",
             err=True,
         )
         raise typer.Exit(2) from None
@@ -62,6 +63,7 @@ def export(
 @models_app.command("list")
 def list_models(root: Path = _root()):
     """The exported models under ROOT: fingerprint, family, spec(s), dims, size on disk."""
+    root = models_folder(root)
     rows = []
     for mj in sorted(root.glob("*/model.json")) if root.is_dir() else []:
         try:
@@ -91,13 +93,12 @@ def pull(
 ):
     """Download SPEC's files (the Hugging Face cache, open_clip's cache) where a network exists; where none does,
     say so within TIMEOUT seconds and what to do instead."""
-    from crossprobe.cli import HF_OFFLINE_ASKED
+    from crossprobe.core.hub import NoNetwork
     from crossprobe.core.inference.spec import BadSpec
-    from crossprobe.models.families.pull import NoNetwork
     from crossprobe.models.families.pull import pull as run_pull
 
     try:
-        use = run_pull(spec, timeout, offline_asked=HF_OFFLINE_ASKED, log=typer.echo)
+        use = run_pull(spec, timeout, log=typer.echo)
     except NoNetwork as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(3) from None

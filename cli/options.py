@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 import typer
 
 CKPT = typer.Option(None, help="checkpoint directory (default: the committed one)")
+MODELS_HELP = (
+    "the models folder, <folder>/<fingerprint>/ (env CROSSPROBE_MODELS_DIR; default <index root>/_models, the one "
+    "the service and the index commands read)"
+)
+
+
+def models_folder(given: Path | None) -> Path:
+    """--models as given, else the settings' models folder (StorageSettings.models: the service's and the jobs')."""
+    if given is not None:
+        return given
+    from crossprobe.storage.settings import StorageSettings
+
+    return StorageSettings().models
 
 
 def command_line() -> str:

@@ -8,15 +8,11 @@ from pathlib import Path
 
 import typer
 
-from crossprobe.cli.options import CKPT, command_line, need_flickr
+from crossprobe.cli.options import CKPT, MODELS_HELP, command_line, models_folder, need_flickr
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="crossprobe: text-to-image search models and tools")
 
-_GRAPHS = typer.Option(
-    Path("artifacts/service"),
-    envvar="CROSSPROBE_ARTIFACTS_DIR",
-    help="root folder of exported models, <root>/<fingerprint>/ (the service's)",
-)
+_GRAPHS = typer.Option(None, "--graphs", "--models", help=MODELS_HELP)
 
 
 @app.command()
@@ -70,7 +66,7 @@ def train(
     """Train towers and rerankers on Flickr8k (resumes from RUN_DIR when interrupted); with --backbone, reranker
     heads on another model's backbone over your own captioned folder."""
     if backbone is not None or data is not None:
-        _train_heads(backbone, data, out, run_dir, cache_dir, graphs, heads, seed, threads)
+        _train_heads(backbone, data, out, run_dir, cache_dir, models_folder(graphs), heads, seed, threads)
         return
     run_dir, cache_dir = run_dir or Path("runs/default"), cache_dir or Path("cache/flickr8k")
     need_flickr()
@@ -187,7 +183,9 @@ def evaluate(
     with --data, any model (--model SPEC) on a captioned folder: R@1/5/10 both ways, and each reranker's over the
     two-tower top K."""
     if data is not None:
-        _eval_folder(data, model or (f"crossprobe:{ckpt}" if ckpt else None), split, k, graphs, json_out, threads)
+        _eval_folder(
+            data, model or (f"crossprobe:{ckpt}" if ckpt else None), split, k, models_folder(graphs), json_out, threads
+        )
         return
     need_flickr()
     if ood and not (baseline / "config.json").exists():
@@ -407,7 +405,7 @@ def export(
 ):
     """Export every ONNX graph the service and the indexer run: the checkpoint's graphs into <out>/<fingerprint>/
     (each checked against PyTorch), its int8 query tower, and the shared image backbone <out>/image_backbone.onnx.
-    Point CROSSPROBE_ARTIFACTS_DIR and CROSSPROBE_INDEX_MODEL_DIR at <out> and nothing exports at start."""
+    Point CROSSPROBE_MODELS_DIR at <out> and nothing exports at start."""
     from crossprobe.models import checkpoint, graphs
     from crossprobe.models import export as ex
     from crossprobe.models.evaluation.timing import parity

@@ -88,7 +88,7 @@ class Settings(StorageSettings):
 
     # -- model -----------------------------------------------------------------
     # which model: CROSSPROBE_MODEL (or the older CROSSPROBE_CKPT), StorageSettings' (the batch jobs read the same)
-    artifacts_dir: Path = Path("artifacts/service")  # ONNX graphs, exported once into <dir>/<fingerprint>/
+    # (where its graphs live: StorageSettings.models_dir, the folder the batch jobs read too)
     # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
     # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own
     # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)

@@ -47,7 +47,8 @@ def load_model(settings: Settings, bert=None) -> Backend:
     model = inference.load(
         settings.model_spec,
         inference.RuntimeOptions(
-            graphs=settings.artifacts_dir,
+            graphs=settings.models,
+            download_timeout_s=settings.download_timeout,
             threads=settings.threads,
             spinning=settings.ort_spinning,
             shared_pool=settings.ort_shared_pool,

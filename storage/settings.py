@@ -217,6 +217,20 @@ class StorageSettings(BaseSettings):
     # the older way to name a crossprobe checkpoint folder (CROSSPROBE_MODEL=crossprobe:DIR says the same); set
     # together with CROSSPROBE_MODEL, both must name the same checkpoint, else the settings are refused
     ckpt: Path | None = Field(None, validation_alias="CROSSPROBE_CKPT")
+    # the one models folder: every model's exported graphs, <models_dir>/<fingerprint>/, which the service and the
+    # batch jobs both read, and where a model that has none yet is exported on first use. Unset:
+    # <index_root>/_models. CROSSPROBE_ARTIFACTS_DIR (the service's) and CROSSPROBE_INDEX_MODEL_DIR (the jobs'),
+    # the older names of two folders that are now this one, set it too
+    models_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "CROSSPROBE_MODELS_DIR", "CROSSPROBE_ARTIFACTS_DIR", "CROSSPROBE_INDEX_MODEL_DIR", "models_dir"
+        ),
+    )
+    # a model named that this machine lacks (a hub repo id, an open_clip tag) is downloaded on first use from the
+    # Hugging Face hub (HF_ENDPOINT), each connection and read bounded by this many seconds, then exported into the
+    # models folder; 0: never downloaded (HF_HUB_OFFLINE=1 says the same), the error says how to fetch it
+    model_download_timeout_s: float = Field(10.0, ge=0, le=600, validation_alias="CROSSPROBE_MODEL_DOWNLOAD_TIMEOUT_S")
 
     # -- index versions ---------------------------------------------------------------------------------------
     # <index_root>/<name>/<version>/: one index version each (its FAISS files and manifest)
@@ -305,6 +319,16 @@ class StorageSettings(BaseSettings):
     def default_of(cls, name: str) -> Any:
         """A field's default for this role (ROLE_DEFAULTS first): what the generated settings table shows."""
         return cls.ROLE_DEFAULTS.get(name, cls.model_fields[name].default)
+
+    @property
+    def download_timeout(self) -> float | None:
+        """RuntimeOptions.download_timeout_s: None where downloads are off."""
+        return self.model_download_timeout_s or None
+
+    @property
+    def models(self) -> Path:
+        """The models folder (models_dir, else <index_root>/_models)."""
+        return Path(self.models_dir or self.index_root / "_models")
 
     @property
     def rdb(self) -> Path:

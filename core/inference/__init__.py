@@ -7,10 +7,12 @@ immich.py (a folder in the layout Immich publishes), heads.py (reranker heads on
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from dataclasses import replace
 from pathlib import Path
 
-from crossprobe.core import runtime, torch_side
+from crossprobe.core import hub, runtime, torch_side
 from crossprobe.core.inference.base import (
     Backend,
     ImageFeatures,
@@ -68,15 +70,11 @@ def load(
     if spec.family in ("open_clip", "hf"):
         from crossprobe.core.inference.exported import ExportedBackend
 
-        return ExportedBackend(exported_folder(spec, opts.graphs), opts)
+        return ExportedBackend(exported_folder(spec, opts.graphs, opts), opts)
     if spec.family == "immich":
         from crossprobe.core.inference.immich import ImmichBackend
 
-        if spec.path is None:
-            raise BadSpec(
-                f"model {spec}: an Immich model is a folder (immich:DIR; `crossprobe models pull` fetches one)"
-            )
-        return ImmichBackend(spec.path, opts)  # Immich's folder as it is: nothing to export
+        return ImmichBackend(immich_folder(spec, opts), opts)  # Immich's folder as it is: nothing to export
     raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
 
 
@@ -91,22 +89,81 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def exported_folder(spec: ModelSpec, root: Path | None) -> Path:
-    """The folder of `spec`'s exported graphs under `root`, exporting them now where this environment can."""
+# what exporting a family needs installed beside crossprobe (import names), and the one command that installs it
+EXPORT_NEEDS = {
+    "hf": (("torch", "transformers"), "pip install 'crossprobe[torch,export]'"),
+    "open_clip": (("torch", "torchvision", "open_clip"), "pip install 'crossprobe[open_clip]'"),
+}
+IMMICH_FILES = ["config.json", "visual/*", "textual/*"]  # what of an Immich repo is served
+
+
+def _say(opts: RuntimeOptions):
+    return opts.say or logging.getLogger("crossprobe.models").info
+
+
+def export_lacks(family: str) -> tuple[list[str], str]:
+    """The libraries missing here to export a model of `family`, and the pip command that installs them."""
+    needs, install = EXPORT_NEEDS[family]
+    return [n for n in needs if importlib.util.find_spec(n) is None], install
+
+
+def exported_folder(spec: ModelSpec, root: Path | None, opts: RuntimeOptions | None = None) -> Path:
+    """The folder of `spec`'s exported graphs under `root` (the models folder). Missing: exported now where this
+    environment has the family's library, its weights downloaded first where they are not on this machine and
+    opts allows downloads; else ModelUnavailable naming what is missing and the command that fixes it."""
     from crossprobe.core.inference.exported import find_exported
 
+    opts = opts or RuntimeOptions()
     if root is None:
-        raise ModelUnavailable(f"model {spec}: no graphs folder given to find or export its graphs in")
+        raise ModelUnavailable(f"model {spec}: no models folder given to find or export its graphs in")
     found = find_exported(root, str(spec))
     if found is not None:
         return found
-    try:
-        return torch_side.module("families", f"exporting {spec}").export(spec, Path(root))
-    except (ImportError, torch_side.TorchUnavailable) as e:  # torch or the family's library is missing
+    lacking, install = export_lacks(spec.family)
+    if lacking:
         raise ModelUnavailable(
-            f"model {spec} is not exported under {root}, and this environment cannot export it ({e}). Export it where "
-            f"PyTorch and the family's library are installed ({torch_side.INSTALL}; open_clip models also "
-            f"pip install open-clip-torch): `crossprobe models export {spec} --out DIR`, then point "
-            "CROSSPROBE_ARTIFACTS_DIR (the "
-            f"service) and CROSSPROBE_INDEX_MODEL_DIR (the batch jobs) at DIR"
-        ) from None
+            f"model {spec} is not exported under {root}, and this environment cannot export it: it lacks "
+            f"{', '.join(lacking)}. Install them here ({install}; PyTorch's CPU build first where the default is "
+            "the CUDA one: pip install torch --index-url https://download.pytorch.org/whl/cpu), or export it on a "
+            f"machine that has them (`crossprobe models export {spec} --out DIR`) and copy DIR here as the models "
+            "folder (CROSSPROBE_MODELS_DIR=DIR)"
+        )
+    say = _say(opts)
+    families = torch_side.module("families", f"exporting {spec}")
+    try:
+        return families.export(spec, Path(root), log=say)
+    except FileNotFoundError:  # hub weights not on this machine (a weights file or folder that is not there: raise)
+        if spec.path is not None or opts.download_timeout_s is None:
+            raise
+    pull = torch_side.module("families.pull", f"downloading {spec}")
+    try:
+        pull.pull(spec, opts.download_timeout_s, log=say)
+    except hub.NoNetwork as e:
+        raise ModelUnavailable(str(e)) from None
+    return families.export(spec, Path(root), log=say)
+
+
+def immich_folder(spec: ModelSpec, opts: RuntimeOptions) -> Path:
+    """The folder of an immich: spec: a local folder as it is; a hub repo id (immich-app/ViT-B-32__openai): its files
+    in the Hugging Face cache, downloaded first where they are not there and opts allows it (no PyTorch needed)."""
+    path = spec.path
+    if path is not None and path.is_dir():
+        return path
+    repo = spec.ref.strip("/")
+    if repo.count("/") != 1 or spec.ref.startswith((".", "/", "~")):
+        raise BadSpec(
+            f"model {spec}: an Immich model is a folder or a hub repo id (immich:DIR, immich:immich-app/<name>); "
+            f"{spec.ref} is neither"
+        )
+    folder = hub.cached(repo, IMMICH_FILES)
+    if folder is not None:
+        return folder
+    if opts.download_timeout_s is None:
+        raise ModelUnavailable(
+            f"model {spec}: {repo} is not on this machine (its Hugging Face cache), and downloads are off here; "
+            f"`crossprobe models pull {spec}` fetches it. " + hub.ELSEWHERE
+        )
+    try:
+        return hub.snapshot(repo, IMMICH_FILES, opts.download_timeout_s, _say(opts), what=str(spec))
+    except hub.NoNetwork as e:
+        raise ModelUnavailable(str(e)) from None

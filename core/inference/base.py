@@ -82,6 +82,10 @@ class RuntimeOptions:
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | fp16 | bf16: what the PyTorch (GPU) path computes in (torch_crossprobe.py)
     image_head: str = "onnx"  # onnx | torch (the PyTorch module, for checking the graph)
+    # a model this machine lacks (a hub repo id, an open_clip tag) is downloaded first, each request bounded by this
+    # many seconds (core/hub.py); None: never downloaded, the error says how to fetch it
+    download_timeout_s: float | None = None
+    say: Callable[[str], None] | None = None  # where fetching and exporting report their steps (None: logging)
     model: Any = None  # an in-memory model (tests): its graphs are exported from it when missing
     bert: Any = None  # an already loaded text backbone (tests): used only when graphs must be exported
     extra: dict = field(default_factory=dict)

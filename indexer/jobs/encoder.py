@@ -7,7 +7,7 @@ A job reaches its model through one Backend: image_grid (the frozen backbone, ti
 image_features (the image tower, timed as "head"). The image tower runs in ONNX Runtime by default
 (IndexerSettings.head = "onnx": faster than PyTorch eager, docs/research/indexer.md), and a build whose graphs are
 exported for this fingerprint never builds the PyTorch model (a resumed build starts in about a second);
-head = "torch" remains for checking. Graphs live in <model_dir> (IndexerSettings.models), written by
+head = "torch" remains for checking. Graphs live in the models folder (IndexerSettings.models), written by
 models/export.py: image_backbone.onnx (one for all checkpoints) and <fingerprint>/image_tower.onnx.
 """
 
@@ -34,6 +34,7 @@ def job_backend(
     # they wait (measured: docs/research/text_search.md, "Indexing with OCR on")
     opts = RuntimeOptions(
         graphs=settings.models,
+        download_timeout_s=settings.download_timeout,
         threads=settings.threads,
         spinning=False if settings.ocr else None,
         image_head=settings.head,
@@ -45,8 +46,15 @@ def job_backend(
     return inference.load(spec if spec is not None else settings.model_spec, opts, identity)
 
 
-def identify(spec: ModelSpec | Path | None = None, model=None, graphs: Path | None = None) -> tuple[str, FeatureDims]:
+def identify(
+    spec: ModelSpec | Path | None = None,
+    model=None,
+    graphs: Path | None = None,
+    download_timeout_s: float | None = None,
+    say=None,
+) -> tuple[str, FeatureDims]:
     """(fingerprint, dims) of the model a job would run, without loading any part of it (a family model not exported
-    yet is exported here, into `graphs`, where this environment can)."""
-    backend = inference.load(spec, RuntimeOptions(graphs=graphs, model=model))
+    yet is exported here, into `graphs`, where this environment can: its weights downloaded first where allowed)."""
+    opts = RuntimeOptions(graphs=graphs, model=model, download_timeout_s=download_timeout_s, say=say)
+    backend = inference.load(spec, opts)
     return backend.fingerprint, backend.dims

@@ -195,7 +195,9 @@ def open_job(
 
 def use_checkpoint(job: JobContext) -> None:
     """The fingerprint and dims of the model this job encodes with (its spec, or the in-memory model)."""
-    job.fingerprint, job.dims = identify(job.model_spec, job.model, job.settings.models)
+    job.fingerprint, job.dims = identify(
+        job.model_spec, job.model, job.settings.models, job.settings.download_timeout, say=job.log
+    )
 
 
 def recorded_spec(job: JobContext) -> str | None:

@@ -24,7 +24,6 @@ class IndexerSettings(StorageSettings):
     # busy server, and a build would rather wait seconds than fail; still bounded, so a paused Redis fails the
     # build instead of hanging it)
 
-    model_dir: Path | None = None  # exported ONNX graphs; default <index_root>/_models
     # pixels a file may decode to, checked on its header before any decode (decompression bombs, huge scans):
     # after reduced decoding, so a JPEG of up to 64x this (draft at 1/8 scale: a 200 MP photo decodes as 3 MP) and
     # a HEIC with a thumbnail pass; PNG, TIFF, WebP, AVIF and HEIC without thumbnail decode in full (a 48-50 MP
@@ -124,7 +123,3 @@ class IndexerSettings(StorageSettings):
     watch_gc_grace_s: float = Field(15.0, ge=0)
     watch_metrics_port: int = Field(9109, ge=0, le=65_535)  # the watcher's Prometheus /metrics; 0: none
     watch_metrics_addr: str = "0.0.0.0"  # the address /metrics listens on (127.0.0.1: this machine only)
-
-    @property
-    def models(self) -> Path:
-        return Path(self.model_dir or self.index_root / "_models")

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from crossprobe.core.atomic import atomic_path
 from crossprobe.core.inference.exported import FORMAT, MODEL_JSON, text_tokenizer, tokenize, unit
@@ -36,30 +37,36 @@ GRAPH_TOLERANCE = 1e-4  # max |ONNX Runtime - PyTorch| of unit-norm embeddings o
 
 def write(m: FamilyModel, root: Path, log: Callable[[str], None] | None = None) -> Path:
     """<root>/<fingerprint>/ for `m` (module docstring); an existing folder of the same fingerprint is kept and
-    `m.spec` recorded in it."""
+    `m.spec` recorded in it. A progress bar (on a terminal) counts the four steps: an export takes minutes."""
     say = log or log_.info
-    say(check_tokenizer(m))
-    fp = fingerprint(m)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / fp
-    if (final / MODEL_JSON).exists():
-        record_alias(final, m)
-        say(f"{final}: already exported (fingerprint {fp})")
-        return final
-    tmp = Path(tempfile.mkdtemp(prefix=f".{fp}.", suffix=".tmp", dir=root))
-    try:
-        dims = _export_graphs(m, tmp, say)
-        (tmp / "tokenizer.json").write_text(m.tokenizer_json, encoding="utf-8")
-        _write_json(tmp / MODEL_JSON, model_json(m, fp, dims))  # last: a folder with model.json is complete
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another export of the same weights finished first: theirs is the same folder
-            if not (final / MODEL_JSON).exists():
-                raise
+    with tqdm(total=4, desc=f"exporting {m.spec}", unit="step", disable=None, leave=False) as bar:
+        say(check_tokenizer(m))
+        bar.update()
+        fp = fingerprint(m)
+        bar.update()
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / fp
+        if (final / MODEL_JSON).exists():
             record_alias(final, m)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            say(f"{final}: already exported (fingerprint {fp})")
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{fp}.", suffix=".tmp", dir=root))
+        try:
+            dims = _export_graphs(m, tmp, say)
+            bar.update()
+            (tmp / "tokenizer.json").write_text(m.tokenizer_json, encoding="utf-8")
+            _write_json(tmp / MODEL_JSON, model_json(m, fp, dims))  # last: a folder with model.json is complete
+            os.chmod(tmp, 0o755)  # mkdtemp's 0700
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another export of the same weights finished first: theirs is the same folder
+                if not (final / MODEL_JSON).exists():
+                    raise
+                record_alias(final, m)
+            bar.update()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"{final}: exported {m.spec} (fingerprint {fp})")
     return final
 
 

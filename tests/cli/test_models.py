@@ -41,7 +41,7 @@ def test_export_refusals_exit_with_a_usage_error(tmp_path):
     r = runner.invoke(app, ["models", "export", "clip:ViT-B-32", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "unknown family" in r.output
     r = runner.invoke(app, ["models", "export", "open_clip:ViT-B-32/laion2b_s34b_b79k", "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "scripts/openclip-env.sh" in r.output  # no open_clip in the main .venv
+    assert r.exit_code == 2 and "pip install 'crossprobe[open_clip]'" in r.output  # no open_clip in the main .venv
     r = runner.invoke(app, ["models", "list", "--root", str(tmp_path / "none")])
     assert r.exit_code == 0 and "no exported models" in r.output
 

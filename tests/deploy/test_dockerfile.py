@@ -117,7 +117,7 @@ def test_image_facts():
     assert len(user) == 1 and re.fullmatch(r"[1-9]\d*:[1-9]\d*", user[0])  # numeric, not root
     env = env_of(runtime)
     assert env["CROSSPROBE_HOST"] == "0.0.0.0"
-    assert env["CROSSPROBE_ARTIFACTS_DIR"] == env["CROSSPROBE_INDEX_MODEL_DIR"] == "/opt/crossprobe/graphs"
+    assert env["CROSSPROBE_MODELS_DIR"] == "/opt/crossprobe/graphs"
     assert any(c.endswith("/opt/crossprobe/graphs /opt/crossprobe/graphs") for c in copies)
     volumes = json.loads(next(rest for w, rest in runtime if w == "VOLUME"))
     assert volumes == [env["CROSSPROBE_INDEX_ROOT"]]
@@ -171,7 +171,7 @@ def test_another_model_is_baked_in_by_a_build_argument_and_named_contexts():
     assert own < at[model_copy] < export and at[graphs_copy] < export and at[("ARG", "MODEL=")] < export
     env = env_of(st["runtime"])
     assert env["CROSSPROBE_MODEL"] == "${MODEL}"
-    assert env["CROSSPROBE_ARTIFACTS_DIR"] == env["CROSSPROBE_INDEX_MODEL_DIR"] == "/opt/crossprobe/graphs"
+    assert env["CROSSPROBE_MODELS_DIR"] == "/opt/crossprobe/graphs"
     # an empty MODEL (the default build) is the committed checkpoint for both roles, as if unset
     from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.core.inference.spec import ModelSpec

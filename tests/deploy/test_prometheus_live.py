@@ -145,7 +145,7 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
         started = time.time()
         job = start("build", [sys.executable, "-m", "crossprobe.cli", "index", "build", "--name", PUSHED,
                               "--images", str(gallery), "--ckpt", str(svc_ckpt)],
-                    {**base_env, "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir), "CROSSPROBE_INDEX_THREADS": "1",
+                    {**base_env, "CROSSPROBE_MODELS_DIR": str(models_dir), "CROSSPROBE_INDEX_THREADS": "1",
                      "CROSSPROBE_INDEX_BATCH_SIZE": "2", "CROSSPROBE_INDEX_PROGRESS": "false",
                      "CROSSPROBE_PUSHGATEWAY_URL": f"http://127.0.0.1:{pg_port}"})
         # `crossprobe index watch` over a folder of its own, in an index root the service does not read: the
@@ -154,13 +154,13 @@ def stack(built, svc_ckpt, artifacts, models_dir, redis_url, tmp_path_factory):
         make_images(watched, 5, seed=8, prefix="watched")
         start("watch", [sys.executable, "-m", "crossprobe.cli", "index", "watch", "--name", WATCHED,
                         "--images", str(watched), "--ckpt", str(svc_ckpt)],
-              {**base_env, "CROSSPROBE_INDEX_ROOT": str(tmp / "watch-indexes"), "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir),
+              {**base_env, "CROSSPROBE_INDEX_ROOT": str(tmp / "watch-indexes"), "CROSSPROBE_MODELS_DIR": str(models_dir),
                "CROSSPROBE_INDEX_THREADS": "1", "CROSSPROBE_INDEX_PROGRESS": "false",
                "CROSSPROBE_INDEX_WATCH_METRICS_PORT": str(watch_port), "CROSSPROBE_INDEX_WATCH_METRICS_ADDR": "127.0.0.1"})
         # CROSSPROBE_QUEUE_SIZE=1: a burst of concurrent searches gets real 429s
         start("service", [sys.executable, "-m", "crossprobe.cli", "serve", "--host", "127.0.0.1", "--port",
                           str(api_port)],
-              {**base_env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+              {**base_env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_MODELS_DIR": str(artifacts),
                "CROSSPROBE_RELOAD_INTERVAL_S": "1", "CROSSPROBE_THREADS": "1", "CROSSPROBE_WORKERS": "2",
                "CROSSPROBE_QUEUE_SIZE": "1", "CROSSPROBE_ACCESS_LOG": "false"})
 

@@ -46,7 +46,7 @@ def test_index_and_serve_without_torch(no_torch, graphs, svc_ckpt, redis_server,
     gallery = tmp_path / "gallery"
     make_images(gallery, 6)
     env = {"REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(tmp_path / "indexes"),
-           "CROSSPROBE_INDEX_MODEL_DIR": str(graphs), "CROSSPROBE_ARTIFACTS_DIR": str(graphs),
+           "CROSSPROBE_MODELS_DIR": str(graphs),
            "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_INDEX_PROGRESS": "false"}
     p = _run(f"""
         import sys
@@ -96,5 +96,5 @@ def test_a_checkpoint_without_graphs_is_refused_with_what_to_do(no_torch, graphs
         """, no_torch, {})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "REFUSED" in p.stdout and "0123456789abcdef" in p.stdout
-    for hint in ("crossprobe export", "CROSSPROBE_ARTIFACTS_DIR", "CROSSPROBE_INDEX_MODEL_DIR"):
+    for hint in ("crossprobe export", "CROSSPROBE_MODELS_DIR"):
         assert hint in p.stdout

@@ -47,7 +47,7 @@ def models_dir(tmp_path_factory) -> Path:
 @pytest.fixture()
 def settings(redis_server, redis_url, models_dir, tmp_path) -> IndexerSettings:
     redis_server.flushall()
-    return IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model_dir=models_dir, batch_size=4,
+    return IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", models_dir=models_dir, batch_size=4,
                     threads=2, progress=False)
 
 
@@ -56,7 +56,7 @@ def env(settings) -> dict:
     """Environment that makes a `crossprobe index` subprocess / CliRunner use the same settings."""
     e = dict(os.environ)
     e.update({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.index_root),
-              "CROSSPROBE_INDEX_MODEL_DIR": str(settings.model_dir), "CROSSPROBE_INDEX_BATCH_SIZE": "4",
+              "CROSSPROBE_MODELS_DIR": str(settings.models_dir), "CROSSPROBE_INDEX_BATCH_SIZE": "4",
               "CROSSPROBE_INDEX_THREADS": "2", "CROSSPROBE_INDEX_PROGRESS": "false"})
     return e
 
@@ -170,7 +170,7 @@ def cluster_settings(redis_cluster, models_dir, tmp_path) -> IndexerSettings:
     """The `settings` fixture's, on the cluster (flushed first)."""
     from crossprobe.storage.redis_conn import connect
 
-    s = IndexerSettings(redis_url=redis_cluster.url, redis_cluster=True, index_root=tmp_path / "cluster-indexes", model_dir=models_dir,
+    s = IndexerSettings(redis_url=redis_cluster.url, redis_cluster=True, index_root=tmp_path / "cluster-indexes", models_dir=models_dir,
                  batch_size=4, threads=2, progress=False)
     r = connect(s)
     r.flushall()

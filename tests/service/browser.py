@@ -84,14 +84,14 @@ def sample_site(redis_server, redis_url, bert, work: Path, port: int | None = No
     assert len(lines) == len(list(gallery.glob("*.jpg")))
     manifest = work / "samples.jsonl"
     manifest.write_text("".join(lines))
-    ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", model_dir=OUT / "onnx-indexer", batch_size=8,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", models_dir=OUT / "onnx-indexer", batch_size=8,
                           threads=2, progress=False, ocr=True,  # OCR: page.jpg's printed words become searchable
                           model=model)
     build(INDEX, manifest=manifest, settings=ixs, bert=bert, log=lambda *_: None)  # ckpt None: the committed one
 
     port = port or free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.index_root),
-           "CROSSPROBE_ARTIFACTS_DIR": str(OUT / "onnx-service"), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
+           "CROSSPROBE_MODELS_DIR": str(OUT / "onnx-service"), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
            "CROSSPROBE_THREADS": "2", "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning",
            "HF_HUB_OFFLINE": "1", **env}
     env.pop("CROSSPROBE_CKPT", None)

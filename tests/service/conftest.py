@@ -59,7 +59,7 @@ def built(redis_server, redis_url, models_dir, svc_ckpt, bert, tmp_path_factory)
     """Index "photos": 12 generated images, built by the indexer into a fresh root and a flushed Redis."""
     redis_server.flushall()
     root = tmp_path_factory.mktemp("svc-index")
-    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", models_dir=models_dir, batch_size=8, threads=2,
                         progress=False)
     gallery = root / "gallery"
     make_images(gallery, 12)
@@ -72,7 +72,7 @@ def built(redis_server, redis_url, models_dir, svc_ckpt, bert, tmp_path_factory)
 def service_settings(built: Built, ckpt: Path, artifacts: Path, **over):
     from crossprobe.service.settings import Settings
 
-    base = dict(redis_url=built.ixs.redis_url, index_root=built.ixs.index_root, ckpt=ckpt, artifacts_dir=artifacts,
+    base = dict(redis_url=built.ixs.redis_url, index_root=built.ixs.index_root, ckpt=ckpt, models_dir=artifacts,
                 threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     return Settings(**{**base, **over})
 

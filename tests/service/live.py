@@ -21,7 +21,7 @@ def serve(built, ckpt: Path, artifacts: Path, log: Path, ready: bool = True, **e
     """Serve `built` (tests/service/conftest.py's index) -> the base URL, until the block ends (SIGTERM).
     env: CROSSPROBE_* overrides, e.g. CROSSPROBE_HEADER_TIMEOUT_S="1". ready: wait for /readyz 200 first."""
     proc, base = start({"REDIS_URL": built.ixs.redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
-                        "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+                        "CROSSPROBE_CKPT": str(ckpt), "CROSSPROBE_MODELS_DIR": str(artifacts),
                         "CROSSPROBE_RELOAD_INTERVAL_S": "0", "CROSSPROBE_WORKERS": "2", **env}, log, ready)
     try:
         yield base

@@ -24,7 +24,7 @@ from tests.service.live import start
 def embedded(models_dir, svc_ckpt, bert, tmp_path_factory) -> IndexerSettings:
     """Index "photos" (6 images) in an embedded Redis under a fresh root; the server stopped again afterwards."""
     root = tmp_path_factory.mktemp("embedded")
-    ixs = IndexerSettings(redis_url=None, index_root=root / "indexes", model_dir=models_dir, batch_size=8, threads=2,
+    ixs = IndexerSettings(redis_url=None, index_root=root / "indexes", models_dir=models_dir, batch_size=8, threads=2,
                         progress=False)
     make_images(root / "gallery", 6)
     build_index(ixs, root / "gallery", svc_ckpt, bert)
@@ -50,7 +50,7 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 def test_serve_stops_the_embedded_redis_it_started(embedded, svc_ckpt, artifacts, tmp_path, sig):
     log = tmp_path / "server.log"
     proc, base = start({"CROSSPROBE_INDEX_ROOT": str(embedded.index_root), "CROSSPROBE_CKPT": str(svc_ckpt),
-                        "CROSSPROBE_ARTIFACTS_DIR": str(artifacts), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
+                        "CROSSPROBE_MODELS_DIR": str(artifacts), "CROSSPROBE_RELOAD_INTERVAL_S": "0",
                         "CROSSPROBE_WARMUP": "false"}, log, timeout_s=90, drop=("REDIS_URL",))  # the embedded server
     pid, gone = None, False
     try:

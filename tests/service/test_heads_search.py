@@ -20,11 +20,11 @@ def heads_client(tiny_heads, redis_server, redis_url, tmp_path_factory):  # noqa
 
     redis_server.flushall()
     root = tmp_path_factory.mktemp("heads-index")
-    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", model_dir=tiny_heads.graphs, batch_size=16,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", models_dir=tiny_heads.graphs, batch_size=16,
                           threads=1, progress=False)
     build("photos", images=tiny_heads.data / "images", settings=ixs, ckpt=tiny_heads.spec, log=lambda *_: None)
     settings = Settings(redis_url=redis_url, index_root=ixs.index_root, ckpt=tiny_heads.heads,
-                        artifacts_dir=tiny_heads.graphs, threads=1, workers=2, reload_interval_s=0, access_log=False,
+                        models_dir=tiny_heads.graphs, threads=1, workers=2, reload_interval_s=0, access_log=False,
                         batch_wait_ms=1.0)
     with TestClient(create_app(settings)) as c:
         wait_ready(c)

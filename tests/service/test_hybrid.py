@@ -25,7 +25,7 @@ def hybrid_built(redis_server, redis_url, models_dir, svc_ckpt, bert, tmp_path_f
     receipt = sign(gallery / "receipt.jpg", "K7-2291")
     lines.append({"id": "receipt", "uri": str(receipt), "tags": ["paper"]})
     (root / "m.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", model_dir=models_dir, batch_size=8,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=root / "indexes", models_dir=models_dir, batch_size=8,
                           threads=2, progress=False, ocr=True)
     version = build("photos", manifest=root / "m.jsonl", settings=ixs, ckpt=svc_ckpt, bert=bert,
                     log=lambda *_: None).version

@@ -46,7 +46,7 @@ def family(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> Path:
-    """One graphs folder for the jobs (model_dir) and the service (artifacts_dir): the model is exported once."""
+    """One models folder for the jobs and the service (models_dir): the model is exported once."""
     return tmp_path_factory.mktemp("family-graphs")
 
 
@@ -57,14 +57,14 @@ def indexed(family, graphs, redis_server, redis_url, tmp_path_factory):  # noqa:
     spec, _, photos = family
     redis_server.flushall()
     ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path_factory.mktemp("family-index"), model=spec,
-                          model_dir=graphs, batch_size=8, threads=2, progress=False)
+                          models_dir=graphs, batch_size=8, threads=2, progress=False)
     return ixs, build("photos", images=photos[0].parent, settings=ixs, **quiet).version
 
 
 def _settings(ixs: IndexerSettings, graphs: Path, **over):
     from crossprobe.service.settings import Settings
 
-    base = dict(redis_url=ixs.redis_url, index_root=ixs.index_root, model=ixs.model, artifacts_dir=graphs,
+    base = dict(redis_url=ixs.redis_url, index_root=ixs.index_root, model=ixs.model, models_dir=graphs,
                 threads=2, workers=2, reload_interval_s=0, access_log=False, admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     return Settings(**{**base, **over})
 
@@ -171,7 +171,7 @@ def test_multilingual_queries_through_the_api_with_mclip(redis_url, tmp_path):  
     ref = rm.build("mclip", tmp_path / "mclip", size="tiny")
     photos = rm.sample_photos(tmp_path / "photos")
     ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model=f"hf:{ref.path}",
-                          model_dir=tmp_path / "graphs", batch_size=8, threads=2, progress=False)
+                          models_dir=tmp_path / "graphs", batch_size=8, threads=2, progress=False)
     build("multilingual", images=photos[0].parent, settings=ixs, **quiet)
     with TestClient(create_app(_settings(ixs, tmp_path / "graphs", indexes="multilingual"))) as c:
         wait_ready(c)
@@ -249,17 +249,17 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
     spec = family[0]
     gallery = tmp_path / "gallery"
     make_images(gallery, 12)
-    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model_dir=graphs, batch_size=4,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", models_dir=graphs, batch_size=4,
                           threads=1, progress=False)
     v1 = build("lib", images=gallery, settings=ixs, ckpt=svc_ckpt, bert=bert, **quiet).version
     env = {"REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(ixs.index_root)}
     env["CROSSPROBE_RELOAD_INTERVAL_S"] = "0.1"
-    old, old_url = start({**env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts)},
+    old, old_url = start({**env, "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_MODELS_DIR": str(artifacts)},
                          tmp_path / "old.log")
     traffic = Traffic(old_url, [{"query": "query 0", "k": 3, "rerank": "temde"}, {"query": "query 1", "k": 3}])
     try:
         with traffic:
-            cli_env = {**env, "CROSSPROBE_INDEX_MODEL_DIR": str(graphs), "CROSSPROBE_INDEX_THROTTLE_S": "0.3",
+            cli_env = {**env, "CROSSPROBE_MODELS_DIR": str(graphs), "CROSSPROBE_INDEX_THROTTLE_S": "0.3",
                        "CROSSPROBE_INDEX_BATCH_SIZE": "2", "CROSSPROBE_INDEX_PROGRESS": "false"}
             before = traffic.total()
             out = CliRunner().invoke(app, ["index", "reindex", "lib", "--model", spec], env=cli_env)
@@ -277,7 +277,7 @@ def test_reindex_moves_a_library_to_another_model_under_live_traffic(family, gra
     assert during > 0 and all(set(traffic.versions(i)) == {v1} for i in range(2))  # the old version throughout
     assert "Traceback" not in (tmp_path / "old.log").read_text()
 
-    new, new_url = start({**env, "CROSSPROBE_MODEL": spec, "CROSSPROBE_ARTIFACTS_DIR": str(graphs)},
+    new, new_url = start({**env, "CROSSPROBE_MODEL": spec, "CROSSPROBE_MODELS_DIR": str(graphs)},
                          tmp_path / "new.log", timeout_s=180)
     try:
         body = httpx.post(f"{new_url}/v1/search", json={"query": "a photo", "k": 3}, timeout=30).json()
@@ -311,7 +311,7 @@ def test_an_immich_folder_indexes_and_serves(redis_server, redis_url, tmp_path):
     photos = rm.sample_photos(tmp_path / "photos")
     names, texts = [p.name for p in photos], list(QUERIES.values())
     redis_server.flushall()
-    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model=spec, model_dir=graphs,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=tmp_path / "indexes", model=spec, models_dir=graphs,
                           batch_size=8, threads=2, progress=False)
     build("immich", images=photos[0].parent, settings=ixs, **quiet)
 

@@ -20,7 +20,7 @@ QUERIES = ["a red square", "a dark picture", "green and blue", "stripes"]
 def _cluster_built(url: str, gallery, models_dir, ckpt, bert, root) -> Built:
     from crossprobe.indexer import open_index
 
-    ixs = IndexerSettings(redis_url=url, redis_cluster=True, index_root=root / "indexes", model_dir=models_dir,
+    ixs = IndexerSettings(redis_url=url, redis_cluster=True, index_root=root / "indexes", models_dir=models_dir,
                         batch_size=8, threads=2, progress=False)
     r = connect(ixs)
     r.flushall()

@@ -86,7 +86,7 @@ def fault_redis(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fault_built(fault_redis, models_dir, svc_ckpt, bert, tmp_path_factory) -> Built:
     root = tmp_path_factory.mktemp("fault-index")
-    ixs = IndexerSettings(redis_url=fault_redis.url, index_root=root / "indexes", model_dir=models_dir, batch_size=8,
+    ixs = IndexerSettings(redis_url=fault_redis.url, index_root=root / "indexes", models_dir=models_dir, batch_size=8,
                         threads=2, progress=False)
     make_images(root / "gallery", 8)
     version = build_index(ixs, root / "gallery", svc_ckpt, bert)

@@ -22,7 +22,7 @@ from tests.service.conftest import Built, build_index, service_settings
 def tls_built(built, secure_redis, certs, models_dir, svc_ckpt, bert, tmp_path_factory) -> Built:  # noqa: F811
     """`built`'s gallery, indexed into the TLS-only Redis as the ACL user."""
     secure_redis.admin().flushall()
-    ixs = IndexerSettings(redis_url=secure_redis.url(), redis_ca_file=certs.ca, model_dir=models_dir,
+    ixs = IndexerSettings(redis_url=secure_redis.url(), redis_ca_file=certs.ca, models_dir=models_dir,
                           index_root=tmp_path_factory.mktemp("tls-index") / "indexes", batch_size=8, threads=2,
                           progress=False)
     version = build_index(ixs, built.gallery, svc_ckpt, bert)

@@ -115,10 +115,10 @@ def real_client(redis_server, redis_url, bert, tmp_path_factory):  # noqa: F811 
 
     redis_server.flushall()
     work = tmp_path_factory.mktemp("relevance-real")
-    ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", model_dir=work / "onnx", batch_size=8,
+    ixs = IndexerSettings(redis_url=redis_url, index_root=work / "indexes", models_dir=work / "onnx", batch_size=8,
                           threads=2, progress=False)
     build("samples", images=write_sample_gallery(work / "gallery"), settings=ixs, bert=bert, log=lambda *_: None)
-    settings = Settings(redis_url=redis_url, index_root=ixs.index_root, artifacts_dir=work / "onnx-service", threads=2,
+    settings = Settings(redis_url=redis_url, index_root=ixs.index_root, models_dir=work / "onnx-service", threads=2,
                         reload_interval_s=0, access_log=False)
     with TestClient(create_app(settings)) as c:
         wait_ready(c)

@@ -15,7 +15,7 @@ from tests.service.live import start, stop
 def test_serve_over_http(built, svc_ckpt, artifacts, redis_url, tmp_path):
     log = tmp_path / "server.log"
     proc, base = start({"REDIS_URL": redis_url, "CROSSPROBE_INDEX_ROOT": str(built.ixs.index_root),
-                        "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+                        "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_MODELS_DIR": str(artifacts),
                         "CROSSPROBE_RELOAD_INTERVAL_S": "0"}, log)
     try:
         with httpx.Client(base_url=base, timeout=30) as http:

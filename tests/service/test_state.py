@@ -17,7 +17,7 @@ BODY = """
 @pytest.mark.parametrize("shared, expect", [("true", ["2", "False", "False"]), ("false", ["None", "True", "True"])])
 def test_models_share_one_pool_unless_told_otherwise(svc_ckpt, artifacts, tmp_path, monkeypatch, shared, expect):
     monkeypatch.setenv("CROSSPROBE_CKPT", str(svc_ckpt))
-    monkeypatch.setenv("CROSSPROBE_ARTIFACTS_DIR", str(artifacts))
+    monkeypatch.setenv("CROSSPROBE_MODELS_DIR", str(artifacts))
     monkeypatch.setenv("CROSSPROBE_ORT_SHARED_POOL", shared)
     assert run_fresh(tmp_path, BODY).split() == expect
 
@@ -39,7 +39,7 @@ def test_one_thread_per_graph_and_for_faiss_by_default(svc_ckpt, artifacts, redi
     """CROSSPROBE_THREADS defaults to 1 (docs/research/reliability.md: a pool per core spins on the cores that concurrent
     searches need): the shared ONNX Runtime pool and FAISS's OpenMP both get one thread."""
     monkeypatch.setenv("CROSSPROBE_CKPT", str(svc_ckpt))
-    monkeypatch.setenv("CROSSPROBE_ARTIFACTS_DIR", str(artifacts))
+    monkeypatch.setenv("CROSSPROBE_MODELS_DIR", str(artifacts))
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.delenv("CROSSPROBE_THREADS", raising=False)
     assert run_fresh(tmp_path, DEFAULT_THREADS).split() == ["1", "1", "1"]

@@ -227,7 +227,7 @@ def test_a_tls_cluster_with_an_acl_user(certs, tmp_path_factory):  # noqa: F811
 
 def _env(url: str, ca, root, models_dir, **more) -> dict:
     """The environment of a `crossprobe index` command (CliRunner sets it over os.environ)."""
-    return {"REDIS_URL": url, "CROSSPROBE_INDEX_ROOT": str(root), "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir),
+    return {"REDIS_URL": url, "CROSSPROBE_INDEX_ROOT": str(root), "CROSSPROBE_MODELS_DIR": str(models_dir),
             "CROSSPROBE_INDEX_BATCH_SIZE": "4", "CROSSPROBE_INDEX_THREADS": "2", "CROSSPROBE_INDEX_PROGRESS": "false",
             **({"CROSSPROBE_REDIS_CA_FILE": str(ca)} if ca else {}), **more}
 
@@ -252,7 +252,7 @@ def test_build_list_and_watch_through_auth_and_tls(secure_redis, certs, password
     r = runner.invoke(cli.index_app, ["list", "photos"], env=env)
     assert r.exit_code == 0 and "active" in r.output, r.output
     s = IndexerSettings(redis_url=secure_redis.url(user=user), redis_ca_file=certs.ca, index_root=root,
-                        model_dir=models_dir, batch_size=4, threads=2, progress=False, watch_settle_s=0.0,
+                        models_dir=models_dir, batch_size=4, threads=2, progress=False, watch_settle_s=0.0,
                         watch_metrics_port=0)
     assert len(open_index("photos", None, s).ids) == 6
     # the watcher: its first step builds its folder's index, the next one adds a new photo

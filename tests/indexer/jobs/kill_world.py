@@ -176,14 +176,14 @@ class World:
     refs: dict[str, Reference] = field(default_factory=dict)
 
     def settings(self, root: Path, db: int) -> IndexerSettings:
-        return IndexerSettings(redis_url=self.server.url(db), index_root=root, model_dir=self.models, batch_size=BS,
+        return IndexerSettings(redis_url=self.server.url(db), index_root=root, models_dir=self.models, batch_size=BS,
                         threads=THREADS, progress=False)
 
     def env(self, root: Path, db: int, **extra: str) -> dict:
         e = {k: v for k, v in os.environ.items()
              if not k.startswith(("CROSSPROBE_INDEX_", "CROSSPROBE_PUSHGATEWAY_", "REDIS_URL", "CROSSPROBE_CKPT"))}
         e.update({"REDIS_URL": self.server.url(db), "CROSSPROBE_INDEX_ROOT": str(root),
-                  "CROSSPROBE_INDEX_MODEL_DIR": str(self.models), "CROSSPROBE_INDEX_BATCH_SIZE": str(BS),
+                  "CROSSPROBE_MODELS_DIR": str(self.models), "CROSSPROBE_INDEX_BATCH_SIZE": str(BS),
                   "CROSSPROBE_INDEX_THREADS": str(THREADS), "CROSSPROBE_INDEX_PROGRESS": "false",
                   "HF_HUB_OFFLINE": "1", **extra})
         return e

@@ -64,8 +64,8 @@ def embedded(tmp_path, models_dir, monkeypatch):
     for var in ("REDIS_URL", "CROSSPROBE_INDEX_ROOT", "CROSSPROBE_INDEX_EMBEDDED_DB", "CROSSPROBE_REDIS_CLUSTER"):
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "indexes"
-    s = IndexerSettings(index_root=root, model_dir=models_dir, batch_size=4, threads=2, progress=False)
-    env = {"CROSSPROBE_INDEX_ROOT": str(root), "CROSSPROBE_INDEX_MODEL_DIR": str(models_dir),
+    s = IndexerSettings(index_root=root, models_dir=models_dir, batch_size=4, threads=2, progress=False)
+    env = {"CROSSPROBE_INDEX_ROOT": str(root), "CROSSPROBE_MODELS_DIR": str(models_dir),
            "CROSSPROBE_INDEX_BATCH_SIZE": "4", "CROSSPROBE_INDEX_THREADS": "2", "CROSSPROBE_INDEX_PROGRESS": "false"}
     yield s, env
     close_embedded()

@@ -222,7 +222,7 @@ def test_killed_reindex_resumes_and_finishes(settings, env, tmp_path, ckpt, ckpt
 def _serve(settings, svc_ckpt: Path, artifacts: Path, log: Path) -> tuple[subprocess.Popen, str]:  # noqa: F811
     """`crossprobe serve` as a real process over the test Redis and index root, polling `active` every 0.1 s."""
     return start({"REDIS_URL": settings.redis_url, "CROSSPROBE_INDEX_ROOT": str(settings.index_root),
-                  "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_ARTIFACTS_DIR": str(artifacts),
+                  "CROSSPROBE_CKPT": str(svc_ckpt), "CROSSPROBE_MODELS_DIR": str(artifacts),
                   "CROSSPROBE_QUERY_PRECISION": "fp32", "CROSSPROBE_RELOAD_INTERVAL_S": "0.1"}, log)
 
 
@@ -280,7 +280,7 @@ def test_a_service_on_the_old_checkpoint_keeps_serving_and_names_reindex(setting
     from crossprobe.service.settings import Settings as ServiceSettings
 
     v1 = build("photos", images=gallery, settings=settings, ckpt=svc_ckpt, bert=bert, **quiet).version
-    ss = ServiceSettings(redis_url=settings.redis_url, index_root=settings.index_root, ckpt=svc_ckpt, artifacts_dir=artifacts,
+    ss = ServiceSettings(redis_url=settings.redis_url, index_root=settings.index_root, ckpt=svc_ckpt, models_dir=artifacts,
                          query_precision="fp32", threads=2, workers=2, reload_interval_s=0, access_log=False,
                          admin_key="s3cret-admin-key-0123", batch_wait_ms=1.0)
     with TestClient(create_app(ss)) as c:

@@ -179,7 +179,7 @@ def test_an_open_clip_spec_where_open_clip_is_missing_names_what_to_install(tmp_
         pytest.skip("open_clip is installed here (the export venv): nothing to refuse")
     except ImportError:
         pass
-    with pytest.raises(inference.ModelUnavailable, match=r"No module named 'open_clip'.*pip install open-clip-torch"):
+    with pytest.raises(inference.ModelUnavailable, match=r"lacks .*open_clip.*pip install 'crossprobe\[open_clip\]'"):
         inference.load("open_clip:ViT-B-32/laion2b_s34b_b79k", RuntimeOptions(graphs=tmp_path))
 
 
