@@ -76,8 +76,16 @@ def serve(
         "CROSSPROBE_DEVICE; default auto: cuda where ONNX Runtime has its CUDA provider, "
         "else cpu). A GPU asked for and not there: start-up fails, /readyz says why",
     ),
+    images: Path = typer.Option(
+        None,
+        help="a folder of photos to search: indexed first (built on first use, else brought up to date), served "
+        "as the default index, and kept in step while the service runs (see --watch)",
+    ),
+    name: str = typer.Option(None, help="with --images: the index's name (default: the folder's name)"),
+    watch: bool = typer.Option(True, help="with --images: follow the folder's changes while serving"),
 ):
-    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md)."""
+    """Serve text-to-image search over HTTP (settings: CROSSPROBE_* env vars, see docs/configuration.md). With
+    --images, one command from a folder to its search page: `crossprobe serve --images ~/Pictures --model SPEC`."""
     from pydantic import ValidationError
 
     from crossprobe.service.server import serve as run_server
@@ -88,7 +96,11 @@ def serve(
     }
     if model is not None or ckpt is not None:  # a flag names the model: the environment's model variables do not
         over.update(model=model, ckpt=ckpt)
+    sync = None
     try:
+        if images is not None:
+            sync = _folder_sync(images, name, over, watch)
+            over.setdefault("default_index", sync.watcher.name)
         settings = Settings(**over)
     except ValidationError as e:  # a bad spec, --model and CROSSPROBE_CKPT at odds: a usage error, not a traceback
         typer.echo(
@@ -96,7 +108,37 @@ def serve(
             err=True,
         )
         raise typer.Exit(2) from None
-    run_server(settings)
+    if sync is not None:
+        typer.echo(f"search page: http://{_shown(settings.host)}:{settings.port}/ (index {sync.watcher.name!r})")
+    try:
+        run_server(settings)
+    finally:
+        if sync is not None:
+            sync.stop()
+
+
+def _shown(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+
+
+def _folder_sync(images: Path, name: str | None, over: dict, watch: bool):
+    """The folder's index made current before the service starts (cli/folder.py); exit 2 with the reason where it
+    cannot be (no such folder, an index of that name built from another folder, a model that cannot be had)."""
+    from redis.exceptions import RedisError
+
+    from crossprobe.cli.folder import FolderSync, folder_index
+    from crossprobe.indexer.jobs.settings import IndexerSettings
+
+    try:
+        jobs = IndexerSettings(**{k: over[k] for k in ("model", "ckpt", "device") if k in over})
+        sync = FolderSync(folder_index(images, name), images, jobs, say=typer.echo)
+        sync.start()
+    except (ValueError, LookupError, RuntimeError, OSError, RedisError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if watch:
+        sync.watch()
+    return sync
 
 
 @app.command("demo-service")
