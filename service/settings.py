@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, cast
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from crossprobe.core import SERVED_RERANK
+from crossprobe.core.inference.languages import flores
 from crossprobe.core.int8 import MIN_COSINE
 from crossprobe.storage.settings import StorageSettings
 
@@ -92,6 +93,10 @@ class Settings(StorageSettings):
     # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
     # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own
     # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)
+    # the language queries are in, for the models told it: Immich's NLLB folders put its FLORES-200 code before each
+    # query, as Immich does with its user's language (core/inference/languages.py). An ISO 639-1 code (pl) or a
+    # FLORES-200 one (pol_Latn); every other model reads a query in whatever language it is written
+    query_language: str = "en"
     query_precision: Literal["fp32", "int8"] = "fp32"
     # int8 query graphs are checked against fp32 on fixed probe queries when loaded and refused below this cosine,
     # naming the host's int8 kernel path (crossprobe.core.int8); lower it to accept a model that cannot hold it
@@ -206,6 +211,12 @@ class Settings(StorageSettings):
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
     load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
+
+    @field_validator("query_language")
+    @classmethod
+    def _known_language(cls, v: str) -> str:
+        flores(v)  # a code it cannot map is refused at start-up, naming what is accepted
+        return v
 
     @property
     def index_names(self) -> list[str]:

@@ -53,6 +53,7 @@ def load_model(settings: Settings, bert=None) -> Backend:
             spinning=settings.ort_spinning,
             shared_pool=settings.ort_shared_pool,
             query_precision=settings.query_precision,
+            query_language=settings.query_language,
             bert=bert,
             int8_min_cosine=settings.int8_min_cosine,
             device=settings.device,

@@ -74,7 +74,8 @@ def load(
     if spec.family == "immich":
         from crossprobe.core.inference.immich import ImmichBackend
 
-        return ImmichBackend(immich_folder(spec, opts), opts)  # Immich's folder as it is: nothing to export
+        # Immich's folder as it is: nothing to export
+        return ImmichBackend(immich_folder(spec, opts), opts, name=Path(spec.ref.rstrip("/")).name)
     raise BadSpec(f"model {spec}: the {spec.family} family is not served by this version")
 
 

@@ -77,6 +77,7 @@ class RuntimeOptions:
     spinning: bool | None = None  # idle workers spin (None: ONNX Runtime's default)
     shared_pool: bool = False  # one process-wide ONNX Runtime pool for every session (core/runtime.py)
     query_precision: str = "fp32"  # fp32 | int8: the query tower's graph
+    query_language: str = "en"  # the queries' language, for models told it (core/inference/languages.py)
     int8_min_cosine: float = MIN_COSINE  # int8 queries refused below this cosine to fp32 on the probes (int8.py)
     # cpu | cuda | cuda:N | auto (cuda where ONNX Runtime has its CUDA provider, else cpu): inference.resolve_device
     device: str = "cpu"

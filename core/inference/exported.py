@@ -274,8 +274,9 @@ def tokenize(tok, text: dict, texts: list[str]) -> tuple[np.ndarray, np.ndarray]
     """texts -> input_ids, attention_mask (B, T) int64 through `text_tokenizer`'s tokenizer, cleaned first and
     lower-cased where "lowercase" says so (Python's str.lower, as open_clip does: Greek's final sigma is a rule of
     it that a tokenizer's own Lowercase step lacks)."""
-    how, lower = text.get("clean", "none"), bool(text.get("lowercase"))
-    enc = tok.encode_batch([clean_text(t, how).lower() if lower else clean_text(t, how) for t in texts])
+    how, lower, prefix = text.get("clean", "none"), bool(text.get("lowercase")), text.get("prefix", "")
+    # "prefix": written before each cleaned text (a language code: core/inference/languages.py)
+    enc = tok.encode_batch([prefix + (clean_text(t, how).lower() if lower else clean_text(t, how)) for t in texts])
     return np.asarray([e.ids for e in enc], np.int64), np.asarray([e.attention_mask for e in enc], np.int64)
 
 

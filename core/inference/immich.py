@@ -32,6 +32,7 @@ import numpy as np
 from crossprobe.core.atomic import atomic_path
 from crossprobe.core.inference.base import ImageGrid, RuntimeOptions
 from crossprobe.core.inference.exported import ExportedBackend, ImagePreprocess
+from crossprobe.core.inference.languages import flores
 
 FILES = (
     "config.json",
@@ -55,9 +56,14 @@ class ImmichPreprocess(ImagePreprocess):
 class ImmichBackend(ExportedBackend):
     """An Immich folder (module docstring) run by ONNX Runtime."""
 
-    def __init__(self, folder: Path, opts: RuntimeOptions):
+    def __init__(self, folder: Path, opts: RuntimeOptions, name: str | None = None):
+        """name: the model's name as Immich knows it (the repo's or the folder's; a hub snapshot folder is named by
+        its commit): NLLB models ("nllb-...") get the query language's code in front of each query."""
         folder = Path(folder)
-        super().__init__(folder, opts, describe(folder, opts.graphs))
+        meta = describe(folder, opts.graphs)
+        if (name or folder.name).startswith("nllb"):
+            meta["text"]["prefix"] = flores(opts.query_language)
+        super().__init__(folder, opts, meta)
         self._preprocess = ImmichPreprocess.from_json(self.meta["image"])
 
     def image_grid(self, pixels: np.ndarray) -> ImageGrid:

@@ -67,3 +67,17 @@ def write(dst: Path, family_model, tokenizer, context_length: int, mclip: bool =
 
 def _json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+
+
+class ExportedTokenizer:
+    """What write() needs of a tokenizer (save_pretrained) from a family model's own tokenizer.json (crossprobe's
+    export of a SentencePiece tokenizer, as Immich's SigLIP folders ship one): for families whose transformers
+    tokenizer has no fast form to save."""
+
+    def __init__(self, tokenizer_json: str, pad_token: str):
+        self.tokenizer_json, self.pad_token = tokenizer_json, pad_token
+
+    def save_pretrained(self, dst: Path) -> None:
+        dst.mkdir(parents=True, exist_ok=True)
+        (dst / "tokenizer.json").write_text(self.tokenizer_json, encoding="utf-8")
+        _json(dst / "tokenizer_config.json", {"pad_token": self.pad_token})

@@ -104,3 +104,82 @@ def test_a_folder_not_in_immichs_layout_is_refused(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="missing visual/preprocess_cfg.json, visual/model.onnx"):
         inference.load(f"immich:{tmp_path}", RuntimeOptions())
+
+
+def test_a_siglip_folder_loads_and_encodes_as_the_reference(tmp_path):
+    """Immich's SigLIP folders (ViT-B-16-SigLIP__webli, ...SigLIP2...): a SentencePiece tokenizer.json, "text" ids
+    padded to the context with </s>, canonicalize cleaning, the photo squashed to S x S. Written here from the tiny
+    random SigLIP, read as Immich would: the pixels, the ids and both embeddings equal transformers' SiglipModel's
+    (for captions that canonicalizing leaves as they are)."""
+    ref = rm.build("hf_siglip", tmp_path / "ref", size="tiny")
+    m = families.load(f"hf:{ref.path}")
+    tok = immich_layout.ExportedTokenizer(m.tokenizer_json, m.text_cfg["pad_token"])
+    folder = immich_layout.write(tmp_path / "ViT-tiny-SigLIP__random", m, tok, m.text_cfg["context_length"],
+                                 tokenizer_kwargs={"clean": "canonicalize"})
+    b = inference.load(f"immich:{folder}", RuntimeOptions(threads=1))
+    assert b.preprocessor().resize == "squash" and b.meta["text"]["clean"] == "canonicalize"
+    photos = _photos(tmp_path)
+    texts = ["a photo of a cat", "two dogs in the snow", "a red car on a street", "dwa psy na śniegu"]
+    want = rm.reference_embeddings(ref, photos, texts)
+    pixels = np.stack([b.preprocess(im) for im in rm.open_images(photos)])
+    np.testing.assert_array_equal(pixels, want.pixel_values)
+    assert np.abs(b.image_features(b.image_grid(pixels)).g - want.image).max() <= TOLERANCE
+    np.testing.assert_array_equal(b.tokenize(texts)[0], want.input_ids)
+    assert np.abs(np.stack([v.g_q for v in b.encode_texts(texts)]) - want.text).max() <= TOLERANCE
+
+
+def _with_language_codes(folder, dst, codes: dict[str, int]):
+    """A copy of an Immich folder whose tokenizer knows FLORES-200 codes as special tokens (as NLLB's does)."""
+    import shutil
+
+    copy = shutil.copytree(folder, dst)
+    tj = copy / "textual" / "tokenizer.json"
+    t = json.loads(tj.read_text())
+    by_id = {i: tok for tok, i in t["model"]["vocab"].items()}
+    for c, i in codes.items():  # the codes take two ids of the vocabulary, so the graph's embedding table has them
+        del t["model"]["vocab"][by_id[i]]
+        t["model"]["vocab"][c] = i
+    t["added_tokens"] += [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                           "normalized": False, "special": True} for c, i in codes.items()]
+    tj.write_text(json.dumps(t))
+    return copy
+
+
+def test_an_nllb_folder_gets_the_query_language_code_as_immich_writes_it(clip, tmp_path):
+    """Immich's NLLB-CLIP folders (nllb-clip-base-siglip__v1): Immich writes the user's language as a FLORES-200 code
+    before the cleaned query, no space between, and tokenizes that; crossprobe does the same with
+    CROSSPROBE_QUERY_LANGUAGE, by the model's name as Immich tells NLLB models apart (a hub snapshot folder is named
+    by its commit: the repo's name counts). Other models read the query as it is."""
+    from tokenizers import Tokenizer
+
+    from crossprobe.core.inference.exported import clean_text
+
+    _, folder = clip
+    codes = {"eng_Latn": 7, "pol_Latn": 8}
+    nllb = _with_language_codes(folder, tmp_path / "nllb-clip-tiny__random", codes)
+    plain = _with_language_codes(folder, tmp_path / "ViT-tiny__random", codes)
+    q = "Kot   na kanapie"
+    immich = Tokenizer.from_file(str(nllb / "textual" / "tokenizer.json"))
+    pad = json.loads((nllb / "textual" / "tokenizer_config.json").read_text())["pad_token"]
+    immich.enable_padding(length=77, pad_token=pad, pad_id=immich.token_to_id(pad))
+    immich.enable_truncation(max_length=77)
+    for language, code in (("pl", "pol_Latn"), ("pl-PL", "pol_Latn"), ("en", "eng_Latn"), ("pol_Latn", "pol_Latn")):
+        b = ImmichBackend(nllb, RuntimeOptions(query_language=language))
+        ids = b.tokenize([q])[0][0]
+        assert ids.tolist() == immich.encode(code + clean_text(q, "whitespace")).ids, language
+        assert codes[code] in ids.tolist()[:2]
+    assert 8 not in ImmichBackend(plain, RuntimeOptions(query_language="pl")).tokenize([q])[0][0].tolist()
+    by_repo = ImmichBackend(plain, RuntimeOptions(query_language="pl"), name="nllb-clip-base-siglip__v1")
+    assert by_repo.meta["text"]["prefix"] == "pol_Latn"
+    pl, en = (ImmichBackend(nllb, RuntimeOptions(query_language=lang)).encode_texts([q])[0].g_q for lang in ("pl", "en"))
+    assert not np.allclose(pl, en)  # the code reaches the text tower
+
+
+def test_an_unknown_query_language_is_refused_at_start():
+    from pydantic import ValidationError
+
+    from crossprobe.service.settings import Settings
+
+    with pytest.raises(ValidationError, match="ISO 639-1"):
+        Settings(query_language="klingon")
+    assert Settings(query_language="pl").query_language == "pl"
