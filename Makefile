@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test wheel-check test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test wheel-check first-run test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): the development venv (torch==2.13.0's CPU wheel) is 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
@@ -48,6 +48,12 @@ test: $(STAMP) system
 ## (scripts/wheel_check.py -> docs/research/results/wheel_check.json; downloads the dependencies' wheels once)
 wheel-check: $(STAMP)
 	PYTHONPATH=. $(BIN)/python scripts/wheel_check.py $(if $(PYTHONS),--pythons $(PYTHONS),)
+
+## make first-run: a user's first run counted on a fresh Python 3.13 venv without torch (PY313=path to name one):
+## pip install the wheel, then `crossprobe serve --images DIR --model immich:<repo>` against a local stand-in hub
+## (scripts/first_run.py -> docs/research/results/first_run.json)
+first-run: $(STAMP)
+	PYTHONPATH=. $(BIN)/python scripts/first_run.py $(if $(PY313),--python $(PY313),)
 
 ## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
 ## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/.

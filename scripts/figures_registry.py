@@ -253,6 +253,10 @@ FIGURES: dict[str, Fig | Block] = {
        for r in ("640px", "12mp") for k, fmt in (("full_ms_median", "{:.1f}"), ("reduced_ms_median", "{:.1f}"),
                                                   ("embedding_max_abs_diff", "{:.1e}"))},
     "host.decode": host("decode.json"),
+    # a user's first run, counted (scripts/first_run.py, make first-run)
+    "first_run.python": calc("first_run.json", ("python",), str),
+    "first_run.commands": calc("first_run.json", ("commands_count",), str),
+    "first_run.max_score_diff": num("first_run.json", "max_score_diff_to_the_repos_graphs", "{:.1e}"),
     # the query-vector cache (benchmarks/query_cache_bench.py)
     **{f"qc.{p}.encode.p50": num("query_cache.json", f"passes/{p}/encode/p50_ms", "{:.3f}") for p in ("hit", "miss")},
     "host.query_cache": host("query_cache.json"),
