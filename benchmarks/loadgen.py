@@ -115,6 +115,23 @@ def search_requests(host: str, port: int, queries: list[str], rerank: str | None
     return out
 
 
+# clip-retrieval's front-end's own /knn-service body (front/src/clip-service.js), with what needs models of its own
+# off and the result counts of a page of results
+KNN_BODY = {"image": None, "image_url": None, "embedding_input": None, "modality": "image", "num_images": 10,
+            "num_result_ids": 100, "use_mclip": False, "deduplicate": True, "use_safety_model": False,
+            "use_violence_detector": False, "aesthetic_score": "", "aesthetic_weight": "0.5"}
+
+
+def knn_requests(host: str, port: int, queries: list[str], indice: str) -> list[bytes]:
+    """POST /knn-service requests (clip-retrieval's API, served by clip back and by crossprobe alike)."""
+    out = []
+    for q in queries:
+        b = json.dumps({"text": q, "indice_name": indice, **KNN_BODY}).encode()
+        out.append(b"POST /knn-service HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port, len(b), b))
+    return out
+
+
 class Generator:
     def __init__(self, host: str, port: int, requests: list[bytes], timeout_s: float = 10.0):
         self.host, self.port, self.requests, self.timeout_s = host, port, requests, timeout_s

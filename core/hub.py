@@ -119,7 +119,7 @@ def bounded_client(timeout: float) -> None:
     from huggingface_hub import constants
 
     # the file downloads pass this one explicitly (its default: 10 s), so the transport would not fill it in
-    constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = max(1, round(timeout))  # an int in huggingface_hub
     huggingface_hub.set_client_factory(
         lambda: httpx2.Client(
             transport=Bounded(), event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True
