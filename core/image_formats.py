@@ -160,6 +160,33 @@ class Picture:
                 self.image.draft("RGB", (max(1, w // scale), max(1, h // scale)))
                 return
 
+    def decode_pixels(self) -> int:
+        """What decoding will hold, in pixels of RGB (3 bytes each), known before any pixel is decoded: the
+        image's size as it will decode (after draft / fit), except a progressive JPEG, which libjpeg decodes through
+        a coefficient buffer of the FULL picture whatever the draft scale (2 bytes per DCT coefficient, per
+        component at its own sampling): a 767 KB progressive JPEG of 14000 x 14000 holds ~390 MB however small it
+        is asked to decode. The callers check their pixel limits against this."""
+        w, h = self.image.size
+        if self.image.format == "JPEG" and self.image.info.get("progressive"):
+            fw, fh = self.width, self.height
+            layers = getattr(self.image, "layer", None) or [(0, 1, 1, 0)] * len(self.image.getbands())
+            hmax, vmax = max(lay[1] for lay in layers), max(lay[2] for lay in layers)
+            coef = sum(-(-fw * lay[1] // (hmax * 8)) * -(-fh * lay[2] // (vmax * 8)) * 128 for lay in layers)
+            return max(w * h, -(-coef // 3))
+        return w * h
+
+    def over(self, max_pixels: int) -> str | None:
+        """Why decoding would hold more than max_pixels (decode_pixels), in words; None when it fits."""
+        n, (w, h) = self.decode_pixels(), self.image.size
+        if n <= max_pixels:
+            return None
+        if n > w * h:
+            return (
+                f"{self.width}x{self.height} progressive JPEG decodes through its full-size coefficients, "
+                f"{n} pixels' worth"
+            )
+        return f"{self.width}x{self.height} {self.format} decodes at {w}x{h} = {n} pixels"
+
     def close(self) -> None:
         for c in (self.image, *self._closing):
             try:
@@ -230,8 +257,16 @@ def image_magic(head: bytes) -> bool:
 _FLIP_TO_ORIENTATION = {3: 3, 5: 8, 6: 6}
 
 
-def _raw(fp: BinaryIO, size: int) -> Picture:
-    """A camera RAW file -> its embedded preview (lazy when JPEG), or the sensor data demosaiced at half size."""
+class Oversized(ValueError):
+    """A file whose decode would hold more than the caller's pixel limit, known from its header alone."""
+
+
+def _raw(fp: BinaryIO, size: int, max_pixels: int | None = None) -> Picture:
+    """A camera RAW file -> its embedded preview (lazy when JPEG), or the sensor data demosaiced at half size.
+    LibRaw reads the header when it opens the file; nothing is decoded before the sizes it declares are checked
+    against max_pixels (a crafted file can declare any): the sensor data (2 bytes per photosite while it is
+    unpacked) and a bitmap preview (3 bytes per pixel). A JPEG preview is lazy, checked by the caller like any
+    JPEG."""
     import numpy as np
     import rawpy
 
@@ -243,6 +278,12 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
     with raw:
         s = raw.sizes
         w, h = (s.height, s.width) if s.flip in (5, 6) else (s.width, s.height)
+        sensor = max(s.raw_width * s.raw_height, w * h) * 2 // 3  # in RGB pixels' worth of bytes
+        if max_pixels is not None and sensor > max_pixels:
+            raise Oversized(
+                f"{w}x{h} RAW ({s.raw_width}x{s.raw_height} photosites) holds {sensor} pixels' worth while LibRaw "
+                f"decodes it"
+            )
         img: Image.Image | None = None
         try:
             thumb = raw.extract_thumb()
@@ -258,7 +299,7 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
                         tags[0x0112] = _FLIP_TO_ORIENTATION[s.flip]
             except (SyntaxError, OSError, ValueError):
                 img = None
-        elif thumb is not None and thumb.format == rawpy.ThumbFormat.BITMAP:
+        elif thumb is not None and thumb.format == rawpy.ThumbFormat.BITMAP:  # already decoded: bounded above
             bitmap = np.asarray(thumb.data)
             if min(bitmap.shape[:2]) >= size:
                 img = Image.fromarray(np.ascontiguousarray(bitmap[..., :3]).astype(np.uint8))
@@ -279,19 +320,22 @@ def _raw(fp: BinaryIO, size: int) -> Picture:
     return Picture(img, w, h, "RAW", exif)
 
 
-def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224, reduce: bool = True) -> Picture:
+def open_picture(
+    fp: BinaryIO, name: str | None = None, size: int = 224, reduce: bool = True, max_pixels: int | None = None
+) -> Picture:
     """An image file (a binary file object, positioned at its start) -> a Picture whose image is lazy and, with
     reduce, already prepared for reduced decoding to no less than size x size (reduce=False: the full picture,
     as a model whose reference decodes it so needs; a RAW still gives its preview). `name` (a path or an upload's
     file name) decides by extension when it names a RAW or a Pillow format; without one the first bytes decide (RAW
     containers are tried with LibRaw first; a plain TIFF falls back to Pillow). NotAnImage when nothing here reads
-    it."""
+    it. max_pixels: a RAW whose header declares more is refused (Oversized) before LibRaw decodes anything; every
+    other format is lazy, and the caller checks Picture.over() before decoding it."""
     ext = os.path.splitext(name or "")[1].lower()
     head = fp.read(16)
     fp.seek(0)
     if ext in RAW_EXTS or (ext not in PILLOW_EXTS | HEIF_EXTS | AVIF_EXTS and _looks_raw(head)):
         try:
-            pic = _raw(fp, size)
+            pic = _raw(fp, size, max_pixels)
             pic.format = ext[1:].upper() if ext in RAW_EXTS else pic.format
             if reduce:
                 pic.prepare(size)
@@ -307,11 +351,11 @@ def open_picture(fp: BinaryIO, name: str | None = None, size: int = 224, reduce:
     return pic
 
 
-def open_path(path: str | Path, size: int = 224, reduce: bool = True) -> Picture:
+def open_path(path: str | Path, size: int = 224, reduce: bool = True, max_pixels: int | None = None) -> Picture:
     """open_picture on a file by its path (the file stays open until the Picture is closed)."""
     f = open(path, "rb")
     try:
-        pic = open_picture(f, str(path), size, reduce)
+        pic = open_picture(f, str(path), size, reduce, max_pixels)
     except BaseException:
         f.close()
         raise

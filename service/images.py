@@ -19,13 +19,10 @@ from crossprobe.service.exceptions import ImageUnavailable
 
 def resized_jpeg(path: str, max_side: int, quality: int, max_pixels: int) -> bytes:
     try:
-        with image_formats.open_path(path, max_side) as pic:  # HEIC, AVIF, RAW (its preview) too
-            dw, dh = pic.image.size  # after JPEG draft / a HEIC's thumbnail: what decoding will produce
-            if dw * dh > max_pixels:
-                raise ImageUnavailable(
-                    f"{pic.width}x{pic.height} decodes at {dw}x{dh}, over the {max_pixels}-pixel "
-                    "limit (CROSSPROBE_IMAGE_MAX_PIXELS)"
-                )
+        with image_formats.open_path(path, max_side, max_pixels=max_pixels) as pic:  # HEIC, AVIF, RAW's preview
+            why = pic.over(max_pixels)  # after JPEG draft / a HEIC's thumbnail: what decoding will hold
+            if why:
+                raise ImageUnavailable(f"{why}, over the {max_pixels}-pixel limit (CROSSPROBE_IMAGE_MAX_PIXELS)")
             out = ImageOps.exif_transpose(pic.image).convert("RGB")  # first frame of a GIF / page of a TIFF
         out.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
         buf = io.BytesIO()
@@ -35,5 +32,7 @@ def resized_jpeg(path: str, max_side: int, quality: int, max_pixels: int) -> byt
         raise ImageUnavailable("the indexed file is no longer there") from None
     except ImageUnavailable:
         raise
+    except image_formats.Oversized as e:
+        raise ImageUnavailable(f"{e}, over the {max_pixels}-pixel limit (CROSSPROBE_IMAGE_MAX_PIXELS)") from None
     except Exception as e:  # noqa: BLE001 - UnidentifiedImageError, OSError, LibRaw's errors, a bomb: a file gone bad
         raise ImageUnavailable(f"the indexed file cannot be decoded any more ({type(e).__name__})") from None

@@ -96,18 +96,17 @@ def pixels(
         # our pixel limit is checked on what will be decoded (after JPEG draft / a HEIC's thumbnail), before any
         # decode (no warnings filter: it is process-wide state, not thread-safe); Pillow's own
         # DecompressionBombError stays as a second guard for the formats image_formats opens through Image.open
-        with image_formats.open_picture(io.BytesIO(data), None, size, reduce) as pic:  # lazy: header only
+        with image_formats.open_picture(io.BytesIO(data), None, size, reduce, max_pixels) as pic:  # header only
             if not reduce:
                 pic.fit(max_pixels)
-            dw, dh = pic.image.size
-            if dw * dh > max_pixels:
-                raise TooLarge(
-                    f"{field}: {pic.width}x{pic.height} decodes at {dw}x{dh} = {dw * dh} pixels, over "
-                    f"{max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)"
-                )
+            why = pic.over(max_pixels)
+            if why:
+                raise TooLarge(f"{field}: {why}, over {max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)")
             return preprocess(pic.image)  # first frame of a GIF / page of a TIFF
     except CrossprobeError:
         raise
+    except image_formats.Oversized as e:
+        raise TooLarge(f"{field}: {e}, over {max_pixels} (CROSSPROBE_QUERY_IMAGE_MAX_PIXELS)") from None
     except Image.DecompressionBombError as e:
         raise TooLarge(f"{field}: {e}") from None
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises on hostile bytes is the input's fault

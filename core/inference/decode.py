@@ -126,7 +126,7 @@ def decode_file(
                 return Unreadable("empty", "zero-byte file")
             f.seek(0)
             try:
-                pic = image_formats.open_picture(f, path, size, reduce)  # lazy: only the header so far
+                pic = image_formats.open_picture(f, path, size, reduce, max_pixels)  # lazy: only the header so far
             except (image_formats.NotAnImage, UnidentifiedImageError) as e:
                 if head[4:8] == b"ftyp" and head[8:12] in VIDEO_BRANDS:
                     return Unreadable("video", f"an MP4 / QuickTime video ({head[8:12].decode()})")
@@ -137,13 +137,9 @@ def decode_file(
                 w, h = pic.width, pic.height
                 if not reduce:
                     pic.fit(max_pixels)
-                dw, dh = pic.image.size  # after draft: what decoding will really produce
-                if dw * dh > max_pixels:
-                    return Unreadable(
-                        "oversized",
-                        f"{w}x{h} {pic.format} decodes at {dw}x{dh} = {dw * dh} pixels > max_pixels "
-                        f"{max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)",
-                    )
+                why = pic.over(max_pixels)  # after draft: what decoding will really hold
+                if why:
+                    return Unreadable("oversized", f"{why} > max_pixels {max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)")
                 facts = exif_facts(pic.exif())  # header data: read before load_image decodes the pixels
                 x = preprocess(pic.image)  # first frame of a GIF / first page of a TIFF
         return x, {
@@ -162,6 +158,8 @@ def decode_file(
         if e.errno == errno.ELOOP:  # a symbolic link that leads back to itself
             return Unreadable("symlink_loop", str(e)[:200])
         return Unreadable(_broken(e), f"{type(e).__name__}: {e}"[:200])
+    except image_formats.Oversized as e:
+        return Unreadable("oversized", f"{e} > max_pixels {max_pixels} (CROSSPROBE_INDEX_MAX_PIXELS)"[:300])
     except Image.DecompressionBombError as e:
         return Unreadable("oversized", str(e)[:200])
     except Exception as e:  # noqa: BLE001 - any decoder failure is a skip, never a stopped job

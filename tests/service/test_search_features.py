@@ -432,3 +432,28 @@ def test_upload_an_image_file_as_the_body(client, built):
                                        ({"index": "nope"}, path.read_bytes(), 404, "index_not_found")]:
         r = client.post("/v1/search/image", params=params, content=body)
         assert r.status_code == status and r.json()["error"]["code"] == code, (params, r.text)
+
+
+def test_a_progressive_jpeg_is_bounded_by_its_full_size_not_its_draft(built, svc_ckpt, artifacts):
+    """A progressive JPEG's decode holds coefficients for the full picture whatever scale it is drafted to (issue
+    55: a 767 KB one of 14000 x 14000 took 388 MB), so the pixel limit counts them: one whose full size is over it
+    is 413 before any pixel is decoded, where the same picture as a baseline JPEG (drafted to 1/8) is answered."""
+    from fastapi.testclient import TestClient
+
+    from crossprobe.service.app import create_app
+    from crossprobe.service.server import wait_ready
+    from tests.service.conftest import service_settings
+
+    settings = service_settings(built, svc_ckpt, artifacts, query_image_max_pixels=1_000_000, warmup=False)
+    pic = Image.new("RGB", (1200, 1200), (120, 130, 140))
+    files = {}
+    for kind, progressive in (("progressive", True), ("baseline", False)):
+        buf = io.BytesIO()
+        pic.save(buf, "JPEG", quality=30, progressive=progressive)
+        files[kind] = buf.getvalue()
+    with TestClient(create_app(settings)) as c:
+        wait_ready(c)
+        r = c.post("/v1/search", json={"image": _b64(files["progressive"]), "k": 2})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large", r.text
+        assert "progressive JPEG decodes through its full-size coefficients" in r.json()["error"]["message"]
+        assert c.post("/v1/search", json={"image": _b64(files["baseline"]), "k": 2}).status_code == 200
