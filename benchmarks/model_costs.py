@@ -86,7 +86,7 @@ def dev_data(n_photos: int, n_queries: int) -> tuple[Path, list[str]]:
 
 def _env(root: Path, spec: str | None) -> dict:
     env = {**os.environ, "CROSSPROBE_INDEX_ROOT": str(root), "CROSSPROBE_MODELS_DIR": str(WORK / "graphs"),
-           "CROSSPROBE_MODELS_DIR": str(WORK / "graphs"), "CROSSPROBE_INDEX_PROGRESS": "false",
+           "CROSSPROBE_INDEX_PROGRESS": "false",
            "CROSSPROBE_ACCESS_LOG": "false", "CROSSPROBE_LOG_LEVEL": "warning", "HF_HUB_OFFLINE": "1"}
     env.pop("REDIS_URL", None)
     if spec:

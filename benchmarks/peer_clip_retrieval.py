@@ -7,8 +7,10 @@
         `crossprobe index build --model open_clip:ViT-B-32/<file>`, then `crossprobe serve` with its defaults for that
         model, and each --crossprobe-threads variant measured beside them (what the per-model default is chosen from).
 
-Each round starts each service afresh, warms it (20 requests), then measures: 1 client sending --queries requests
-one after another (p50 / p99), and 4 clients sending 2 x --queries (queries/s). Rounds alternate which service
+Each round starts each service afresh, warms it (20 requests of other captions), then measures: 1 client sending
+--queries requests one after another (p50 / p99), and 4 clients sending 2 x --queries (queries/s). crossprobe's
+query-vector cache is off (CROSSPROBE_QUERY_CACHE_MB=0): clip back has none, and the 4-client pass repeats each
+query twice, which the cache would answer without the text tower (its own cost: benchmarks/query_cache_bench.py). Rounds alternate which service
 goes first. The request is clip-retrieval's front-end's own (text, modality image, num_images 10, num_result_ids
 100, deduplicate true, the safety / violence / aesthetic options off), sent by benchmarks/loadgen.py over keep-alive
 loopback connections. clip back returns a "url" column (the photo's path; added to its metadata so that it does
@@ -16,7 +18,8 @@ not base64-encode the photos, which its image_path column would make it do) and 
 ships image bytes. Indexing: wall time of each side's indexing commands over the same photos.
 
 Photos: the first --photos Flickr8k dev photos (read from /work/shared, copied under artifacts/: never into the
-repository); queries: the first caption of each of the first --queries dev photos.
+repository); queries: the first caption of each of the first --queries dev photos (the warm-up: the second
+caption of the first 20).
 
     .venv/bin/python -m benchmarks.peer_clip_retrieval [--photos 500] [--queries 100] [--rounds 3]
         -> docs/research/results/peer_clip_retrieval.json
@@ -81,7 +84,7 @@ def run(cmd: list[str], log: Path, env: dict | None = None, timeout: float = 360
     return time.monotonic() - t
 
 
-def data(n_photos: int, n_queries: int, work: Path) -> tuple[Path, list[str]]:
+def data(n_photos: int, n_queries: int, work: Path) -> tuple[Path, list[str], list[str]]:
     from crossprobe.models.data.flickr8k import Flickr8k
 
     ds = Flickr8k.load()
@@ -92,10 +95,19 @@ def data(n_photos: int, n_queries: int, work: Path) -> tuple[Path, list[str]]:
         photos.mkdir(parents=True)
         for i in dev[:n_photos]:
             shutil.copy(ds.image_path(i), photos / ds.images[i])
-    first: dict[int, str] = {}
+    by_image: dict[int, list[str]] = {}
     for c, i in zip(ds.captions, ds.caption_image):
-        first.setdefault(i, c)
-    return photos, [first[i] for i in dev[:n_queries]]
+        by_image.setdefault(i, []).append(c)
+    return photos, [by_image[i][0] for i in dev[:n_queries]], [by_image[i][1] for i in dev[:20]]
+
+
+def export_open_clip(work: Path, graphs: Path) -> str:
+    """The random ViT-B-32 (built once under work) exported into graphs, in the export venv -> its weights file."""
+    p = subprocess.run([str(OPENCLIP), "-c", EXPORT_SIDE, str(work), str(graphs)], cwd=REPO, capture_output=True,
+                       text=True, timeout=3600, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    if p.returncode:
+        raise SystemExit(f"the export venv's side failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])["weights"]
 
 
 def prepare(work: Path, photos: Path, log: Path) -> dict:
@@ -103,11 +115,7 @@ def prepare(work: Path, photos: Path, log: Path) -> dict:
     graphs, done = work / "graphs", work / "prepared.json"
     if done.exists():
         return json.loads(done.read_text())
-    p = subprocess.run([str(OPENCLIP), "-c", EXPORT_SIDE, str(work), str(graphs)], cwd=REPO, capture_output=True,
-                       text=True, timeout=3600, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
-    if p.returncode:
-        raise SystemExit(f"the export venv's side failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    weights = json.loads(p.stdout.strip().splitlines()[-1])["weights"]
+    weights = export_open_clip(work, graphs)
     spec = f"open_clip:ViT-B-32/{weights}"
     n = len(list(photos.glob("*.jpg")))
     cp_env = {**_clean_env(), "CROSSPROBE_INDEX_ROOT": str(work / "indexes"), "CROSSPROBE_MODELS_DIR": str(graphs),
@@ -172,16 +180,17 @@ def start_crossprobe(work: Path, spec: str, port: int, log: Path, extra: dict) -
 
     env = {**_clean_env(), "CROSSPROBE_INDEX_ROOT": str(work / "indexes"), "CROSSPROBE_MODELS_DIR": str(work / "graphs"),
            "CROSSPROBE_MODEL": spec, "CROSSPROBE_INDEXES": INDICE, "CROSSPROBE_ACCESS_LOG": "false",
-           "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0", "HF_HUB_OFFLINE": "1", **extra}
+           "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_RELOAD_INTERVAL_S": "0", "HF_HUB_OFFLINE": "1",
+           "CROSSPROBE_QUERY_CACHE_MB": "0", **extra}
     return start_server(env, port, log)
 
 
-def measure(port: int, queries: list[str]) -> dict:
+def measure(port: int, queries: list[str], warm: list[str]) -> dict:
     reqs = knn_requests("127.0.0.1", port, queries, INDICE)
 
     async def go() -> dict:
-        gen = Generator("127.0.0.1", port, reqs, timeout_s=60)
-        await gen.closed_loop(1, 20)  # warm-up
+        await Generator("127.0.0.1", port, knn_requests("127.0.0.1", port, warm, INDICE), timeout_s=60).closed_loop(
+            1, len(warm))
         one = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(1, len(queries))).summary()
         four = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(4, 2 * len(queries))).summary()
         return {"one_client": one, "four_clients": four}
@@ -189,25 +198,35 @@ def measure(port: int, queries: list[str]) -> dict:
     return asyncio.run(go())
 
 
+def parse_variants(text: str) -> dict[str, dict[str, str]]:
+    """"threads2:CROSSPROBE_THREADS=2;enc1:CROSSPROBE_QUERY_ENCODERS=1" -> {name: {variable: value}}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, assigns = part.partition(":")
+        out[f"crossprobe_{name}"] = dict(a.split("=", 1) for a in assigns.split(",") if a)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--photos", type=int, default=500)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--crossprobe-threads", default="1,2", help="CROSSPROBE_THREADS variants measured beside the default")
+    ap.add_argument("--variants", default="", help="crossprobe variants measured beside its defaults, "
+                    "NAME:VAR=VALUE[,VAR=VALUE];... (e.g. threads2:CROSSPROBE_THREADS=2)")
     ap.add_argument("--work", type=Path, default=WORK)
     args = ap.parse_args()
     for need in (CLIPRET / "clip-retrieval", OPENCLIP):
         if not need.exists():
             raise SystemExit(f"{need} missing: scripts/clip-retrieval-env.sh and scripts/openclip-env.sh make them")
+    args.work = args.work.resolve()  # clip back runs in it; every path it is given must hold from there
     args.work.mkdir(parents=True, exist_ok=True)
     log = args.work / "run.log"
-    photos, queries = data(args.photos, args.queries, args.work)
+    photos, queries, warm = data(args.photos, args.queries, args.work)
     prep = prepare(args.work, photos, log)
     from crossprobe.service.server import free_port
 
-    variants = {"crossprobe": {}, **{f"crossprobe_threads{t}": {"CROSSPROBE_THREADS": t}
-                                     for t in args.crossprobe_threads.split(",") if t}}
+    variants = {"crossprobe": {}, **parse_variants(args.variants)}
     rounds = []
     for r in range(args.rounds):
         order = ["clip_back", *variants] if r % 2 == 0 else [*variants, "clip_back"]
@@ -217,7 +236,7 @@ def main() -> None:
             proc = (start_clip_back(args.work, prep["clip_model"], port, log) if name == "clip_back"
                     else start_crossprobe(args.work, prep["spec"], port, log, variants[name]))
             try:
-                got[name] = measure(port, queries)
+                got[name] = measure(port, queries, warm)
             finally:
                 stop_server(proc)
             print(f"round {r + 1} {name}: p50 {got[name]['one_client']['p50_ms']} ms, "

@@ -67,8 +67,8 @@ def _torch_for_export(what: str, folder: Path) -> None:
             f"{what} not exported in {folder}, and this installation has no PyTorch to export it (the container "
             f"image ships without torch: it holds the graphs of its own checkpoint only). Export them where PyTorch "
             f"is installed: `crossprobe export --ckpt CKPT --out DIR` (for instance in the image's builder stage, "
-            f"`docker build --target builder`), then point CROSSPROBE_MODELS_DIR (the service) and "
-            f"CROSSPROBE_MODELS_DIR (the batch jobs) at DIR; or install it here: {torch_side.INSTALL}"
+            f"`docker build --target builder`), then point CROSSPROBE_MODELS_DIR (the models folder "
+            f"of the service and the batch jobs) at DIR; or install it here: {torch_side.INSTALL}"
         ) from None
 
 

@@ -253,6 +253,16 @@ FIGURES: dict[str, Fig | Block] = {
        for r in ("640px", "12mp") for k, fmt in (("full_ms_median", "{:.1f}"), ("reduced_ms_median", "{:.1f}"),
                                                   ("embedding_max_abs_diff", "{:.1e}"))},
     "host.decode": host("decode.json"),
+    # crossprobe beside clip-retrieval (benchmarks/peer_clip_retrieval.py)
+    **{f"peer.{s}.{k}": num("peer_clip_retrieval.json", f"summary/{s}/{k}", fmt) for s in ("clip_back", "crossprobe")
+       for k, fmt in (("p50_ms_1_client", "{:.1f}"), ("p99_ms_1_client", "{:.1f}"), ("qps_4_clients", "{:.1f}"))},
+    **{f"peer.index.{s}": num("peer_clip_retrieval.json", f"indexing/{s}/images_per_s", "{:.1f}")
+       for s in ("clip_retrieval", "crossprobe")},
+    "peer.ratio_p50": num("peer_clip_retrieval.json", "ratio_p50_1_client", "{:.2f}"),
+    "peer.ratio_qps": num("peer_clip_retrieval.json", "ratio_qps_4_clients", "{:.1f}"),
+    # benchmarks/model_end_to_end.py's _host(): "<cpu>, <n> cores"
+    "host.peer": calc("peer_clip_retrieval.json", ("host",),
+                      lambda h: f"{h.rsplit(', ', 1)[1].split()[0]}-core {h.rsplit(', ', 1)[0]}"),
     # a user's first run, counted (scripts/first_run.py, make first-run)
     "first_run.python": calc("first_run.json", ("python",), str),
     "first_run.commands": calc("first_run.json", ("commands_count",), str),

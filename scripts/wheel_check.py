@@ -110,7 +110,7 @@ def check_python(python: Path, wheel: Path, spec: str, graphs: Path, photos: Pat
         raise RuntimeError(f"{venv}: torch is importable; the wheel must install without it")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CROSSPROBE_", "REDIS_URL", "PYTHONPATH"))}
     env.update(CROSSPROBE_INDEX_ROOT=str(venv / "indexes"), CROSSPROBE_MODELS_DIR=str(graphs),
-               CROSSPROBE_MODELS_DIR=str(graphs), CROSSPROBE_MODEL=spec, CROSSPROBE_INDEXES="wc",
+               CROSSPROBE_MODEL=spec, CROSSPROBE_INDEXES="wc",
                CROSSPROBE_ACCESS_LOG="false", HF_HUB_OFFLINE="1")
     crossprobe = str(venv / "bin" / "crossprobe")
     t0 = time.monotonic()

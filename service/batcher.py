@@ -14,6 +14,11 @@ under load batches fill without any waiting. It waits only while other searches
 are in the service: a lone query (one client, a quiet service) starts at once,
 so batching costs one client nothing (docs/research/latency.md).
 With batching off every query runs alone (batch_max 1, no wait).
+
+Encoders: up to `encoders` batches run at once, each on a thread of its own (one ONNX Runtime session serves
+concurrent runs). One is enough for a small query tower (crossprobe's); a CLIP-sized text tower run by one thread
+at a time leaves the other cores idle under load, so its default is chosen per model from measurements
+(service/profiles.py).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class QueryBatcher:
         batch_wait_s: float,
         enabled: bool = True,
         busy: Callable[[int], bool] | None = None,
+        encoders: int = 1,
     ):
         self.encode = encode
         self.batch_max = batch_max if enabled else 1
@@ -86,19 +92,22 @@ class QueryBatcher:
         self.busy = busy
         self.largest_batch = 0
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()  # bounded by the Limiter in front of it
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self.encoders = max(1, int(encoders))
+        self._pool = ThreadPoolExecutor(max_workers=self.encoders, thread_name_prefix="encode")
         self._task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="query-batcher")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for t in [self._task, *self._running]:
+            if t:
+                t.cancel()
+                try:
+                    await t
+                except asyncio.CancelledError:
+                    pass
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def submit(self, text: str) -> tuple[QueryVectors, EncodeInfo]:
@@ -126,22 +135,30 @@ class QueryBatcher:
         return [j for j in batch if not j.future.done()]  # drop callers that went away
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.encoders)
         while True:
+            await slots.acquire()  # a batch is gathered only when an encoder is free to run it
             batch = await self._gather()
             if not batch:
+                slots.release()
                 continue
-            start = time.perf_counter()
-            try:
-                out = await loop.run_in_executor(self._pool, self.encode, [j.text for j in batch])
-            except Exception as e:  # noqa: BLE001 - the callers get the error, the batcher keeps running
-                for j in batch:
-                    if not j.future.done():
-                        j.future.set_exception(e)
-                continue
-            encode_ms = (time.perf_counter() - start) * 1000
-            metrics.BATCH_SIZE.observe(len(batch))
-            self.largest_batch = max(self.largest_batch, len(batch))
-            for j, q in zip(batch, out):
+            task = asyncio.get_running_loop().create_task(self._encode(batch))
+            self._running.add(task)
+            task.add_done_callback(lambda t: (self._running.discard(t), slots.release()))
+
+    async def _encode(self, batch: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            out = await loop.run_in_executor(self._pool, self.encode, [j.text for j in batch])
+        except Exception as e:  # noqa: BLE001 - the callers get the error, the batcher keeps running
+            for j in batch:
                 if not j.future.done():
-                    j.future.set_result((q, EncodeInfo((start - j.enqueued) * 1000, encode_ms, len(batch))))
+                    j.future.set_exception(e)
+            return
+        encode_ms = (time.perf_counter() - start) * 1000
+        metrics.BATCH_SIZE.observe(len(batch))
+        self.largest_batch = max(self.largest_batch, len(batch))
+        for j, q in zip(batch, out):
+            if not j.future.done():
+                j.future.set_result((q, EncodeInfo((start - j.enqueued) * 1000, encode_ms, len(batch))))

@@ -82,10 +82,12 @@ class Registry:
         self.problems: dict[str, str] = {}  # name -> why its active version is not served (old one may be)
         self._refused: dict[str, str] = {}  # name -> active version that failed to load
         self._lock = threading.Lock()  # one refresh at a time (poller and /admin/reload)
-        if settings.threads:
-            import faiss
+        import faiss
 
-            faiss.omp_set_num_threads(settings.threads)  # process-wide: FAISS and ORT share the same cores
+        # process-wide, one thread: a search is one query, and FAISS spreads the queries of a batch over its
+        # threads, not one query's work, so more would only spin after each search (OpenMP's workers do) on the
+        # cores the query tower needs (service/profiles.py)
+        faiss.omp_set_num_threads(1)
 
     # ---- lookups (request path) ------------------------------------------------
     def default_name(self, scope: Scope = EVERY) -> str | None:

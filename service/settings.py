@@ -13,6 +13,8 @@ from pydantic_settings import SettingsConfigDict
 from crossprobe.core import SERVED_RERANK
 from crossprobe.core.inference.languages import flores
 from crossprobe.core.int8 import MIN_COSINE
+from crossprobe.service import profiles
+from crossprobe.service.profiles import Profile
 from crossprobe.storage.settings import StorageSettings
 
 Rerank = Literal["cp", "temde", "none"]
@@ -28,9 +30,9 @@ class Settings(StorageSettings):
 
     # A search gives up on a dead or paused Redis within ~250 ms (then answers degraded), where a batch job waits
     # seconds; 200 ms still leaves room for one MGET of a 1000-candidate shortlist (~3 MB) on a busy host.
-    # threads=1: concurrent searches already run the graphs side by side, and a pool's workers would spin on the
-    # cores the other searches need (docs/research/reliability.md); raise it for one-query-at-a-time latency on an
-    # idle many-core host. Milvus: a search waits 1 s at most, then answers 503 ann_unavailable.
+    # threads unset: the model's measured profile (service/profiles.py: 1 for crossprobe's own query tower, 2 on
+    # pools that do not spin for a CLIP-sized one), and FAISS on one thread. Milvus: a search waits 1 s at most,
+    # then answers 503 ann_unavailable.
     ROLE_DEFAULTS = {
         "redis_socket_timeout_s": 0.2,
         "redis_connect_timeout_s": 0.2,
@@ -39,7 +41,6 @@ class Settings(StorageSettings):
         "redis_backoff_cap_s": 0.05,
         "redis_health_check_interval_s": 5.0,
         "milvus_timeout_s": 1.0,
-        "threads": 1,
     }
 
     # -- server ----------------------------------------------------------------
@@ -90,22 +91,24 @@ class Settings(StorageSettings):
     # -- model -----------------------------------------------------------------
     # which model: CROSSPROBE_MODEL (or the older CROSSPROBE_CKPT), StorageSettings' (the batch jobs read the same)
     # (where its graphs live: StorageSettings.models_dir, the folder the batch jobs read too)
-    # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
-    # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own
-    # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)
+
     # the language queries are in, for the models told it: Immich's NLLB folders put its FLORES-200 code before each
     # query, as Immich does with its user's language (core/inference/languages.py). An ISO 639-1 code (pl) or a
     # FLORES-200 one (pol_Latn); every other model reads a query in whatever language it is written
     query_language: str = "en"
+    # query tower graph: "fp32" = exactly what `crossprobe eval` measures; "int8" = MiniLM layers dynamically
+    # quantized per channel: faster to encode, but it loses a little out-of-domain R@1, and quality on people's own
+    # photos comes first (docs/research/query_tower_quant.md, docs/research/service_quality.md)
     query_precision: Literal["fp32", "int8"] = "fp32"
     # int8 query graphs are checked against fp32 on fixed probe queries when loaded and refused below this cosine,
     # naming the host's int8 kernel path (crossprobe.core.int8); lower it to accept a model that cannot hold it
     int8_min_cosine: float = Field(MIN_COSINE, ge=0.0, le=1.0)
     # one ONNX Runtime thread pool shared by all graphs (its workers spin), faster per query than a spinning pool
-    # per graph (core/runtime.py, docs/research/ort_threading.md). Process-wide: once made, every ONNX Runtime
-    # session of the process uses it
-    ort_shared_pool: bool = True
-    ort_spinning: bool = True  # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU
+    # per graph for crossprobe's own model (core/runtime.py, docs/research/ort_threading.md). Process-wide: once
+    # made, every ONNX Runtime session of the process uses it. Unset: the model's profile (service/profiles.py)
+    ort_shared_pool: bool | None = None
+    # per-graph pools only (ort_shared_pool=false): idle workers spin; costs idle CPU. Unset: the model's profile
+    ort_spinning: bool | None = None
 
     # -- index versions to serve (where they live and how to reach Redis: StorageSettings) --------------------
     indexes: str = ""  # comma-separated names to serve; "" = every index under index_root with an active version
@@ -149,6 +152,8 @@ class Settings(StorageSettings):
     batching: bool = True  # group concurrent queries into one query-tower run
     batch_max: int = Field(16, ge=1, le=256)  # the most queries in one query-tower run
     batch_wait_ms: float = Field(2.0, ge=0, le=1000)  # how long a lone query waits for company (bounded)
+    # query-tower batches run at once, each on a thread of its own. Unset: the model's profile (service/profiles.py)
+    query_encoders: int | None = Field(None, ge=1, le=16)
     queue_size: int = Field(64, ge=1)  # searches admitted at once (waiting or running); the next gets 429
     workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
 
@@ -211,6 +216,18 @@ class Settings(StorageSettings):
     # -- start-up ----------------------------------------------------------------
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
     load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
+
+    @property
+    def profile(self) -> Profile:
+        """How the query tower runs: the model's measured profile (service/profiles.py), with what is set here over
+        it."""
+        p = profiles.for_model(self.model_spec)
+        return Profile(
+            threads=self.threads or p.threads,
+            shared_pool=p.shared_pool if self.ort_shared_pool is None else self.ort_shared_pool,
+            spinning=p.spinning if self.ort_spinning is None else self.ort_spinning,
+            encoders=self.query_encoders or p.encoders,
+        )
 
     @field_validator("query_language")
     @classmethod

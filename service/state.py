@@ -49,9 +49,9 @@ def load_model(settings: Settings, bert=None) -> Backend:
         inference.RuntimeOptions(
             graphs=settings.models,
             download_timeout_s=settings.download_timeout,
-            threads=settings.threads,
-            spinning=settings.ort_spinning,
-            shared_pool=settings.ort_shared_pool,
+            threads=settings.profile.threads,
+            spinning=settings.profile.spinning,
+            shared_pool=settings.profile.shared_pool,
             query_precision=settings.query_precision,
             query_language=settings.query_language,
             bert=bert,
@@ -142,6 +142,7 @@ class ServiceState:
                 settings.batch_wait_ms / 1000,
                 settings.batching,
                 busy=lambda n: self.limiter.in_flight > n,
+                encoders=settings.profile.encoders,
             )
             batcher.start()
             self.searcher = Searcher(settings, models, registry, batcher, self.pool, self.feature_store)

@@ -224,7 +224,7 @@ class StorageSettings(BaseSettings):
     models_dir: Path | None = Field(
         None,
         validation_alias=AliasChoices(
-            "CROSSPROBE_MODELS_DIR", "CROSSPROBE_ARTIFACTS_DIR", "CROSSPROBE_INDEX_MODEL_DIR", "models_dir"
+            "CROSSPROBE_MODELS_DIR", "CROSSPROBE_ARTIFACTS_DIR", "CROSSPROBE_INDEX_MODEL_DIR"
         ),
     )
     # a model named that this machine lacks (a hub repo id, an open_clip tag) is downloaded on first use from the
@@ -274,8 +274,8 @@ class StorageSettings(BaseSettings):
     )
 
     # -- compute --------------------------------------------------------------------------------------------------
-    # ONNX Runtime intra-op threads (and FAISS's OpenMP threads in the service); unset: one per core (the service
-    # defaults to 1)
+    # ONNX Runtime intra-op threads; unset: one per core in the batch jobs, the model's measured profile in the
+    # service (service/profiles.py: 1 for crossprobe's own model, 2 for a CLIP-sized text tower)
     threads: int | None = Field(None, ge=1, le=256)
 
     @model_validator(mode="before")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -89,3 +90,47 @@ def test_a_lone_query_in_a_quiet_service_does_not_wait():
     t = time.perf_counter()
     _run(_submit_all(QueryBatcher(tower, batch_max=16, batch_wait_s=2.0, busy=lambda n: False), ["alone"]))
     assert tower.batches == [["alone"]] and time.perf_counter() - t < 1.0  # not the 2 s batch_wait
+
+
+class CountingTower(FakeTower):
+    """Records how many batches run at the same moment."""
+
+    def __init__(self, delay: float):
+        super().__init__(delay)
+        import threading
+
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def __call__(self, texts):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return super().__call__(texts)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+@pytest.mark.parametrize("encoders", [1, 2, 3])
+def test_encoders_bound_how_many_batches_run_at_once(encoders):
+    """CROSSPROBE_QUERY_ENCODERS: up to that many batches run side by side (a slow tower, one query per batch),
+    never more; every caller still gets its own answer."""
+    tower = CountingTower(delay=0.05)
+    b = QueryBatcher(tower, batch_max=1, batch_wait_s=0.0, encoders=encoders)
+    out = _run(_submit_all(b, [f"q{i}" for i in range(8)]))
+    assert sorted(q for q, _ in out) == sorted(f"Q{i}" for i in range(8))
+    assert tower.most == encoders, (tower.most, encoders)
+
+
+def test_profiles_follow_the_model_and_settings_override_them(tmp_path):
+    """The measured profile by model (service/profiles.py): crossprobe's own tower one spinning shared-pool thread;
+    a family model two threads on pools that do not spin; what the settings set wins."""
+    from crossprobe.service.settings import Settings
+
+    own = Settings().profile
+    assert (own.threads, own.shared_pool, own.spinning, own.encoders) == (1, True, True, 1)
+    fam = Settings(model=f"hf:{tmp_path}").profile
+    assert (fam.shared_pool, fam.spinning, fam.encoders) == (False, False, 1) and fam.threads == min(2, os.cpu_count())
+    set_ = Settings(model=f"hf:{tmp_path}", threads=3, ort_shared_pool=True, query_encoders=2).profile
+    assert (set_.threads, set_.shared_pool, set_.encoders) == (3, True, 2)

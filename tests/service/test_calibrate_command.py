@@ -36,8 +36,8 @@ def test_calibrate_stores_curves_and_reproduces_them(svc_ckpt, artifacts, models
     monkeypatch.setattr(cal, "dev_sets", _tiny_sets(tmp_path / "gallery"))
     monkeypatch.setattr(flickr8k, "available", lambda root=None: True)
     monkeypatch.setattr(captioned.CaptionedFolder, "available", staticmethod(lambda root: True))
-    for k, v in {"REDIS_URL": redis_url, "CROSSPROBE_MODELS_DIR": str(models_dir),
-                 "CROSSPROBE_MODELS_DIR": str(artifacts), "CROSSPROBE_THREADS": "2"}.items():
+    for k, v in {"REDIS_URL": redis_url, "CROSSPROBE_MODELS_DIR": str(artifacts),
+                 "CROSSPROBE_THREADS": "2"}.items():
         monkeypatch.setenv(k, v)
     ck = tmp_path / "ck"
     shutil.copytree(svc_ckpt, ck)  # the session's checkpoint stays without curves

@@ -31,13 +31,14 @@ DEFAULT_THREADS = """
     s = Settings(query_precision="fp32")
     m = load_model(s)
     Registry(s, m.fingerprint, str(s.model_spec))
-    print(s.threads, runtime.shared_pool_threads(), faiss.omp_get_max_threads())
+    print(s.profile.threads, runtime.shared_pool_threads(), faiss.omp_get_max_threads())
 """
 
 
 def test_one_thread_per_graph_and_for_faiss_by_default(svc_ckpt, artifacts, redis_url, tmp_path, monkeypatch):
-    """CROSSPROBE_THREADS defaults to 1 (docs/research/reliability.md: a pool per core spins on the cores that concurrent
-    searches need): the shared ONNX Runtime pool and FAISS's OpenMP both get one thread."""
+    """Unset, CROSSPROBE_THREADS is the model's profile: 1 for crossprobe's own (docs/research/reliability.md: a pool
+    per core spins on the cores that concurrent searches need), so the shared ONNX Runtime pool gets one thread;
+    FAISS's OpenMP gets one whatever the model (a search is one query)."""
     monkeypatch.setenv("CROSSPROBE_CKPT", str(svc_ckpt))
     monkeypatch.setenv("CROSSPROBE_MODELS_DIR", str(artifacts))
     monkeypatch.setenv("REDIS_URL", redis_url)
