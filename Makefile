@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test wheel-check first-run test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test wheel-check first-run clip-retrieval-env peer-bench test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): the development venv (torch==2.13.0's CPU wheel) is 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
@@ -103,6 +103,15 @@ openclip-env:
 ## Immich folders, tests/models; M-CLIP's multilingual queries through the API, tests/service) in that venv
 test-openclip: openclip-env
 	$(OPENCLIP_VENV)/bin/python -m pytest -p no:cacheprovider -m openclip tests/support tests/models tests/service/test_model_choice.py
+
+## make peer-bench: crossprobe beside clip-retrieval 2.45.0 (its own venv, scripts/clip-retrieval-env.sh) over the
+## same random open_clip ViT-B-32, photos and /knn-service requests, then the per-model thread profiles
+## (benchmarks/peer_clip_retrieval.py, benchmarks/serving_profiles.py; Flickr8k needed; about 10 minutes)
+clip-retrieval-env:
+	scripts/clip-retrieval-env.sh
+peer-bench: $(STAMP) openclip-env clip-retrieval-env
+	$(BIN)/python -m benchmarks.peer_clip_retrieval --variants "before_profiles:CROSSPROBE_THREADS=1,CROSSPROBE_ORT_SHARED_POOL=true"
+	$(BIN)/python -m benchmarks.serving_profiles
 
 ## make image: the CPU image crossprobe:cpu from the Dockerfile, with docker when an engine answers, else podman
 ## (installed when missing, with local stand-ins for the images no registry gives here: scripts/container-setup.sh,
