@@ -92,6 +92,9 @@ class Explainer:
             if not uri:
                 unavailable[item_id] = "no file recorded for this item"
                 continue
+            if not handle.file_allowed(uri):  # a path written into Redis, or a link made since: never opened
+                unavailable[item_id] = "its recorded file lies outside the index's image folders"
+                continue
             # the model's reference decoding, as a build with CROSSPROBE_INDEX_DECODE=reference made its vectors
             m = self.model
             r = decode_file(uri, self.settings.image_max_pixels, m.preprocessor(), m.image_size, m.reduced_decoding)

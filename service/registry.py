@@ -22,7 +22,7 @@ from crossprobe.storage import filter_columns, keyword
 from crossprobe.storage.ann import AnnUnavailable
 from crossprobe.storage.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.storage.redis_conn import connect
-from crossprobe.storage.store import NAME_RE, Store
+from crossprobe.storage.store import NAME_RE, Store, image_roots, within_roots
 
 log = logging.getLogger("crossprobe.service")
 
@@ -38,6 +38,11 @@ class IndexHandle:
         self.columns = filter_columns.ColumnCache()  # metadata columns for filters, read on the first filtered search
         # the version's keyword index (storage/keyword.py); None for a version built before them: served vector-only
         self.keywords = keyword.open_for(reader.store.version_dir(reader.name, reader.version))
+        # the folders its files lie under: no file is opened outside them (thumbnails, explain maps)
+        self.image_roots = image_roots(reader.manifest)
+
+    def file_allowed(self, path: str) -> bool:
+        return within_roots(path, self.image_roots)
 
     def __len__(self) -> int:
         return len(self.reader)

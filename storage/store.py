@@ -78,6 +78,27 @@ def check_version(version: str) -> str:
     return version
 
 
+def image_roots(manifest: dict | None) -> list[str] | None:
+    """The folders a version's files lie under (its manifest's "image_roots"; a version from before them that was
+    built from a folder: that folder). None: not known (a manifest-built version from before them)."""
+    if not manifest:
+        return None
+    if manifest.get("image_roots") is not None:
+        return [str(r) for r in manifest["image_roots"]]
+    folder = (manifest.get("source") or {}).get("images")
+    return [os.path.realpath(folder)] if folder else None
+
+
+def within_roots(path: str, roots: list[str] | None) -> bool:
+    """Whether a file recorded for an item (a path read from Redis) lies under one of its version's image roots,
+    symbolic links resolved: a path written into Redis by someone else, or a link made in the folder since it was
+    indexed, must not let the service read and show any file its user can. roots None (not known): True."""
+    if roots is None:
+        return True
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
 def new_version() -> str:
     """Sortable by creation time, unique enough for one writer per index."""
     t = time.time()

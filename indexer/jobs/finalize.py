@@ -22,9 +22,10 @@ import numpy as np
 from crossprobe.core.atomic import durable_write, sync_tree  # fsynced: an index survives a power cut
 from crossprobe.indexer.jobs import report
 from crossprobe.indexer.jobs.run import JobContext, recorded_spec
-from crossprobe.indexer.jobs.sources import Skip
+from crossprobe.indexer.jobs.sources import Skip, image_roots
 from crossprobe.storage import ann, faiss_io, keyword, layout
 from crossprobe.storage.store import KeyLayout, Store
+from crossprobe.storage.store import image_roots as store_roots
 
 
 @dataclass
@@ -212,6 +213,9 @@ def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, do
             job.store.active_key(job.name)
         ),
         "source": job.source,
+        # the folders every file of this version lies under (resolved): the service opens an item's file only
+        # inside them (storage.store.within_roots), whatever path Redis hands it
+        "image_roots": image_roots(job.items, job.source or {}, store_roots(job.base_manifest)),
         "skipped": done["counts"]["skipped"],
         "text": {
             "dir": keyword.DIR,

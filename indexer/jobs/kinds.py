@@ -215,7 +215,7 @@ def source_desc(images: Path | None, manifest: Path | None) -> dict:
 
 def _read(job: JobContext, images: Path | None, manifest: Path | None, dates_from: str | None):
     """build, add: the items of a folder or manifest; those already in version `dates_from` keep their dates."""
-    items, reader_skips, _ = read_source(images, manifest)
+    items, reader_skips, _ = read_source(images, manifest, job.settings.follow_links)
     keep_added_dates(job.store, job.name, dates_from, items)
     return items, reader_skips
 

@@ -34,6 +34,11 @@ class IndexerSettings(StorageSettings):
     # index holds the reference's embeddings. reduced: JPEG draft and HEIC thumbnails for every model, faster on
     # large JPEGs, at the cost of that parity (both measured: docs/research/decode.md)
     decode: Literal["reference", "reduced"] = "reference"
+    # symbolic links in an indexed folder: inside = followed where they stay inside the folder, skipped (a counted
+    # "link_outside") where they leave it, so whoever may write into the folder cannot make the service show any
+    # file its user can read; all = followed wherever they lead (an album linked in from another disk; the version
+    # records where they lead as its image roots, which the service checks every file it opens against)
+    follow_links: Literal["inside", "all"] = "inside"
     quantization: Literal["float16", "int8"] = "float16"  # layout of P_v, b_bar, s_I in Redis (int8: + a scale)
     batch_size: int = Field(32, ge=1)  # also the commit unit of a resumable build
     # decode threads overlapping the encoder. Unset: 1, or 2 with OCR (as before OCR moved out of the decode

@@ -88,14 +88,48 @@ def walk_folder(folder: Path) -> list[Item]:
     return scan_folder(folder)[0]
 
 
-def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
+def image_roots(items: list[Item], source: dict, base: list[str] | None = None) -> list[str]:
+    """The folders a version's files lie under, resolved (symbolic links followed): what the service checks an
+    item's recorded path against before it opens it (storage.store.within_roots). The source folder, the real
+    folders of the items whose files lie elsewhere (a manifest's; links followed with follow_links="all"), and the
+    base version's roots; none inside another."""
+    roots = set(base or [])
+    if source.get("images"):
+        roots.add(os.path.realpath(source["images"]))
+    seen: dict[str, str] = {}
+    for it in items:
+        d = os.path.dirname(it.uri)
+        real = seen.get(d)
+        if real is None:
+            real = seen[d] = os.path.realpath(d)
+        roots.add(os.path.dirname(os.path.realpath(it.uri)) if os.path.islink(it.uri) else real)
+    kept: list[str] = []
+    for r in sorted(roots, key=len):
+        if not any(r == k or r.startswith(k.rstrip(os.sep) + os.sep) for k in kept):
+            kept.append(r)
+    return sorted(kept)
+
+
+def scan_folder(folder: Path, follow_links: str = "inside") -> tuple[list[Item], list[Skip]]:
     """A folder, recursively, in sorted order -> (its image files as items, a Skip for each thing it holds that
     is not indexed): nothing in it is dropped without a count. Skip reasons: video (a .mp4, .mov... file),
     not_image (any other file that is not of an image format; hidden files, named ".*", are not counted),
     unreadable (a folder that cannot be listed: permission denied), symlink_loop (a link to a folder already
-    on the walk's path, or one that leads back to itself). Symbolic links to folders are followed (an album
-    linked into the library is indexed), each real folder at most once per path."""
+    on the walk's path, or one that leads back to itself), link_outside (a symbolic link, to a file or a folder,
+    whose target lies outside the folder: whoever may write into the folder must not make the service read and
+    show any file its user can). Symbolic links inside the folder are followed, each real folder at most once per
+    path; follow_links="all" (CROSSPROBE_INDEX_FOLLOW_LINKS) follows those that leave it too (an album linked in
+    from another disk), and the version records their targets as its image roots."""
     folder = Path(folder).resolve()
+    inside = str(folder).rstrip(os.sep) + os.sep
+
+    def leaves(p: Path) -> str | None:
+        """The target of a link that leaves the folder (None: not a link, or one that stays inside)."""
+        if follow_links == "all" or not p.is_symlink():
+            return None
+        real = os.path.realpath(p)
+        return None if real == str(folder) or real.startswith(inside) else real
+
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder {folder} does not exist")
     items: list[Item] = []
@@ -120,6 +154,10 @@ def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
         seen_on_path[dirpath] = ancestors
         for d in list(dirnames):
             p = Path(dirpath) / d
+            if (target := leaves(p)) is not None:
+                dirnames.remove(d)
+                skips.append(Skip(rel(p) + "/", str(p), "link_outside", f"links to {target}, outside {folder}"))
+                continue
             try:
                 dst = os.stat(p)
             except OSError as e:  # a dangling link, or one that loops on itself
@@ -141,7 +179,9 @@ def scan_folder(folder: Path) -> tuple[list[Item], list[Skip]]:
         for fn in sorted(filenames):
             p = Path(dirpath) / fn
             ext = p.suffix.lower()
-            if ext in IMAGE_EXTS:
+            if (target := leaves(p)) is not None and (ext in IMAGE_EXTS or ext in VIDEO_EXTS or p.exists()):
+                skips.append(Skip(rel(p), str(p), "link_outside", f"links to {target}, outside {folder}"))
+            elif ext in IMAGE_EXTS:
                 items.append(Item(id=rel(p), uri=str(p)))
             elif ext in VIDEO_EXTS:
                 skips.append(Skip(rel(p), str(p), "video", f"a {ext} file is a video: only still images are indexed"))
@@ -223,12 +263,14 @@ def dedupe(items: list[Item]) -> tuple[list[Item], list[Skip]]:
     return out, dups
 
 
-def read_source(images: Path | None, manifest: Path | None) -> tuple[list[Item], list[Skip], dict]:
+def read_source(
+    images: Path | None, manifest: Path | None, follow_links: str = "inside"
+) -> tuple[list[Item], list[Skip], dict]:
     """-> (items, reader-stage skips, a description of the source for the spec/manifest)."""
     if (images is None) == (manifest is None):
         raise ValueError("give exactly one of --images DIR or --manifest FILE.jsonl")
     if images is not None:
-        items, bad = scan_folder(images)
+        items, bad = scan_folder(images, follow_links)
         desc = {"images": str(Path(images).resolve())}
     else:
         assert manifest is not None  # exactly one of the two, checked above

@@ -239,7 +239,7 @@ class Watcher:
         self.metrics.folder_missing.labels(self.name).set(0)
         self._missing_said = False
         try:
-            items, skips = scan_folder(self.folder)
+            items, skips = scan_folder(self.folder, self.settings.follow_links)
         except FileNotFoundError:  # vanished during the walk
             return None
         files: dict[str, tuple[str, Sig]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from crossprobe.service.registry import IndexHandle
 from crossprobe.service.schemas import ANY_ROUTE, IndexRef, ItemResponse, error_responses
 from crossprobe.service.scope import Scope
 from crossprobe.service.state import ServiceState
+
+log = logging.getLogger("crossprobe.service")
 
 router = APIRouter(**SEARCH)
 
@@ -79,12 +82,18 @@ async def item_image(request: Request, item: Annotated[Item, Depends(item_image_
     meta = (await read_metadata(state, handle, [item_id], "item"))[0]
     if not meta or not meta.get("uri"):
         raise ImageUnavailable(f"{item_id!r} has no file recorded in {handle.name}/{handle.version}")
+    if not handle.file_allowed(meta["uri"]):  # a path written into Redis, or a link made since: never opened
+        log.warning(
+            "%s/%s: %r's recorded file is outside the index's image folders", handle.name, handle.version, item_id
+        )
+        raise ImageUnavailable(f"{item_id!r}: its recorded file lies outside {handle.name}'s image folders")
     settings = state.settings
     side = min(item.size or settings.image_max_side, settings.image_max_side)
     try:
-        data = await asyncio.to_thread(
-            resized_jpeg, meta["uri"], side, settings.image_quality, settings.image_max_pixels
-        )
+        with state.decoders.admit():
+            data = await asyncio.to_thread(
+                resized_jpeg, meta["uri"], side, settings.image_quality, settings.image_max_pixels
+            )
     except ImageUnavailable as e:
         raise ImageUnavailable(f"{item_id!r}: {e}") from None
     # behind search keys: private, or a shared cache (CDN, proxy) would hand it to callers without a key

@@ -121,20 +121,42 @@ def test_a_50_megapixel_photo_is_indexed_at_the_default_limit(tmp_path):
     assert (r[1]["width"], r[1]["height"]) == (8160, 6120) and r[0].shape == (3, 224, 224)
 
 
-def test_links_that_loop_are_counted_and_linked_albums_walked(tmp_path):
+def _linked_library(tmp_path: Path) -> Path:
     d = tmp_path / "lib"
     library_files.write(d / "a.jpg", "jpeg", 64, 48)
+    library_files.write(d / "inner" / "c.jpg", "jpeg", 64, 48)
     library_files.write(tmp_path / "elsewhere" / "b.jpg", "jpeg", 64, 48)
-    os.symlink(tmp_path / "elsewhere", d / "album")  # an album linked into the library: walked
-    os.symlink(d, d / "album" / "back")  # a link back up the path: a loop, not walked forever
+    library_files.write(tmp_path / "secret.jpg", "jpeg", 64, 48)
+    os.symlink(tmp_path / "elsewhere", d / "album")  # an album linked in from outside the library
+    os.symlink(tmp_path / "secret.jpg", d / "peek.jpg")  # a file outside, linked in by whoever may write here
+    os.symlink(d / "inner", d / "shortcut")  # a link that stays inside: followed
+    os.symlink(d, d / "inner" / "back")  # a link back up the path: a loop, not walked forever
     os.symlink("self.jpg", d / "self.jpg")  # a link to itself
     os.symlink("selfdir", d / "selfdir")
-    os.symlink(tmp_path / "nowhere.jpg", d / "gone.jpg")  # dangling
+    os.symlink(d / "nowhere.jpg", d / "gone.jpg")  # dangling, inside
+    return d
+
+
+def test_links_that_leave_the_folder_are_skipped_and_counted(tmp_path):
+    """The default (follow_links inside): a link whose target lies outside the folder, to a file or a folder, is
+    a counted link_outside skip with where it leads; links inside are followed; loops are counted."""
+    d = _linked_library(tmp_path)
     items, skips = scan_folder(d)
-    assert sorted(i.id for i in items) == ["a.jpg", "album/b.jpg", "gone.jpg", "self.jpg"]
-    assert sorted((s.id, s.reason) for s in skips) == [("album/back/", "symlink_loop"), ("selfdir", "symlink_loop")]
+    assert sorted(i.id for i in items) == ["a.jpg", "gone.jpg", "inner/c.jpg", "self.jpg", "shortcut/c.jpg"]
+    got = {s.id: s for s in skips}
+    assert {k: s.reason for k, s in got.items()} == {
+        "album/": "link_outside", "peek.jpg": "link_outside", "inner/back/": "symlink_loop",
+        "shortcut/back/": "symlink_loop", "selfdir": "symlink_loop"}
+    assert str(tmp_path / "secret.jpg") in got["peek.jpg"].error and f"outside {d}" in got["peek.jpg"].error
     why = {i.id: decode_one(i, 10 ** 8) for i in items}
     assert why["self.jpg"].reason == "symlink_loop" and why["gone.jpg"].reason == "missing"
+
+
+def test_follow_links_all_walks_linked_albums(tmp_path):
+    d = _linked_library(tmp_path)
+    items, skips = scan_folder(d, follow_links="all")
+    assert {"album/b.jpg", "peek.jpg"} <= {i.id for i in items}
+    assert not [s for s in skips if s.reason == "link_outside"]
 
 
 def _stages(folder: Path) -> dict[str, str]:
