@@ -53,7 +53,7 @@ wheel-check: $(STAMP)
 ## pip install the wheel, then `crossprobe serve --images DIR --model immich:<repo>` against a local stand-in hub
 ## (scripts/first_run.py -> docs/research/results/first_run.json)
 first-run: $(STAMP)
-	PYTHONPATH=. $(BIN)/python scripts/first_run.py $(if $(PY313),--python $(PY313),)
+	PYTHONPATH=.:scripts $(BIN)/python scripts/first_run.py $(if $(PY313),--python $(PY313),)
 
 ## make test-e2e: the web page in a real browser: Playwright (the e2e extra) drives Debian's chromium (installed
 ## when missing; no browser download) against a live server over the committed checkpoint; screenshots -> artifacts/e2e/.

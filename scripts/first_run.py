@@ -10,7 +10,7 @@ The command's output is kept (what the user sees), the search page's first answe
 repo's own graphs run here, and the whole run is written to docs/research/results/first_run.json (--out).
 
     make first-run                       # Python 3.13 from pyenv
-    PYTHONPATH=. python scripts/first_run.py --python /usr/bin/python3.13
+    PYTHONPATH=.:scripts python scripts/first_run.py --python /usr/bin/python3.13
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wheel_check import build_wheel, find_python, run  # noqa: E402  (scripts/ is not a package)
+from wheel_check import build_wheel, find_python, run  # scripts/ is on PYTHONPATH (make first-run)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "test-org/ViT-tiny__random"

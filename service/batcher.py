@@ -24,6 +24,7 @@ at a time leaves the other cores idle under load, so its default is chosen per m
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -36,27 +37,30 @@ from crossprobe.service.exceptions import Overloaded
 
 
 class Limiter:
-    """Counts admitted searches. Used only from the event loop thread, so no lock is needed."""
+    """Counts admitted requests of one kind (searches; the routes that decode photos). Used only from the event
+    loop thread, so no lock is needed."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, what: str = "searches", setting: str = "CROSSPROBE_QUEUE_SIZE", gauge: bool = True):
+        self.size, self.what, self.setting, self.gauge = size, what, setting, gauge
         self.in_flight = 0
 
     @contextmanager
     def admit(self) -> Iterator[None]:
         if self.in_flight >= self.size:
             raise Overloaded(
-                f"too many searches in progress, retry shortly ({self.in_flight} searches in progress "
-                f"(CROSSPROBE_QUEUE_SIZE={self.size}))",
+                f"too many {self.what} in progress, retry shortly ({self.in_flight} {self.what} in progress "
+                f"({self.setting}={self.size}))",
                 retry_after_s=1,
             )
         self.in_flight += 1
-        metrics.IN_FLIGHT.set(self.in_flight)
+        if self.gauge:
+            metrics.IN_FLIGHT.set(self.in_flight)
         try:
             yield
         finally:
             self.in_flight -= 1
-            metrics.IN_FLIGHT.set(self.in_flight)
+            if self.gauge:
+                metrics.IN_FLIGHT.set(self.in_flight)
 
 
 @dataclass
@@ -144,7 +148,11 @@ class QueryBatcher:
                 continue
             task = asyncio.get_running_loop().create_task(self._encode(batch))
             self._running.add(task)
-            task.add_done_callback(lambda t: (self._running.discard(t), slots.release()))
+            task.add_done_callback(functools.partial(self._done, slots))
+
+    def _done(self, slots: asyncio.Semaphore, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        slots.release()
 
     async def _encode(self, batch: list[_Job]) -> None:
         loop = asyncio.get_running_loop()

@@ -82,7 +82,12 @@ def resolve(requested: str | None, has_text: bool, has_index: bool) -> tuple[str
 
 
 def keyword_stage(
-    index: keyword.KeywordIndex | None, text: str, limit: int, allow: Callable[[str], bool] | None, required: bool
+    index: keyword.KeywordIndex | None,
+    text: str,
+    limit: int,
+    allow: Callable[[str], bool] | None,
+    required: bool,
+    max_depth: int | None = None,
 ) -> KeywordOutcome:
     """BM25's best `limit` items for the query text. required (mode keyword): a query that keeps no word after
     stop words and punctuation are dropped is 422; in hybrid it only leaves the vector side alone. index None (a
@@ -104,7 +109,7 @@ def keyword_stage(
             )
         return KeywordOutcome(q, error="the index's active version has no keyword index")
     try:
-        hits = index.search(q, limit, allow)
+        hits = index.search(q, limit, allow, max_depth)
         ids = [i for i, _ in hits]
         docs = index.documents(ids)
         return KeywordOutcome(q, hits, index.coverage(q, ids, docs), docs)

@@ -155,6 +155,9 @@ class Settings(StorageSettings):
     # query-tower batches run at once, each on a thread of its own. Unset: the model's profile (service/profiles.py)
     query_encoders: int | None = Field(None, ge=1, le=16)
     queue_size: int = Field(64, ge=1)  # searches admitted at once (waiting or running); the next gets 429
+    # thumbnails (GET /v1/items/{id}/image) and explain maps decode indexed photos per request, up to ~100 MP each
+    # (image_max_pixels): at most this many such requests at once; the next gets 429 overloaded with Retry-After
+    decode_max_in_flight: int = Field(4, ge=1, le=1024)
     workers: int = Field(4, ge=1, le=64)  # threads for the ann / fetch / rerank / metadata stages
 
     # -- hot reload --------------------------------------------------------------
@@ -193,6 +196,10 @@ class Settings(StorageSettings):
     # with an HNSW / IVF index, a filter that at most this many items pass is answered by scanning their stored
     # vectors exactly (~1 ms per 4,000 at d=256); more: FAISS with the filter's bitmap (approximate, as unfiltered)
     filter_exact_max: int = Field(20_000, ge=0)
+    # a filtered keyword search reads at most this many of a word's best hits to find the ones the filter passes
+    # (repeated deeper, 8x at a time, up to it): past it the words side answers with those it found, the vectors
+    # side is unaffected. Bounds what one search over a common word and a filter that passes few items costs
+    keyword_filter_max_depth: int = Field(100_000, ge=1)
     # read a version's metadata into filter columns while loading it (before it goes live), so the first filtered
     # search does not pay for it (one MGET pass: docs/research/search_features.md); false: on the
     # first filtered search instead (a service whose clients never filter saves the memory)

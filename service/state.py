@@ -75,6 +75,10 @@ class ServiceState:
         self.batcher: QueryBatcher | None = None
         self.searcher: Searcher | None = None
         self.limiter = Limiter(settings.queue_size)
+        # thumbnails and explain maps decode photos per request: a few at once, the next answered 429 at once
+        self.decoders = Limiter(
+            settings.decode_max_in_flight, "photo decodes", "CROSSPROBE_DECODE_MAX_IN_FLIGHT", False
+        )
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="stage")
         # every Redis call of the request path goes through its circuit breaker (breaker.py)
         self.feature_store = FeatureStore(settings.redis_breaker_failures, settings.redis_breaker_cooldown_s, log=log)

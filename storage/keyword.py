@@ -272,27 +272,29 @@ class KeywordIndex:
         return {k: (v[0] if v else "") for k, v in d.items()}
 
     def search(
-        self, q: KeywordQuery, limit: int, allow: Callable[[str], bool] | None = None
+        self, q: KeywordQuery, limit: int, allow: Callable[[str], bool] | None = None, max_depth: int | None = None
     ) -> list[tuple[str, float]]:
         """The best `limit` items for q by BM25 -> [(id, score)], best first. allow(id) False: the item is
         passed over (a filter), and the next best taken instead (the search is repeated deeper until `limit`
-        pass or none is left)."""
+        pass, none is left, or max_depth hits were read: a filter that passes almost nothing of a common word must
+        not walk its whole posting list per search; the best of those read are returned)."""
         if q.empty or limit <= 0:
             return []
         query = self._query(q)
-        want = limit
+        want, checked, out = limit, 0, []
         while True:
             res = self._searcher.search(query, want)
-            out = []
-            for score, addr in res.hits:
+            for score, addr in res.hits[checked:]:  # a deeper search's first hits are the last one's: read once
                 item_id = self._searcher.doc(addr)["id"][0]
                 if allow is None or allow(item_id):
                     out.append((item_id, float(score)))
                     if len(out) >= limit:
                         return out
-            if len(res.hits) < want or want >= self.count:
+            checked = len(res.hits)
+            cap = self.count if max_depth is None else min(self.count, max(max_depth, limit))
+            if len(res.hits) < want or want >= cap:
                 return out
-            want = min(want * 8, self.count)
+            want = min(want * 8, cap)
 
     def documents(self, ids: list[str]) -> dict[str, dict[str, str]]:
         """The stored fields of these ids."""

@@ -96,6 +96,7 @@ def keyword(sr: Searcher, r: Run) -> None:
             plan.shortlist if alone else sr.settings.hybrid_candidates,
             _allow(reader, _row_mask(sr, r), r.exclude),
             required=alone,
+            max_depth=sr.settings.keyword_filter_max_depth,
         )
     if kw.error:
         metrics.error("keyword_failed")

@@ -62,8 +62,9 @@ async def explain(
         )
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
-    # the same admission queue as searches: an explain costs more CPU than a search (a backbone run per id)
-    with state.limiter.admit():
+    # the same admission queue as searches, and the photo decodes' own (thumbnails share it): an explain decodes
+    # each id's photo and runs the backbone over it
+    with state.limiter.admit(), state.decoders.admit():
         q, info = await state.loaded_batcher.submit(body.query)
         # a model with explain maps (explain_request checked) is a Cross-probe one: its queries have text probes
         assert q.p_t is not None, "a model with explain maps encodes text probes"

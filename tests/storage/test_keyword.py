@@ -127,3 +127,22 @@ def test_coverage_is_the_share_of_the_query_words_an_item_holds(ix):
     # a short word is not looked for inside OCR's run-together tokens; a longer one is
     assert ix.coverage(keyword.parse("office"), ["c"]) == {"c": 1.0}
     assert ix.search(keyword.parse("ice"), 10) == []
+
+
+def test_a_filtered_search_reads_at_most_max_depth_hits(tmp_path):
+    """A common word under a filter that passes one item, the last by BM25: without a bound the search walks the
+    whole posting list (each item's id read and tested); with max_depth it stops there, with what it found."""
+    metas = {f"i{n:04d}": {"uri": f"/p/{n}.jpg", "caption": "dog " * (1 + (n % 7))} for n in range(2000)}
+    _write(tmp_path, metas)
+    ix = keyword.KeywordIndex(tmp_path / keyword.DIR)
+    q = keyword.parse("dog")
+    last = _ids(ix.search(q, 2000))[-1]
+    asked = []
+
+    def allow(i):
+        asked.append(i)
+        return i == last
+
+    assert _ids(ix.search(q, 5, allow)) == [last] and len(asked) >= 1999  # unbounded: every hit was read
+    asked.clear()
+    assert ix.search(q, 5, allow, max_depth=320) == [] and len(asked) <= 320  # bounded

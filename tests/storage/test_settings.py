@@ -43,11 +43,12 @@ def test_each_role_has_its_own_redis_budget(monkeypatch):
     """A search gives up on Redis in ~200 ms, a batch job waits seconds; each role reads its own variable."""
     assert ServiceSettings().redis_socket_timeout_s == 0.2 and IndexerSettings().redis_socket_timeout_s == 10.0
     assert ServiceSettings().milvus_timeout_s == 1.0 and IndexerSettings().milvus_timeout_s == 10.0
-    assert ServiceSettings().threads == 1 and IndexerSettings().threads is None
+    # threads: unset in both (the service's is its model's profile: service/profiles.py)
+    assert ServiceSettings().profile.threads == 1 and IndexerSettings().threads is None
     monkeypatch.setenv("CROSSPROBE_REDIS_SOCKET_TIMEOUT_S", "0.5")
     monkeypatch.setenv("CROSSPROBE_INDEX_THREADS", "3")
     assert ServiceSettings().redis_socket_timeout_s == 0.5 and IndexerSettings().redis_socket_timeout_s == 10.0
-    assert IndexerSettings().threads == 3 and ServiceSettings().threads == 1
+    assert IndexerSettings().threads == 3 and ServiceSettings().threads is None
     assert ServiceSettings(redis_socket_timeout_s=2).redis_socket_timeout_s == 2  # a keyword wins over the role
     monkeypatch.setenv("CROSSPROBE_MILVUS_TIMEOUT_S", "4")  # one variable for both roles
     assert ServiceSettings().milvus_timeout_s == IndexerSettings().milvus_timeout_s == 4
