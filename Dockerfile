@@ -62,13 +62,14 @@ RUN python3.11 -m venv /opt/venv \
  && pip install torch==2.13.0 --index-url "$TORCH_INDEX_URL"
 WORKDIR /src
 # the dependencies alone first (from pyproject.toml, with the torch extra for exporting, plus the gpu extra when
-# VARIANT=gpu): this layer is rebuilt when pyproject.toml changes, not on every edit of the code
-COPY pyproject.toml ./
+# VARIANT=gpu), at constraints.txt's versions (the ones `make test` passed with): this layer is rebuilt when
+# pyproject.toml or constraints.txt change, not on every edit of the code
+COPY pyproject.toml constraints.txt ./
 RUN python -c "import sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 o = p['optional-dependencies']; \
 print('\n'.join(p['dependencies'] + o['torch'] + (o['gpu'] if sys.argv[1] == 'gpu' else [])))" \
       "$VARIANT" > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt
+ && pip install -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./
 COPY core ./core
 COPY models ./models

@@ -12,9 +12,9 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test wheel-check first-run clip-retrieval-env peer-bench test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test constraints wheel-check first-run clip-retrieval-env peer-bench test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): the development venv (torch==2.13.0's CPU wheel) is 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
 	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "$(PY) is Python $$($(PY) -c 'import platform; print(platform.python_version())'); the development venv needs 3.11: make ... PY=/path/to/python3.11 (docs/getting-started.md#what-you-need)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,8 +25,13 @@ $(STAMP): pyproject.toml
 	else \
 	  echo "$(TORCH): the CPU build from $(TORCH_INDEX_URL)"; $(BIN)/pip install -q --index-url '$(TORCH_INDEX_URL)' '$(TORCH)'; \
 	fi
-	$(BIN)/pip install -q -e '.[torch,dev,ocr]'
+	@# constraints.txt: the versions `make test` passed with (scripts/constraints.sh; the image and CI use it too)
+	$(BIN)/pip install -q -c constraints.txt -e '.[torch,dev,ocr]'
 	touch $(STAMP)
+
+## make constraints: constraints.txt from .venv as it is (after changing dependencies on purpose; then make test)
+constraints:
+	scripts/constraints.sh
 
 venv: $(STAMP)
 

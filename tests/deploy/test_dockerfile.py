@@ -98,7 +98,7 @@ def test_image_facts():
         d.startswith("torch") for d in pyproject["dependencies"])
     first = next(i for i, r in enumerate(builder) if "pip install" in r)
     assert f'pip install {torch_pin} --index-url "$TORCH_INDEX_URL"' in builder[first]
-    assert any("pip install -r /tmp/requirements.txt" in r for r in builder[first + 1:])
+    assert any("pip install -c constraints.txt -r /tmp/requirements.txt" in r for r in builder[first + 1:])
     # every graph exported at build time, into the folder the runtime's settings name
     assert any("crossprobe export --out /opt/crossprobe/graphs" in r for r in builder)
     # the gpu fix-up swaps exactly the gpu extra's packages for their CPU twins
