@@ -65,7 +65,7 @@ first-run: $(STAMP)
 ## Also clip-retrieval's own front-end (its static build from the clip-retrieval 2.45.0 wheel, which
 ## `pip download` fetches from PyPI once into artifacts/clip_front/wheel/) on a second origin -> artifacts/clip_front/
 test-e2e: $(STAMP)
-	$(BIN)/pip install -q -e '.[e2e]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[e2e]'
 	WITH_BROWSER=1 scripts/system-deps.sh
 	$(BIN)/python -m pytest -p no:cacheprovider -m e2e -s
 
@@ -81,7 +81,7 @@ test-chaos: $(STAMP)
 ## CROSSPROBE_FUZZ_SEED=n replays one, CROSSPROBE_FUZZ_EXAMPLES=n (default 150) sizes it. Each run is appended to
 ## docs/research/results/fuzz.json (docs/research/reliability.md, "API fuzzing"). `make test` (and CI) runs none.
 test-fuzz: $(STAMP)
-	$(BIN)/pip install -q -e '.[fuzz]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[fuzz]'
 	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
 
 ## make test-milvus: the Milvus backend against a real Milvus 2.3.5 standalone server (PyPI's `milvus` wheel, installed
