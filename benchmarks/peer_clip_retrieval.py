@@ -185,17 +185,31 @@ def start_crossprobe(work: Path, spec: str, port: int, log: Path, extra: dict) -
     return start_server(env, port, log)
 
 
-def measure(port: int, queries: list[str], warm: list[str]) -> dict:
-    reqs = knn_requests("127.0.0.1", port, queries, INDICE)
+def measure(port: int, queries: list[str], warm: list[str], requests=None) -> dict:
+    """A warmed service: 1 client sending the queries one after another, then 4 clients sending twice as many.
+    requests(host, port, texts) -> raw requests (default: /knn-service)."""
+    make = requests or (lambda host, p, texts: knn_requests(host, p, texts, INDICE))
 
     async def go() -> dict:
-        await Generator("127.0.0.1", port, knn_requests("127.0.0.1", port, warm, INDICE), timeout_s=60).closed_loop(
-            1, len(warm))
+        await Generator("127.0.0.1", port, make("127.0.0.1", port, warm), timeout_s=60).closed_loop(1, len(warm))
+        reqs = make("127.0.0.1", port, queries)
         one = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(1, len(queries))).summary()
         four = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(4, 2 * len(queries))).summary()
         return {"one_client": one, "four_clients": four}
 
     return asyncio.run(go())
+
+
+def summarize(rounds: list[dict], names: list[str]) -> dict:
+    """Each name's medians over the rounds: p50 and p99 at 1 client, queries/s at 4, and its errors in all."""
+    def med(name: str, part: str, key: str) -> float:
+        return statistics.median(rd[name][part][key] for rd in rounds)
+
+    return {name: {"p50_ms_1_client": med(name, "one_client", "p50_ms"),
+                   "p99_ms_1_client": med(name, "one_client", "p99_ms"),
+                   "qps_4_clients": med(name, "four_clients", "qps"),
+                   "errors": sum(rd[name][p]["errors"] for rd in rounds for p in ("one_client", "four_clients"))}
+            for name in names}
 
 
 def parse_variants(text: str) -> dict[str, dict[str, str]]:
@@ -243,14 +257,7 @@ def main() -> None:
                   f"4 clients {got[name]['four_clients']['qps']} q/s", flush=True)
         rounds.append(got)
 
-    def med(name: str, part: str, key: str) -> float:
-        return statistics.median(rd[name][part][key] for rd in rounds)
-
-    summary = {name: {"p50_ms_1_client": med(name, "one_client", "p50_ms"),
-                      "p99_ms_1_client": med(name, "one_client", "p99_ms"),
-                      "qps_4_clients": med(name, "four_clients", "qps"),
-                      "errors": sum(rd[name][p]["errors"] for rd in rounds for p in ("one_client", "four_clients"))}
-               for name in ["clip_back", *variants]}
+    summary = summarize(rounds, ["clip_back", *variants])
     per_round = [{"ratio_p50_1_client": round(rd["crossprobe"]["one_client"]["p50_ms"]
                                               / rd["clip_back"]["one_client"]["p50_ms"], 3),
                   "ratio_qps_4_clients": round(rd["crossprobe"]["four_clients"]["qps"]

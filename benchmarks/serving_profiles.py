@@ -14,16 +14,14 @@ captions these are: the first --photos Flickr8k dev photos).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from benchmarks.harness import start_server, stop_server
-from benchmarks.loadgen import Generator, search_requests
+from benchmarks.loadgen import search_requests
 from benchmarks.model_end_to_end import _host
-from benchmarks.peer_clip_retrieval import REPO, WORK, _clean_env, data, export_open_clip, run
+from benchmarks.peer_clip_retrieval import REPO, WORK, _clean_env, data, export_open_clip, measure, run, summarize
 from crossprobe.core.atomic import atomic_write
 
 OUT = REPO / "docs" / "research" / "results" / "serving_profiles.json"
@@ -37,15 +35,8 @@ VARIANTS = {  # name -> the service's settings
 }
 
 
-def measure(port: int, queries: list[str], warm: list[str]) -> dict:
-    async def go() -> dict:
-        await Generator("127.0.0.1", port, search_requests("127.0.0.1", port, warm, None, None)).closed_loop(1, len(warm))
-        reqs = search_requests("127.0.0.1", port, queries, None, None)
-        one = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(1, len(queries))).summary()
-        four = (await Generator("127.0.0.1", port, reqs, timeout_s=60).closed_loop(4, 2 * len(queries))).summary()
-        return {"one_client": one, "four_clients": four}
-
-    return asyncio.run(go())
+def _searches(host: str, port: int, texts: list[str]) -> list[bytes]:
+    return search_requests(host, port, texts, None, None)
 
 
 def main() -> None:
@@ -81,7 +72,7 @@ def main() -> None:
                                      "CROSSPROBE_LOG_LEVEL": "warning", "CROSSPROBE_QUERY_CACHE_MB": "0",
                                      "HF_HUB_OFFLINE": "1", **VARIANTS[name]}, port, log)
                 try:
-                    got[name] = measure(port, queries, warm)
+                    got[name] = measure(port, queries, warm, _searches)
                 finally:
                     stop_server(proc)
                 print(f"{model} round {r + 1} {name}: p50 {got[name]['one_client']['p50_ms']} ms, "
@@ -89,11 +80,7 @@ def main() -> None:
             rounds.append(got)
         results[model] = {
             "spec": spec.split("/", 1)[0] + "/<file>" if spec else "crossprobe: (the committed checkpoint)",
-            "summary": {v: {"p50_ms_1_client": statistics.median(rd[v]["one_client"]["p50_ms"] for rd in rounds),
-                            "p99_ms_1_client": statistics.median(rd[v]["one_client"]["p99_ms"] for rd in rounds),
-                            "qps_4_clients": statistics.median(rd[v]["four_clients"]["qps"] for rd in rounds),
-                            "errors": sum(rd[v][p]["errors"] for rd in rounds for p in ("one_client", "four_clients"))}
-                        for v in VARIANTS},
+            "summary": summarize(rounds, list(VARIANTS)),
             "raw": rounds}
     doc = {"command": "python -m benchmarks.serving_profiles " + " ".join(sys.argv[1:]), "host": _host(),
            "photos": f"the first {args.photos} Flickr8k dev photos", "queries": len(queries), "rounds": args.rounds,

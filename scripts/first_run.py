@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from wheel_check import build_wheel, find_python, run  # scripts/ is on PYTHONPATH (make first-run)
+from wheel_check import build_wheel, find_python, run, wait_ready, write_photos  # scripts/ is on PYTHONPATH (make first-run)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "test-org/ViT-tiny__random"
@@ -47,18 +47,6 @@ def hub_repo(root: Path) -> Path:
     return root
 
 
-def photos(dst: Path) -> Path:
-    from PIL import Image
-
-    dst.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        h, w = [(480, 640), (1200, 1600), (300, 300)][i % 3]
-        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((w, h), Image.BICUBIC).save(
-            dst / f"p{i:02d}.jpg", quality=90)
-    return dst
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", default="3.13", help="a version (pyenv's or on PATH) or an interpreter's path")
@@ -74,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     wheel = build_wheel(work)
     hub_root = hub_repo(work / "hub")
-    folder = photos(work / "home" / "Pictures")
+    folder = write_photos(work / "home" / "Pictures")
     python = find_python(args.python)
     version = subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -140,16 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _answers(port: int, server: subprocess.Popen, log: Path, t0: float) -> tuple[dict, float]:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-        deadline = time.monotonic() + 600
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not become ready: {log.read_text()[-3000:]}")
-            try:
-                if http.get("/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
+        wait_ready(http, server, log, 600)
         ready_s = time.monotonic() - t0
         out = {}
         for q in QUERIES:  # no "index": the folder's index is the default one

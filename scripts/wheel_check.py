@@ -78,14 +78,18 @@ def model_and_photos(work: Path) -> tuple[str, Path, Path]:
     ref = rm.build("hf_clip", work / "model", size="tiny")
     spec = f"hf:{ref.path}"
     families.export(spec, work / "graphs")
-    photos = work / "photos"
-    photos.mkdir(exist_ok=True)
+    return spec, work / "graphs", write_photos(work / "photos")
+
+
+def write_photos(dst: Path) -> Path:
+    """12 JPEGs of 3 sizes, each a smooth picture: an 8x8 field scaled up."""
+    dst.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(12):
         h, w = [(480, 640), (1200, 1600), (300, 300)][i % 3]
-        base = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)  # a smooth picture: an 8x8 field scaled up
-        Image.fromarray(base).resize((w, h), Image.BICUBIC).save(photos / f"p{i:02d}.jpg", quality=90)
-    return spec, work / "graphs", photos
+        base = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        Image.fromarray(base).resize((w, h), Image.BICUBIC).save(dst / f"p{i:02d}.jpg", quality=90)
+    return dst
 
 
 def check_python(python: Path, wheel: Path, spec: str, graphs: Path, photos: Path, work: Path) -> dict:
@@ -137,18 +141,23 @@ def check_python(python: Path, wheel: Path, spec: str, graphs: Path, photos: Pat
             "install_s": round(installed_s, 1), "index_build_s": round(index_s, 1), "answers": answers}
 
 
+def wait_ready(http: httpx.Client, server: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
+    """Until the service's /readyz answers 200; a RuntimeError with its log's tail if it exits or never does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the service did not become ready: {log.read_text()[-3000:]}")
+        try:
+            if http.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+
+
 def query(port: int, server: subprocess.Popen, log: Path) -> dict:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not become ready; {log}")
-            try:
-                if http.get("/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_ready(http, server, log)
         out = {}
         for q in QUERIES:
             r = http.post("/v1/search", json={"query": q, "index": "wc", "k": 5, "rerank": "none"})

@@ -34,6 +34,16 @@ def milvus_server():
 
 
 @pytest.fixture(scope="session")
+def no_torch(tmp_path_factory):
+    """A folder whose `torch` package raises ImportError: put first on a subprocess's PYTHONPATH, it hides the real
+    torch, as in an installation without it (the container image, `pip install crossprobe`)."""
+    d = tmp_path_factory.mktemp("no-torch")
+    (d / "torch").mkdir()
+    (d / "torch" / "__init__.py").write_text("raise ImportError('no torch in this installation (test)')\n")
+    return d
+
+
+@pytest.fixture(scope="session")
 def bert():
     from crossprobe.models.backbones import load_minilm
 

@@ -159,15 +159,6 @@ def test_no_network_at_first_use_names_what_to_do(tmp_path):
     assert not (tmp_path / "indexes" / "photos").exists() or not any((tmp_path / "indexes" / "photos").iterdir())
 
 
-@pytest.fixture(scope="module")
-def no_torch(tmp_path_factory) -> Path:
-    """Put first on PYTHONPATH, a `torch` whose import fails hides the real one (as an installation without it)."""
-    d = tmp_path_factory.mktemp("no-torch")
-    (d / "torch").mkdir()
-    (d / "torch" / "__init__.py").write_text("raise ImportError('no torch in this installation (test)')\n")
-    return d
-
-
 def _search_all(url: str, names: list[str]) -> dict[str, dict[str, float]]:
     out = {}
     with httpx.Client(base_url=url, timeout=60) as c:

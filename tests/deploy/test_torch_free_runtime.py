@@ -15,15 +15,6 @@ from tests.indexer.conftest import make_images
 
 
 @pytest.fixture(scope="module")
-def no_torch(tmp_path_factory) -> Path:
-    """A folder whose `torch` package raises ImportError: put first on PYTHONPATH, it hides the real torch."""
-    d = tmp_path_factory.mktemp("no-torch")
-    (d / "torch").mkdir()
-    (d / "torch" / "__init__.py").write_text("raise ImportError('no torch in this runtime (test)')\n")
-    return d
-
-
-@pytest.fixture(scope="module")
 def graphs(svc_ckpt, bert, tmp_path_factory) -> Path:  # noqa: F811
     """What the image's build exports: every service graph, the int8 query tower and the image backbone."""
     from crossprobe.models import export
