@@ -42,7 +42,8 @@ def load_yaml(path: Path):
 
 
 # the compose file refuses to render without Grafana's admin password (no admin/admin): the tests pass this one
-GRAFANA_PASSWORD = {"GRAFANA_ADMIN_PASSWORD": "a-test-password-never-used"}
+# what the compose file requires set: Grafana's admin password and Redis's (never used beyond the tests)
+STACK_SECRETS = {"GRAFANA_ADMIN_PASSWORD": "a-test-password-never-used", "REDIS_PASSWORD": "a-test-redis-password-0123"}
 
 
 def compose_config(env: dict[str, str], *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:

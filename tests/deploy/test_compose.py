@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.deploy.conftest import (DASHBOARD, DEPLOY, GRAFANA_PASSWORD, PROMETHEUS_YML, REPO, compose_config, load_yaml,
+from tests.deploy.conftest import (DASHBOARD, DEPLOY, STACK_SECRETS, PROMETHEUS_YML, REPO, compose_config, load_yaml,
                                    run, tool)
 
 # Where the upstream images listen unless their command / environment says otherwise (their documented
@@ -34,18 +34,18 @@ def images_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cfg(images_dir) -> dict:
     """The batch profile's view of the file (every service), as docker-compose renders it."""
-    p, out = compose_config({"IMAGES": str(images_dir), **GRAFANA_PASSWORD}, "--profile", "batch")
+    p, out = compose_config({"IMAGES": str(images_dir), **STACK_SECRETS}, "--profile", "batch")
     assert p.returncode == 0 and out, p.stderr
     assert "WARNING" not in p.stderr, p.stderr  # e.g. a variable without a default
     return out
 
 
 def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg):
-    p, plain = compose_config(GRAFANA_PASSWORD)  # no IMAGES: its default applies
+    p, plain = compose_config(STACK_SECRETS)  # no IMAGES: its default applies
     assert p.returncode == 0 and plain, p.stderr
     assert "WARNING" not in p.stderr, p.stderr
     profiles = run([tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config", "--profiles"],
-                   cwd=REPO, env={**os.environ, **GRAFANA_PASSWORD})
+                   cwd=REPO, env={**os.environ, **STACK_SECRETS})
     assert profiles.returncode == 0 and sorted(profiles.stdout.split()) == ["batch", "milvus", "watch"], \
         profiles.stdout + profiles.stderr
     batch = {n for n, s in cfg["services"].items() if "batch" in s.get("profiles", [])}
@@ -219,7 +219,8 @@ def test_every_command_line_parses_with_the_cli(cfg):
 def test_services_are_wired_as_documented(cfg):
     s = cfg["services"]
     assert s["redis"]["image"].startswith("redis:")
-    assert s["redis"]["command"][-2:] == ["--appendonly", "yes"]
+    # $$: a literal $ for the shell in the container (compose would interpolate one)
+    assert "--appendonly yes --requirepass \"$$REDIS_PASSWORD\"" in s["redis"]["command"][-1]
     assert "redis-cli" in s["redis"]["healthcheck"]["test"] and "ping" in s["redis"]["healthcheck"]["test"]
     assert any(dst == "/data" and kind == "volume" for kind, _, dst in _binds(s["redis"]))
     for name in ("api", "indexer", "reindex"):
@@ -275,21 +276,53 @@ GRAFANA_QUIET = {"GF_ANALYTICS_REPORTING_ENABLED": "false", "GF_ANALYTICS_CHECK_
 def test_grafana_reports_nothing_and_its_admin_password_is_required(cfg, images_dir):
     """No admin/admin: without GRAFANA_ADMIN_PASSWORD (unset or empty) docker-compose refuses the file, saying which
     variable to set; with it, Grafana gets that password and every setting that would call out is off."""
-    for env in ({"IMAGES": str(images_dir)}, {"IMAGES": str(images_dir), "GRAFANA_ADMIN_PASSWORD": ""}):
+    redis = {"REDIS_PASSWORD": STACK_SECRETS["REDIS_PASSWORD"]}
+    for env in ({"IMAGES": str(images_dir), **redis}, {"IMAGES": str(images_dir), "GRAFANA_ADMIN_PASSWORD": "", **redis}):
         p, out = compose_config(env)
         assert p.returncode != 0 and out is None, p.stdout
         assert "set GRAFANA_ADMIN_PASSWORD, Grafana's admin password" in p.stderr, p.stderr
     g = cfg["services"]["grafana"]["environment"]
-    assert g["GF_SECURITY_ADMIN_PASSWORD"] == GRAFANA_PASSWORD["GRAFANA_ADMIN_PASSWORD"]
+    assert g["GF_SECURITY_ADMIN_PASSWORD"] == STACK_SECRETS["GRAFANA_ADMIN_PASSWORD"]
     assert {k: g.get(k) for k in GRAFANA_QUIET} == GRAFANA_QUIET
     assert g["GF_USERS_ALLOW_SIGN_UP"] == "false" and g["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_redis_needs_a_password_and_every_service_is_confined(cfg, images_dir):
+    """Issue 55, item 7: Redis asks for REDIS_PASSWORD (compose refuses the file without it) and every crossprobe
+    role reaches it with that password; every service drops all Linux capabilities (Redis keeps the few its
+    entrypoint needs to become its user), may not gain privileges, and has memory and process limits; the api
+    mounts the photos read-only (the indexes it must write: tantivy locks a keyword index to read it). `make
+    test-deploy` checks the same on the running containers."""
+    p, out = compose_config({"IMAGES": str(images_dir), "GRAFANA_ADMIN_PASSWORD": "x"})
+    assert p.returncode != 0 and "set REDIS_PASSWORD" in p.stderr, p.stderr
+    s = cfg["services"]
+    pw = STACK_SECRETS["REDIS_PASSWORD"]
+    assert s["redis"]["environment"]["REDIS_PASSWORD"] == pw == s["redis"]["environment"]["REDISCLI_AUTH"]
+    for name in ("api", "indexer", "reindex", "watcher"):
+        assert s[name]["environment"]["REDIS_URL"] == f"redis://:{pw}@redis:6379/0", name
+    for name, svc in s.items():
+        if name.startswith("milvus"):
+            continue  # the milvus profile's images run as they are published (docs/deployment.md)
+        assert svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert svc.get("mem_limit") and svc.get("pids_limit"), name
+    assert set(s["redis"]["cap_add"]) <= {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE"}
+    def ro(v) -> bool:
+        return v.get("read_only", False) if isinstance(v, dict) else v.endswith(":ro")
+
+    def target(v) -> str:
+        return v["target"] if isinstance(v, dict) else v.split(":")[1]
+
+    for name in ("api", "indexer", "reindex", "watcher"):  # the photos: read by every role, written by none
+        assert all(ro(v) for v in s[name]["volumes"] if target(v) == "/images"), name
+    assert all(ro(v) for v in s["prometheus"]["volumes"] if target(v).startswith("/etc/"))
 
 
 def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_dir, cfg):
     """--profile milvus adds Milvus standalone (its own etcd and minio, nothing published); the api and the batch
     jobs reach it at CROSSPROBE_MILVUS_URI, and CROSSPROBE_ANN_BACKEND (default faiss) selects it for new
     versions. Without the profile none of the three runs, and the default stays FAISS."""
-    p, m = compose_config({"IMAGES": str(images_dir), "CROSSPROBE_ANN_BACKEND": "milvus", **GRAFANA_PASSWORD},
+    p, m = compose_config({"IMAGES": str(images_dir), "CROSSPROBE_ANN_BACKEND": "milvus", **STACK_SECRETS},
                           "--profile", "milvus",
                           "--profile", "batch")
     assert p.returncode == 0 and m, p.stderr

@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from crossprobe.models.demo import EXPECTED
-from tests.deploy.conftest import GRAFANA_PASSWORD, REPO, expressions
+from tests.deploy.conftest import STACK_SECRETS, REPO, expressions
 from tests.deploy.test_dockerfile import instructions
 
 pytestmark = pytest.mark.deploy
@@ -189,7 +189,7 @@ def stack(tmp_path_factory):
     gallery = write_sample_gallery(root / "gallery")
     for p in [root, gallery, *gallery.iterdir()]:  # readable by the containers' uid 10001
         p.chmod(0o755 if p.is_dir() else 0o644)
-    env = {"IMAGES": str(gallery), **GRAFANA_PASSWORD}  # the file wants it, though Grafana is left out here
+    env = {"IMAGES": str(gallery), **STACK_SECRETS}  # the file wants it, though Grafana is left out here
     down(env)
     t0 = time.monotonic()
     started = list(SERVICES)
@@ -233,7 +233,7 @@ def test_a_container_that_cannot_start_fails_up_at_once_quoting_podman(tmp_path)
     podman-compose still returns 0; `up` must fail within seconds, with podman's own message."""
     override = tmp_path / "broken.yml"
     override.write_text('services:\n  redis:\n    entrypoint: ["/no/such/entrypoint"]\n')
-    project, env = f"{PROJECT}broken", {"IMAGES": str(tmp_path), **GRAFANA_PASSWORD}
+    project, env = f"{PROJECT}broken", {"IMAGES": str(tmp_path), **STACK_SECRETS}
     t = time.monotonic()
     try:
         with pytest.raises(pytest.fail.Exception) as failed:
@@ -275,6 +275,28 @@ def test_api_runs_as_10001_and_writes_only_its_volumes(stack):
     RESULT["api_writable_paths"] = writable
     assert writable == {"/data/indexes": True, "/tmp": True, "/": False, "/opt/venv": False,
                         "/opt/crossprobe/graphs": False, "/home/crossprobe": False, "/etc": False}
+
+
+def test_every_container_is_confined_and_redis_asks_for_its_password(stack):
+    """Issue 55, item 7, on the running containers: no capabilities (Redis: the few its entrypoint needs), no new
+    privileges, memory and process limits; Redis refuses a client without the password, answers one with it."""
+    confined = {}
+    for s in SERVICES:
+        hc = json.loads(sh(["podman", "inspect", name(s)]).stdout)[0]["HostConfig"]
+        confined[s] = {"cap_drop": hc.get("CapDrop"), "cap_add": hc.get("CapAdd"),
+                       "no_new_privileges": any("no-new-privileges" in o for o in hc.get("SecurityOpt") or []),
+                       "memory": hc.get("Memory"), "pids_limit": hc.get("PidsLimit")}
+    RESULT["confinement"] = confined
+    want_mb = {"redis": 2048, "api": 4096, "prometheus": 1024, "pushgateway": 1024}
+    for s, c in confined.items():
+        assert c["no_new_privileges"] and c["memory"] == want_mb[s] * 2**20, (s, c)
+        # podman-compose 1.0 passes no pids_limit (docker-compose does): podman's own default of 2048 applies
+        assert 0 < c["pids_limit"] <= 2048, (s, c)
+        dropped = {x.upper().removeprefix("CAP_") for x in c["cap_drop"] or []}
+        assert "ALL" in dropped or len(dropped) >= 10, (s, c)
+    bare = sh(["podman", "exec", "-e", "REDISCLI_AUTH=", name("redis"), "redis-cli", "ping"], check=False)
+    assert "NOAUTH" in bare.stdout + bare.stderr, bare
+    assert sh(["podman", "exec", name("redis"), "redis-cli", "ping"]).stdout.strip() == "PONG"
 
 
 # ---- the batch job indexes, the api serves it without a restart --------------------------------------------
