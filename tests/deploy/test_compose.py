@@ -307,6 +307,16 @@ def test_redis_needs_a_password_and_every_service_is_confined(cfg, images_dir):
         assert "no-new-privileges:true" in svc.get("security_opt", []), name
         assert svc.get("mem_limit") and svc.get("pids_limit"), name
     assert set(s["redis"]["cap_add"]) <= {"SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE"}
+    # the Milvus profile's MinIO: credentials from the environment (none: it refuses to start, saying which), the
+    # same pair given to Milvus, never the published minioadmin
+    p, mil = compose_config({"IMAGES": str(images_dir), **STACK_SECRETS, "MILVUS_MINIO_PASSWORD": "a-minio-pass-0123"},
+                            "--profile", "milvus")
+    assert p.returncode == 0, p.stderr
+    minio, milvus = mil["services"]["milvus-minio"], mil["services"]["milvus"]
+    assert minio["environment"]["MINIO_ROOT_PASSWORD"] == milvus["environment"]["MINIO_SECRET_ACCESS_KEY"] == \
+        "a-minio-pass-0123"
+    assert minio["environment"]["MINIO_ROOT_USER"] == milvus["environment"]["MINIO_ACCESS_KEY_ID"]
+    assert "minioadmin" not in json.dumps(mil) and "set MILVUS_MINIO_PASSWORD" in minio["command"][-1]
     def ro(v) -> bool:
         return v.get("read_only", False) if isinstance(v, dict) else v.endswith(":ro")
 
@@ -339,7 +349,7 @@ def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_d
     etcd_port = int(next(a for a in s["milvus-etcd"]["command"] if a.startswith("-listen-client-urls="))
                     .rsplit(":", 1)[1])
     assert env["ETCD_ENDPOINTS"] == f"milvus-etcd:{etcd_port}" and env["MINIO_ADDRESS"] == "milvus-minio:9000"
-    assert "/minio_data" in s["milvus-minio"]["command"]
+    assert "exec minio server /minio_data " in s["milvus-minio"]["command"][-1]
     assert "http://localhost:9091/healthz" in mil["healthcheck"]["test"]  # Milvus' own health endpoint
     declared = set(m.get("volumes", {}))
     for name in MILVUS_SERVICES:
