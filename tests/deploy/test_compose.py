@@ -328,6 +328,15 @@ def test_redis_needs_a_password_and_every_service_is_confined(cfg, images_dir):
     assert all(ro(v) for v in s["prometheus"]["volumes"] if target(v).startswith("/etc/"))
 
 
+def test_the_compose_runs_the_milvus_the_tests_run(images_dir):
+    """The Milvus profile's server is the release `make test-milvus` runs (PyPI's `milvus` wheel)."""
+    from benchmarks.support.local_milvus import SERVER_VERSION
+
+    p, mil = compose_config({"IMAGES": str(images_dir), **STACK_SECRETS}, "--profile", "milvus")
+    assert p.returncode == 0, p.stderr
+    assert mil["services"]["milvus"]["image"] == f"milvusdb/milvus:v{SERVER_VERSION}"
+
+
 def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_dir, cfg):
     """--profile milvus adds Milvus standalone (its own etcd and minio, nothing published); the api and the batch
     jobs reach it at CROSSPROBE_MILVUS_URI, and CROSSPROBE_ANN_BACKEND (default faiss) selects it for new
