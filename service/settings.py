@@ -4,6 +4,7 @@ server's own knobs. Environment prefix CROSSPROBE_; docs/configuration.md lists 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal, cast
 
@@ -224,10 +225,10 @@ class Settings(StorageSettings):
     warmup: bool = True  # one full query per rerank mode before /readyz says yes
     load_in_background: bool = True  # listen at once (healthz up, readyz 503) while models and indexes load
 
-    @property
+    @functools.cached_property
     def profile(self) -> Profile:
         """How the query tower runs: the model's measured profile (service/profiles.py), with what is set here over
-        it."""
+        it. Worked out once (a reranker-heads checkpoint's config is read to know its backbone)."""
         p = profiles.for_model(self.model_spec)
         return Profile(
             threads=self.threads or p.threads,
