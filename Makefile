@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 TORCH           ?= torch==2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: venv system demo test constraints wheel-check first-run clip-retrieval-env peer-bench test-e2e test-chaos test-fuzz test-milvus milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
+.PHONY: venv system demo test constraints wheel-check first-run clip-retrieval-env peer-bench test-e2e test-chaos test-fuzz test-milvus test-upgrade milvus-server openclip-env test-openclip image test-deploy train eval frontier ablation export bench bench-load clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need Python 3.11 as $(PY): the development venv (torch==2.13.0's CPU wheel) is 3.11. Install it (docs/getting-started.md#what-you-need), or name it: make ... PY=/path/to/python3.11"; exit 1; }
@@ -83,6 +83,12 @@ test-chaos: $(STAMP)
 test-fuzz: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[fuzz]'
 	$(BIN)/python -m pytest -p no:cacheprovider -m fuzz -s tests/service/test_fuzz.py
+
+## make test-upgrade: an index built by the previous release's own code (0.1.0: a git worktree of its commit, run in
+## this venv) served as it is, and refused under this release's model with the one command that migrates it, which
+## is then run (~2 min; needs the git history) -> docs/research/results/upgrade.json
+test-upgrade: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m upgrade -s tests/storage/test_previous_release.py
 
 ## make test-milvus: the Milvus backend against a real Milvus 2.3.5 standalone server (PyPI's `milvus` wheel, installed
 ## on first use into artifacts/milvus-server/venv, its own virtualenv; started by the tests on a free port, stopped by

@@ -102,7 +102,7 @@ def check_python(python: Path, wheel: Path, spec: str, graphs: Path, photos: Pat
     log.unlink(missing_ok=True)
     t0 = time.monotonic()
     # no PYTHONPATH (make sets it to the checkout): pip would see the checkout's crossprobe.egg-info of `pip install
-    # -e .` as crossprobe 0.1.0 installed already and skip the wheel
+    # -e .` as crossprobe installed already and skip the wheel
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run([str(python), "-m", "venv", str(venv)], log, clean)
     run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], log, clean, timeout=1800)

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
+from crossprobe.core import release
 from crossprobe.service import errors, security, urls
 from crossprobe.service.body_guard import BodyGuard
 from crossprobe.service.deps import DEGRADED_HEADER
@@ -67,7 +68,7 @@ def create_app(settings: Settings | None = None, bert=None) -> FastAPI:
     app = FastAPI(
         title="crossprobe",
         summary="Text-to-image search: two-tower ANN shortlist + Cross-probe / T-EMDE reranking",
-        version="0.1.0",
+        version=release.version(),
         lifespan=lifespan,
         redirect_slashes=False,
     )

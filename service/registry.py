@@ -14,12 +14,14 @@ import time
 import numpy as np
 from redis.exceptions import RedisError
 
+from crossprobe.core.release import checkpoint_release
 from crossprobe.service import metrics
 from crossprobe.service.exceptions import IndexNotFound, IndexUnavailable, NotReady
 from crossprobe.service.scope import EVERY, Scope
 from crossprobe.service.settings import Settings
 from crossprobe.storage import filter_columns, keyword
 from crossprobe.storage.ann import AnnUnavailable
+from crossprobe.storage.layout import UnsupportedFormat
 from crossprobe.storage.reader import FingerprintMismatch, IndexReader, open_index
 from crossprobe.storage.redis_conn import connect
 from crossprobe.storage.store import NAME_RE, Store, image_roots, within_roots
@@ -63,17 +65,31 @@ class IndexHandle:
 def other_model(name: str, version: str, manifest: dict, spec: str, fingerprint: str) -> str:
     """Why a version built with another model is not served, and the two ways out."""
     built, fp = manifest.get("model_spec"), manifest["fingerprint"]
+    shipped, ships = checkpoint_release(fp), checkpoint_release(fingerprint)
     its = (
         f"model {built} (fingerprint {fp})"
         if built
-        else (f"model fingerprint {fp} (a crossprobe checkpoint: built before versions recorded their model spec)")
+        else f"the checkpoint crossprobe {shipped} shipped (fingerprint {fp})"
+        if shipped
+        else f"model fingerprint {fp} (a crossprobe checkpoint: built before versions recorded their model spec)"
     )
-    serve = f"CROSSPROBE_MODEL={built}" if built else f"CROSSPROBE_MODEL=crossprobe:<the checkpoint of {fp}>"
+    runs = (
+        f"{spec} (the checkpoint crossprobe {ships} ships, fingerprint {fingerprint})"
+        if ships and str(spec) == "crossprobe:"
+        else f"{spec} (fingerprint {fingerprint})"
+    )
+    serve = (
+        f"CROSSPROBE_MODEL={built}"
+        if built
+        else f"CROSSPROBE_MODEL=crossprobe:<crossprobe {shipped}'s models/checkpoints/default>"
+        if shipped
+        else f"CROSSPROBE_MODEL=crossprobe:<the checkpoint of {fp}>"
+    )
     return (
-        f"index {name!r} version {version} was built with {its}, but this service runs model {spec} (fingerprint "
-        f"{fingerprint}); vectors of two models are not comparable. Either serve the index's model ({serve}), or "
-        f"move the index to this service's model: crossprobe index reindex {name} --model {spec} (it re-encodes "
-        f"the index's photos into a new version while this one keeps serving, then switches)"
+        f"index {name!r} version {version} was built with {its}, but this service runs model {runs}; vectors of "
+        f"two models are not comparable. Either serve the index's model ({serve}), or move the index to this "
+        f"service's model: crossprobe index reindex {name} --model {spec} (it re-encodes the index's photos into a "
+        f"new version while this one keeps serving, then switches)"
     )
 
 
@@ -198,6 +214,9 @@ class Registry:
                     assert manifest is not None, "open_index read this manifest to find the mismatch"
                     why = other_model(name, active, manifest, self.spec, self.fingerprint)
                     out[name] = self._failed(name, cur, active, why, "fingerprint_mismatch")
+                    continue
+                except UnsupportedFormat as e:  # written by a later release: its message says which, and what to do
+                    out[name] = self._failed(name, cur, active, str(e), "storage_format")
                     continue
                 except AnnUnavailable as e:  # the vector engine is down or starting: retried at the next poll
                     out[name] = self._failed(name, cur, None, f"{type(e).__name__}: {e}", "ann_unavailable")

@@ -119,6 +119,7 @@ def open_index(
         raise LookupError(
             f"index {name!r} version {version}: no manifest.json under {Path(settings.index_root) / name / version}"
         )
+    layout.check_format(manifest)  # a later release's layout: refused before anything of it is read
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
         built = manifest.get("model_spec") or "a crossprobe checkpoint"
         raise FingerprintMismatch(

@@ -373,6 +373,7 @@ class Store:
         m = self.read_manifest(name, version)
         if m is None:
             raise ValueError(f"{name}/{version} is not a complete version (no manifest.json)")
+        layout.check_format(m)  # a later release's version: this release's services would refuse it
         ids = self.read_ids(name, version)
         keys = self.layout(name, version)
         # metadata: every item has it (a two-tower-only model's items have no feature value). On a cluster: one EXISTS

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from crossprobe.core import release
 from crossprobe.core.atomic import durable_write, sync_tree  # fsynced: an index survives a power cut
 from crossprobe.indexer.jobs import report
 from crossprobe.indexer.jobs.run import JobContext, recorded_spec
@@ -194,6 +195,7 @@ def _manifest(job: JobContext, count: int, factory: str, writer, words: dict, do
     d = job.model_dims
     return {
         "format": layout.FORMAT,  # the version folder's layout (storage/layout.py)
+        "crossprobe": release.version(),  # the release that wrote it: named where a release cannot read it
         "name": job.name,
         "version": job.version,
         "kind": job.kind,

@@ -190,6 +190,7 @@ def open_job(
         job.base_manifest = store.read_manifest(name, job.base) if job.base is not None else None
         if job.base_manifest is None:
             raise ValueError(f"index {name!r} has no active version here; run `crossprobe index build` first")
+        layout.check_format(job.base_manifest)  # a later release's version: derived from by no older job
     return job
 
 
