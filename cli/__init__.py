@@ -25,6 +25,7 @@ hub.remember_user_offline()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from crossprobe.cli import backup as _backup  # noqa: E402, F401 (registers `index backup` and `index restore`)
 from crossprobe.cli.checkpoint import checkpoint_app  # noqa: E402 (after the variables the libraries read)
 from crossprobe.cli.data import data_app  # noqa: E402
 from crossprobe.cli.index import index_app  # noqa: E402
