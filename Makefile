@@ -134,9 +134,10 @@ image:
 ## make test-deploy: the committed docker-compose.yml run for real (podman-compose; Grafana left out: no package
 ## here) and checked against its containers: each one running right after `up` (else it stops there, quoting podman),
 ## health, indexing, search, page, Prometheus, reindex, restart, SIGTERM, uid, Redis stopped and started;
-## measured -> docs/research/results/deploy.json (~5 min after make image)
+## measured -> docs/research/results/deploy.json; then, on a stack of its own, a replica killed under load behind
+## the proxy -> docs/research/results/replicas.json (~10 min after make image)
 test-deploy: $(STAMP) image
-	$(BIN)/python -m pytest -p no:cacheprovider -m deploy -s tests/deploy/test_stack.py
+	$(BIN)/python -m pytest -p no:cacheprovider -m deploy -s tests/deploy/test_stack.py tests/deploy/test_replicas.py
 
 ## make train: the default training run on ../shared/datasets/flickr8k (resumable)
 train: $(STAMP)

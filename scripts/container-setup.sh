@@ -11,7 +11,8 @@
 #   3. localhost/debian:bookworm-min, bootstrapped from Debian's mirror (no registry is reachable);
 #   4. stand-ins built from deploy/standins/ on it, tagged as the images they stand in for:
 #      python:3.11-slim-bookworm's (under a local name, passed to the build as BASE_IMAGE), and the compose
-#      file's redis, prometheus and pushgateway. Grafana has no Debian package: the stack under test runs without it;
+#      file's redis, prometheus, pushgateway and haproxy (the front proxy). Grafana has no Debian package: the stack
+#      under test runs without it;
 #   5. a check of what the compose file asks of podman: `--init`, a bridge network where a container reaches
 #      another by its name, a port published on 127.0.0.1. It fails here, with podman's message, not minutes
 #      later in a test waiting for a connection.
@@ -100,7 +101,8 @@ build "$PYTHON_BASE" deploy/standins/python.Containerfile
 build docker.io/library/redis:7.2-bookworm deploy/standins/redis.Containerfile
 build docker.io/prom/prometheus:v2.53.0 deploy/standins/prometheus.Containerfile
 build docker.io/prom/pushgateway:v1.9.0 deploy/standins/pushgateway.Containerfile
-podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'bookworm|prom' || true
+build docker.io/library/haproxy:2.6 deploy/standins/haproxy.Containerfile
+podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'bookworm|prom|haproxy' || true
 
 # 5. what the compose stack needs of podman, tried on the Python stand-in (a web server to publish and reach)
 net=crossprobe-setup-check

@@ -75,6 +75,15 @@ _SIZING_SLOPE = {"service_rss": "service_rss", "service_peak": "service_peak_rss
                  "disk_peak": "disk_peak", "add_rss": "add_job_peak_rss", "watcher_rss": "watcher_peak_rss"}
 
 
+def _plan(n: int, label: str) -> dict:
+    """docs/sizing.md's plan for n items: the embedded block's 1M projection plus its per-item slope for the rest
+    (plan.<label>.<figure>_gb), the same straight line the 1M column follows, taken further."""
+    return {f"plan.{label}.{name}_gb": calc("sizing.json", (f"embedded/projected_1000000/{slope}",
+                                                            f"embedded/per_item_bytes/{slope}"),
+                                            lambda at_1m, per_item: f"{(at_1m + per_item * (n - 1_000_000)) / 1e9:.1f}")
+            for name, slope in _SIZING_SLOPE.items()}
+
+
 def _mb_max(*nbytes: float) -> str:
     return f"{max(nbytes) / 1e6:,.0f}"
 
@@ -353,6 +362,17 @@ FIGURES: dict[str, Fig | Block] = {
     "watch.lag.p99": num("library_features.json", "watch/steady/lag_s/p99", "{:.1f}"),
     "host.watch": host("library_features.json", "watch/machine"),
 
+    # `crossprobe index backup` / `index restore` of a Flickr8k index (benchmarks.backup_restore)
+    "br.items": num("backup_restore.json", "items", "{:,}"),
+    "br.archive_mb": calc("backup_restore.json", ("archive_bytes",), _mb),
+    "br.backup_s": num("backup_restore.json", "median/backup_s", "{:.1f}"),
+    "br.verify_s": num("backup_restore.json", "median/verify_s", "{:.2f}"),
+    "br.restore_s": num("backup_restore.json", "median/restore_s", "{:.1f}"),
+    "br.repeat": calc("backup_restore.json", ("runs",), lambda runs: f"{len(runs)}"),
+    "br.load": calc("backup_restore.json", ("runs",),
+                    lambda runs: f"{max(v for r in runs for k, v in r.items() if k.startswith('load_')):.1f}"),
+    "host.backup_restore": host("backup_restore.json"),
+
     # the Ray Data engine against the default one (benchmarks.ray_indexer_bench)
     "ray.single": num("ray_indexer.json", "summary/single/images_per_s_median", "{:.0f}"),
     "ray.ray": num("ray_indexer.json", "summary/ray/images_per_s_median", "{:.0f}"),
@@ -402,6 +422,28 @@ FIGURES: dict[str, Fig | Block] = {
     "deploy.rss_idle_mb": calc("deploy.json", ("api_rss_bytes/idle",), _mb),
     "host.deploy": host("deploy.json"),
 
+    # two api replicas behind the compose proxy, one killed under load (make test-deploy, tests/deploy/test_replicas.py)
+    "replicas.n": num("replicas.json", "replicas", "{}"),
+    "replicas.requests": calc("replicas.json", ("requests",), lambda n: f"{n:,}"),
+    "replicas.failed": num("replicas.json", "failed", "{}"),
+    "replicas.rejoin_s": num("replicas.json", "rejoin_s", "{:.1f}"),
+    "replicas.ready_s": num("replicas.json", "kill_run/timeline_s/ready", "{:.1f}"),
+    "replicas.clients": num("replicas.json", "kill_run/load/clients", "{}"),
+    "replicas.load_s": num("replicas.json", "kill_run/load/seconds", "{:.0f}"),
+    "replicas.kill_at_s": num("replicas.json", "kill_run/load/kill_at_s", "{}"),
+    "replicas.retries": num("replicas.json", "kill_run/proxy_retries", "{}"),
+    "replicas.redispatches": num("replicas.json", "kill_run/proxy_redispatches", "{}"),
+    "replicas.p50_ms": num("replicas.json", "kill_run/latency_ms/p50", "{:.1f}"),
+    "replicas.p99_ms": num("replicas.json", "kill_run/latency_ms/p99", "{:.1f}"),
+    "replicas.max_near_kill_ms": num("replicas.json", "kill_run/latency_ms/max_sent_within_5s_of_the_kill", "{:.0f}"),
+    "replicas.identical": calc("replicas.json", ("identical_answers/identical", "identical_answers/queries"),
+                               lambda n, of: f"{n} of {of}"),
+    "replicas.new_version_s": calc("replicas.json", ("new_version/served_after_s",),
+                                   lambda d: " and ".join(f"{v:.1f}" for _, v in sorted(d.items()))),
+    "replicas.date": calc("replicas.json", ("date",), lambda d: d[:10]),
+    "replicas.podman": calc("replicas.json", ("machine/podman",), lambda s: s.replace(" version", "")),
+    "host.replicas": host("replicas.json"),
+
     # 1M items (benchmarks.scale_bench), FAISS HNSW32 in the service's process
     "1m.recall": num("scale.json", "1000000/faiss_hnsw/recall@100", "{:.3f}"),
     "1m.p50": num("scale.json", "1000000/faiss_hnsw/p50_ms", "{:.1f}"),
@@ -447,6 +489,7 @@ FIGURES: dict[str, Fig | Block] = {
 
     # sizing: memory and disk by library size (benchmarks/sizing.py): the embedded Redis, and a compose-like server
     **_sizing("embedded", "sizing"),
+    **_plan(2_000_000, "2m"),
     **_sizing("server", "sizing.server"),
     "sizing.base_photos": num("sizing.json", "embedded/base_photos", "{:,}"),
     "sizing.service_base_mb": calc("sizing.json", ("embedded/service_base/rss_bytes",), _mb_max),

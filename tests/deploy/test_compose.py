@@ -23,6 +23,8 @@ UPSTREAM_PORTS = {"redis": ("--port", 6379), "prometheus": ("--web.listen-addres
                   "milvus": ("PROXY_PORT", 19530), "milvus-etcd": ("-listen-client-urls", 2379),
                   "milvus-minio": ("--address", 9000)}
 MILVUS_SERVICES = {"milvus", "milvus-etcd", "milvus-minio"}  # the milvus profile
+REPLICAS = ("api", "api-2")  # the api replicas behind the proxy (x-crossprobe-api)
+HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
 OWN_VARS = re.compile(r"^(CROSSPROBE_\w+|REDIS_URL)$")
 
 
@@ -53,9 +55,9 @@ def test_docker_compose_config_validates_with_and_without_the_batch_profile(cfg)
     assert {n for n, s in cfg["services"].items() if "watch" in s.get("profiles", [])} == {"watcher"}
     # docker-compose 1.29's `config` renders every service whatever --profile says: the profiles key decides
     assert {n for n, s in cfg["services"].items() if not s.get("profiles")} == \
-        {"redis", "api", "prometheus", "pushgateway", "grafana"}
-    assert set(cfg["services"]) == {"redis", "api", "indexer", "reindex", "watcher", "prometheus", "pushgateway",
-                                    "grafana", *MILVUS_SERVICES}
+        {"redis", *REPLICAS, "proxy", "prometheus", "pushgateway", "grafana"}
+    assert set(cfg["services"]) == {"redis", *REPLICAS, "proxy", "indexer", "reindex", "watcher", "prometheus",
+                                    "pushgateway", "grafana", *MILVUS_SERVICES}
 
 
 def _binds(service: dict) -> list[tuple[str, str]]:
@@ -83,9 +85,32 @@ def test_every_mount_source_exists(cfg, images_dir):
             assert path.is_relative_to(REPO) and path.exists(), f"{name}: bind mount {src} missing from the repo"
 
 
+def _haproxy() -> dict[str, list[str]]:
+    """deploy/haproxy/haproxy.cfg: section header ("frontend web", "backend replicas", ...) -> its lines (comments
+    and blank lines left out)."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for raw in HAPROXY_CFG.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        if not raw[0].isspace():
+            current = " ".join(line.split())
+            sections[current] = []
+        else:
+            sections[current].append(" ".join(line.split()))
+    return sections
+
+
+def _listen_ports(name: str, svc: dict) -> set[int]:
+    if name == "proxy":  # every `bind :port` of its frontends
+        return {int(ln.rsplit(":", 1)[1]) for lines in _haproxy().values() for ln in lines if ln.startswith("bind ")}
+    return {_listen_port(name, svc)}
+
+
 def _listen_port(name: str, svc: dict) -> int:
     env = svc.get("environment") or {}
-    if name in ("api", "indexer", "reindex"):
+    if name in (*REPLICAS, "indexer", "reindex"):
         from crossprobe.service.settings import Settings
 
         return int(env.get("CROSSPROBE_PORT", Settings.model_fields["port"].default))
@@ -108,18 +133,23 @@ def _listen_port(name: str, svc: dict) -> int:
 
 def test_every_port_and_url_matches_what_listens_there(cfg):
     services = cfg["services"]
-    listen = {n: _listen_port(n, s) for n, s in services.items()}
+    listen = {n: _listen_port(n, s) for n, s in services.items() if n != "proxy"}
     # the image's own default agrees with the Settings default (compose may leave CROSSPROBE_PORT out)
     from crossprobe.service.settings import Settings
 
     assert f"CROSSPROBE_PORT={Settings.model_fields['port'].default}" in (REPO / "Dockerfile").read_text()
 
+    published: dict[str, set[int]] = {}
     for name, svc in services.items():
         for spec in svc.get("ports", []):
-            target = int(str(spec.get("target") if isinstance(spec, dict) else spec.split("/")[0].split(":")[-1]))
-            assert target == listen[name], f"{name} publishes {spec} but listens on {listen[name]}"
-    assert services["api"].get("ports"), "the api must be reachable from the host"
-    assert "redis" not in {n for n, s in services.items() if s.get("ports")}  # Redis stays on the compose network
+            assert isinstance(spec, str), spec  # docker-compose 1.29's config: "127.0.0.1:8001:8000/tcp"
+            host, target = (int(x.split("/")[0]) for x in spec.split(":")[-2:])
+            assert target in _listen_ports(name, svc), f"{name} publishes {spec} but listens on {_listen_ports(name, svc)}"
+            published.setdefault(name, set()).add(host)
+    # clients reach the proxy on 8000, the port the one api published before it had replicas (docs, tests, users)
+    assert 8000 in published["proxy"], published
+    assert all(published.get(r) for r in REPLICAS), published  # and each replica alone on a port of its own
+    assert "redis" not in published  # Redis stays on the compose network
 
     def check_url(where: str, url: str, want_host: str) -> None:
         u = urlparse(url if "//" in url else f"//{url}")
@@ -134,9 +164,14 @@ def test_every_port_and_url_matches_what_listens_there(cfg):
         if "CROSSPROBE_PUSHGATEWAY_URL" in env:
             check_url(f"{name} CROSSPROBE_PUSHGATEWAY_URL", env["CROSSPROBE_PUSHGATEWAY_URL"], "pushgateway")
     jobs = {j["job_name"]: j for j in load_yaml(PROMETHEUS_YML)["scrape_configs"]}
-    for job, host in (("crossprobe-api", "api"), ("pushgateway", "pushgateway"), ("crossprobe-watch", "watcher")):
+    for job, host in (("pushgateway", "pushgateway"), ("crossprobe-watch", "watcher")):
         (target,) = [t for sc in jobs[job]["static_configs"] for t in sc["targets"]]
         check_url(f"prometheus.yml job {job}", target, host)
+    # every replica scraped, by its service name (the Host its CROSSPROBE_ALLOWED_HOSTS accepts)
+    targets = [t for sc in jobs["crossprobe-api"]["static_configs"] for t in sc["targets"]]
+    assert sorted(urlparse(f"//{t}").hostname for t in targets) == sorted(REPLICAS), targets
+    for target in targets:
+        check_url("prometheus.yml job crossprobe-api", target, urlparse(f"//{target}").hostname)
     assert jobs["pushgateway"].get("honor_labels") is True  # keeps the pushed job / index labels
     (ds,) = load_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"]
     check_url("grafana datasource", ds["url"], "prometheus")
@@ -223,7 +258,7 @@ def test_services_are_wired_as_documented(cfg):
     assert "--appendonly yes --requirepass \"$$REDIS_PASSWORD\"" in s["redis"]["command"][-1]
     assert "redis-cli" in s["redis"]["healthcheck"]["test"] and "ping" in s["redis"]["healthcheck"]["test"]
     assert any(dst == "/data" and kind == "volume" for kind, _, dst in _binds(s["redis"]))
-    for name in ("api", "indexer", "reindex"):
+    for name in (*REPLICAS, "indexer", "reindex"):
         assert s[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
         assert s[name]["build"]["context"] == str(REPO) and s[name]["image"] == s["api"]["image"]
         from crossprobe.indexer.jobs.settings import IndexerSettings
@@ -298,7 +333,7 @@ def test_redis_needs_a_password_and_every_service_is_confined(cfg, images_dir):
     s = cfg["services"]
     pw = STACK_SECRETS["REDIS_PASSWORD"]
     assert s["redis"]["environment"]["REDIS_PASSWORD"] == pw == s["redis"]["environment"]["REDISCLI_AUTH"]
-    for name in ("api", "indexer", "reindex", "watcher"):
+    for name in (*REPLICAS, "indexer", "reindex", "watcher"):
         assert s[name]["environment"]["REDIS_URL"] == f"redis://:{pw}@redis:6379/0", name
     for name, svc in s.items():
         if name.startswith("milvus"):
@@ -323,9 +358,10 @@ def test_redis_needs_a_password_and_every_service_is_confined(cfg, images_dir):
     def target(v) -> str:
         return v["target"] if isinstance(v, dict) else v.split(":")[1]
 
-    for name in ("api", "indexer", "reindex", "watcher"):  # the photos: read by every role, written by none
+    for name in (*REPLICAS, "indexer", "reindex", "watcher"):  # the photos: read by every role, written by none
         assert all(ro(v) for v in s[name]["volumes"] if target(v) == "/images"), name
     assert all(ro(v) for v in s["prometheus"]["volumes"] if target(v).startswith("/etc/"))
+    assert all(ro(v) for v in s["proxy"]["volumes"]) and s["proxy"].get("read_only") is True
 
 
 def test_the_compose_runs_the_milvus_the_tests_run(images_dir):
@@ -367,7 +403,7 @@ def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_d
     from crossprobe.indexer.jobs.settings import IndexerSettings
     from crossprobe.service.settings import Settings as ServiceSettings
 
-    for name in ("api", "indexer", "reindex"):
+    for name in (*REPLICAS, "indexer", "reindex"):
         e = s[name]["environment"]
         u = urlparse(e["CROSSPROBE_MILVUS_URI"])
         assert (u.scheme, u.hostname, u.port) == ("http", "milvus", 19530), name  # Milvus' gRPC port (its default)
@@ -376,3 +412,52 @@ def test_the_milvus_profile_runs_milvus_standalone_wired_to_the_service(images_d
     ixs = IndexerSettings(ann_backend=s["indexer"]["environment"]["CROSSPROBE_ANN_BACKEND"],
                         milvus_uri=s["indexer"]["environment"]["CROSSPROBE_MILVUS_URI"])
     assert ixs.ann_backend == "milvus" and ServiceSettings(milvus_uri=ixs.milvus_uri).milvus_uri == ixs.milvus_uri
+
+
+def test_the_replicas_are_one_definition_behind_the_proxy(cfg):
+    """api and api-2 differ in their published port alone (one anchor); the proxy is HAProxy with the repo's file
+    where the official image reads it, started after them; each replica accepts the Host names it is reached by:
+    the loopback names the proxy passes on from clients, and its own service name, which Prometheus sends."""
+    s = cfg["services"]
+    bare = [{k: v for k, v in s[r].items() if k != "ports"} for r in REPLICAS]
+    assert all(b == bare[0] for b in bare), "the replicas differ beyond their ports: define them from x-crossprobe-api"
+    proxy = s["proxy"]
+    assert proxy["image"] == "haproxy:2.6"  # scripts/container-setup.sh builds the stand-in under this name
+    mounts = {dst: Path(src) for kind, src, dst in _binds(proxy) if kind == "bind"}
+    assert mounts == {"/usr/local/etc/haproxy/haproxy.cfg": HAPROXY_CFG}
+    assert set(proxy["depends_on"]) == set(REPLICAS)
+    for r in REPLICAS:
+        hosts = set(s[r]["environment"]["CROSSPROBE_ALLOWED_HOSTS"].split(","))
+        assert {"localhost", "127.0.0.1", r} <= hosts, (r, hosts)
+
+
+def test_the_proxy_checks_every_replica_and_retries_only_what_reads(cfg):
+    """deploy/haproxy/haproxy.cfg against the compose file and the service's own routes: both backends list every
+    replica at the port it listens on (and nothing else), the ready one checks /readyz and the fallback /healthz;
+    a request dropped mid-way is retried (empty-response) for GET/HEAD and exactly the service's POST routes that
+    only read (every POST route but /admin/*), never for a write."""
+    from fastapi.routing import APIRoute
+
+    from crossprobe.service.app import ROUTERS
+
+    h = _haproxy()
+    port = _listen_port("api", cfg["services"]["api"])
+    for backend, check in (("backend replicas", "/readyz"), ("backend replicas-live", "/healthz")):
+        servers = sorted(ln.split()[1:3] for ln in h[backend] if ln.startswith("server "))
+        assert servers == sorted([r, f"{r}:{port}"] for r in REPLICAS), (backend, servers)
+        assert f"http-check send meth GET uri {check} ver HTTP/1.1 hdr Host localhost" in h[backend], backend
+        assert "http-check expect status 200" in h[backend], backend
+    defaults = h["defaults"]
+    (server_opts,) = [ln for ln in defaults if ln.startswith("default-server ")]
+    assert {"check", "resolvers", "compose"} <= set(server_opts.split()), server_opts  # names looked up again
+    assert "retry-on conn-failure empty-response junk-response" in defaults
+    assert "option redispatch 1" in defaults  # each retry on another replica
+    web = h["frontend web"]
+    assert "use_backend replicas-live if { nbsrv(replicas) eq 0 }" in web and "default_backend replicas" in web
+    assert "http-request disable-l7-retry unless read_only or search_post search_path" in web
+    assert "acl read_only method GET HEAD" in web and "acl search_post method POST" in web
+    (acl,) = [ln for ln in web if ln.startswith("acl search_path path ")]
+    posts = {r.path for router in ROUTERS for r in router.routes if isinstance(r, APIRoute) and "POST" in r.methods}
+    reads = {p for p in posts if not p.startswith("/admin/")}
+    assert reads and posts - reads, posts  # both kinds exist: the split below means something
+    assert set(acl.split()[3:]) == reads, f"the proxy retries {acl.split()[3:]}, the service's read-only POSTs: {reads}"
