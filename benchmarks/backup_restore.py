@@ -30,11 +30,10 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from benchmarks.harness import machine, stop_server
+from benchmarks.harness import flickr8k_photos, machine, stop_server
 from benchmarks.support import local_cluster
 from crossprobe.indexer import IndexerSettings, build, open_index
 from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import dataset_root
 from crossprobe.service.server import free_port
 from crossprobe.storage import backup as bk
 from crossprobe.storage.redis_conn import connect
@@ -85,10 +84,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("artifacts/backup-bench"))
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    folder = dataset_root() / "images"
-    if not folder.is_dir():
-        sys.exit(f"Flickr8k images not found at {folder} (set FLICKR8K_DIR)")
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".jpg")[: args.limit]
+    paths = flickr8k_photos(args.limit)
     work = args.work.resolve() / f"n{len(paths)}"
     res: dict = {"command": "python -m benchmarks.backup_restore " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),

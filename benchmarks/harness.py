@@ -33,6 +33,18 @@ def require_flickr8k() -> None:
         sys.exit(0)
 
 
+def flickr8k_photos(limit: int | None = None) -> list[Path]:
+    """Flickr8k's photos sorted by name (the first `limit`). Exit 0 with a message when they are missing, as
+    require_flickr8k does: the benchmarks that read them are skipped, not failed, on a machine without the data."""
+    from crossprobe.models.data.flickr8k import dataset_root
+
+    folder = dataset_root() / "images"
+    if not folder.is_dir():
+        print(f"Flickr8k images not found at {folder} (set FLICKR8K_DIR); the benchmark needs them. Skipped.")
+        sys.exit(0)
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() == ".jpg")[:limit]
+
+
 def machine() -> str:
     """The shared machine description plus the load at start (a timing is sensitive to it)."""
     from crossprobe.models.evaluation.report import machine as describe

@@ -32,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import machine
+from benchmarks.harness import flickr8k_photos, machine
 from crossprobe.models import checkpoint
-from crossprobe.models.data.flickr8k import dataset_root
 from crossprobe.indexer import IndexerSettings, build, connect, open_index
 from crossprobe.storage.redis_conn import close_embedded
 from crossprobe.storage.store import Store
@@ -106,11 +105,7 @@ def main() -> None:
     ap.add_argument("--out-key", default="indexing", help="with --ocr: the key of text_search.json written")
     args = ap.parse_args()
 
-    folder = dataset_root() / "images"
-    if not folder.is_dir():
-        print(f"Flickr8k images not found at {folder} (set FLICKR8K_DIR); the benchmark needs them. Skipped.")
-        sys.exit(0)
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".jpg")[: args.limit]
+    paths = flickr8k_photos(args.limit)
     ckpt = args.ckpt or checkpoint.DEFAULT_CHECKPOINT
     if not (Path(ckpt) / "config.json").exists():
         sys.exit(f"no checkpoint at {ckpt}; train one or pass --ckpt")

@@ -27,10 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import machine
+from benchmarks.harness import flickr8k_photos, machine
 from crossprobe.indexer import IndexerSettings, build
 from crossprobe.storage.redis_conn import close_embedded
-from crossprobe.models.data.flickr8k import dataset_root
 
 RESULTS = Path("docs/research/results/ray_indexer.json")
 
@@ -63,10 +62,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    folder = dataset_root() / "images"
-    if not folder.is_dir():
-        sys.exit(f"Flickr8k images not found at {folder} (set FLICKR8K_DIR)")
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".jpg")[: args.limit]
+    paths = flickr8k_photos(args.limit)
     for p in paths:  # warm page cache: every run reads from memory
         p.read_bytes()
     configs = [parse_config(c) for c in args.configs.split(",") if c]
