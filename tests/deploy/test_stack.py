@@ -35,6 +35,7 @@ import pytest
 from crossprobe.models.demo import EXPECTED
 from tests.deploy.conftest import STACK_SECRETS, REPO, expressions
 from tests.deploy.stack import (API, PROJECT, PROM, REPLICAS, SERVICES, alive, compose, down, machine, name,
+                                not_running,
                                 proxy_servers, readyz, running_stack, search, serve_pids_code, sh, started_at, up,
                                 version, wait)
 from tests.deploy.test_dockerfile import instructions
@@ -349,6 +350,47 @@ def test_a_stopped_redis_degrades_and_recovers_with_no_data_lost(stack):
     RESULT["recovered"] = {"after_s": round(time.monotonic() - t, 2), "items_before": count, "items_after": items()["photos"],
                            "metadata_same": after == meta}
     assert degraded["degraded_reason"] and after == meta and items()["photos"] == count
+
+
+# ---- backup and restore through the compose volumes (docs/operations.md, "Backups") ------------------------
+def test_backup_while_the_watcher_runs_then_restore_into_an_emptied_index(stack):
+    """`crossprobe index backup` in the image (the watcher following $IMAGES meanwhile), the index dropped from
+    Redis and the volume, `index restore` of the archive: both replicas answer as before, ids and scores. The
+    archive goes to the indexes volume (outside any index: `_backups` is no index name): podman-compose 1.0's `run`
+    passes no `-v` on, and returns 0 whatever the command did, so each command's own line is checked."""
+    queries = list(EXPECTED)[:6]
+    before = {q: [(h["id"], h["score"]) for h in search(q, k=3).json()["results"]] for q in queries}
+    archive = "/data/indexes/_backups/photos.tar"
+    t = time.monotonic()
+    p = compose("run", "--rm", "indexer", "crossprobe", "index", "backup", "--all", "--to", archive.rsplit("/", 1)[0],
+                env=stack["env"], timeout=300, merged=True)  # --all: one <name>.tar per index, the folder made
+    backup_s = time.monotonic() - t
+    said = re.search(r"backed up photos/\S+: [^\r\n]*", p.stdout)
+    assert said, p.stdout[-3000:]
+    assert not not_running(["watcher"]), "the watcher ran through the backup"
+    sh(["podman", "stop", "-t", "60", name("watcher")], timeout=120)  # else it builds the dropped index again
+    p = compose("run", "--rm", "indexer", "crossprobe", "index", "drop", "photos", "--yes", env=stack["env"],
+                timeout=300, merged=True)
+    # no index left: 404 index_not_found, or 503 not_ready once the replica serves none at all
+    gone = ("index_not_found", "not_ready")
+    wait("the dropped index gone from both replicas",
+         lambda: all(search("a cat", base=b).json().get("error", {}).get("code") in gone for b in REPLICAS.values()), 60)
+    t = time.monotonic()
+    p = compose("run", "--rm", "indexer", "crossprobe", "index", "restore", archive, env=stack["env"], timeout=300,
+                merged=True)
+    restore_s = time.monotonic() - t
+    assert re.search(r"restored photos/\S+: [^\r\n]*now active", p.stdout), p.stdout[-3000:]
+    wait("the restored index served by both replicas",
+         lambda: all(search("a cat", base=b).status_code == 200 for b in REPLICAS.values()), 60)
+    after = {b: {q: [(h["id"], h["score"]) for h in search(q, base=base, k=3).json()["results"]] for q in queries}
+             for b, base in REPLICAS.items()}
+    RESULT["backup_restore"] = {"backup_said": said.group(0), "backup_s": round(backup_s, 2),
+                                "restore_s": round(restore_s, 2),
+                                "means": "`podman-compose run --rm indexer crossprobe index backup|restore` wall "
+                                         "time, container start included; the index dropped in between, the watcher "
+                                         "running during the backup",
+                                "same_answers": {b: a == before for b, a in after.items()}}
+    assert all(a == before for a in after.values()), (before, after)
 
 
 # ---- measured: memory, latency against the host, the image -------------------------------------------------
