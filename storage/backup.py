@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import struct
@@ -65,6 +66,9 @@ FILES = "files/"
 NONE = 0xFFFFFFFF  # the length that marks "no value"
 CHUNK = 1 << 20
 SKIPPED = (".lock", "build", "build.removed")  # the version's flock and a journal: a job's state, not the version's
+
+
+log = logging.getLogger("crossprobe.storage")
 
 
 class BackupError(RuntimeError):
@@ -443,8 +447,14 @@ def _undo(store: Store, name: str, version: str, vdir: Path) -> None:
     (vdir / layout.MANIFEST).unlink(missing_ok=True)
     try:
         store.drop(name, version)
-    except Exception:  # noqa: BLE001 - the restore's own error is the one to report
-        pass
+    except Exception as e:  # noqa: BLE001 - the restore's own error is the one to report; this one is logged
+        log.warning(
+            "%s/%s: the failed restore's leftovers were not removed (%s); `crossprobe index gc %s` removes them",
+            name,
+            version,
+            e,
+            name,
+        )
 
 
 def _member(tar: tarfile.TarFile, m: str | tarfile.TarInfo) -> IO[bytes]:
